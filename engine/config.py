@@ -1,0 +1,52 @@
+"""The engine's process configuration: one pydantic-settings class, read from ``LLMOPS_*`` and the CLI.
+
+These are the knobs of the engine process itself (where it listens, where its data lives, how patient it is).
+The knobs of vLLM are settings revisions (``engine/settings.py``), versioned in SQLite.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class AppConfig(BaseSettings):
+    """Configuration of the engine, the console and the CLI. Every field can be set as LLMOPS_<NAME>."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMOPS_", extra="ignore")
+
+    data_dir: Path = Field(Path("data"), description="Folder for the SQLite database, logs and the demo model.")
+    host: str = Field("127.0.0.1", description="Address the engine's HTTP service listens on.")
+    port: int = Field(8000, ge=1, le=65535, description="Port of the engine's HTTP service (/v1, /api).")
+    console_port: int = Field(8501, ge=1, le=65535, description="Port of the Streamlit console.")
+    engine_url: str = Field("http://127.0.0.1:8000", description="Where the console and the CLI reach the engine.")
+    vllm_python: str = Field(sys.executable, description="Python interpreter that runs vLLM's API server.")
+    autostart: bool = Field(True, description="Start vLLM with the desired revision when the engine starts.")
+    startup_timeout_s: float = Field(900.0, gt=0, description="Longest wait for a vLLM start to become ready.")
+    stop_timeout_s: float = Field(20.0, gt=0, description="Wait after SIGTERM before the child's group is SIGKILLed.")
+    health_interval_s: float = Field(5.0, gt=0, description="Period of the /health probe while vLLM is ready.")
+    reconcile_interval_s: float = Field(0.5, gt=0, le=1.0,
+                                        description="Period of the desired-vs-running revision check.")
+    backoff_initial_s: float = Field(2.0, gt=0, description="First wait before restarting a failed vLLM child.")
+    backoff_max_s: float = Field(60.0, gt=0, description="Cap of the exponential restart backoff.")
+    drain_timeout_s: float = Field(60.0, ge=0, description="How long in-flight /v1 requests may finish on apply.")
+    queue_size: int = Field(256, ge=0, description="Requests held while vLLM restarts; past it: 503.")
+    queue_timeout_s: float = Field(300.0, ge=0, description="Longest a held request waits for vLLM; then 503.")
+    upstream_timeout_s: float = Field(600.0, gt=0, description="Longest a /v1 request may take inside vLLM.")
+    log_max_bytes: int = Field(10_000_000, gt=0, description="Size at which vLLM's log file rotates.")
+    log_backups: int = Field(5, ge=0, description="Rotated vLLM log files kept.")
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "llmops.db"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def demo_model_dir(self) -> Path:
+        return self.data_dir / "models" / "demo"

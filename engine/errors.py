@@ -1,0 +1,75 @@
+"""The engine's exception hierarchy: one small family per boundary, each message saying what to do."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error the engine raises on purpose."""
+
+
+# --- settings and their store -------------------------------------------------------------------------------
+
+
+class SettingsError(EngineError):
+    """A settings write was refused; nothing was written."""
+
+
+class InvalidSettingsError(SettingsError):
+    """Values failed validation. ``errors`` lists each bad field and why (FastAPI's 422 shape)."""
+
+    def __init__(self, errors: list[dict[str, object]]) -> None:
+        self.errors = errors
+        fields = ", ".join(str(e.get("loc", ["?"])[-1]) for e in errors)  # type: ignore[index]
+        super().__init__(f"invalid settings: {fields}")
+
+
+class StaleRevisionError(SettingsError):
+    """The write named a base revision that is no longer the desired one."""
+
+    def __init__(self, base: int, current: int | None) -> None:
+        self.base = base
+        self.current = current
+        super().__init__(
+            f"base revision {base} is stale: the desired revision is now {current}; "
+            "read the settings again and re-apply your change on top of it"
+        )
+
+
+class RevisionNotFoundError(SettingsError):
+    def __init__(self, revision: int) -> None:
+        self.revision = revision
+        super().__init__(f"revision {revision} does not exist; `llmops settings history` lists them")
+
+
+# --- the vLLM child process -----------------------------------------------------------------------------------
+
+
+class SupervisorError(EngineError):
+    """The supervisor could not do what was asked of the vLLM child."""
+
+
+class PortBusyError(SupervisorError):
+    pass
+
+
+class StrayProcessError(SupervisorError):
+    """Processes of an earlier vLLM child survived SIGKILL; starting another would fight them for memory."""
+
+
+# --- the /v1 gateway ------------------------------------------------------------------------------------------
+
+
+class GatewayError(EngineError):
+    """A /v1 request could not be served."""
+
+
+class QueueFullError(GatewayError):
+    pass
+
+
+class QueueTimeoutError(GatewayError):
+    pass
+
+
+class UpstreamUnavailableError(GatewayError):
+    pass

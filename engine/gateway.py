@@ -1,0 +1,228 @@
+"""The /v1 gateway: one stable address in front of whichever vLLM child is ready.
+
+Admission decides where a request goes. While vLLM is ready, requests pass straight to it. While it restarts
+(apply, crash), new requests wait in a bounded queue, up to a longest wait, and go to the new child once it is
+ready; past either bound they get 503 with Retry-After. On apply the supervisor closes admission, waits for the
+requests in flight (streams included) to finish, and only then stops the old child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
+
+log = logging.getLogger("llmops.gateway")
+
+_HOP_HEADERS = {
+    "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+    "proxy-authorization", "proxy-authenticate", "accept-encoding", "content-encoding",
+}
+# Errors that mean the request never produced an answer from vLLM: safe to send again to the next child.
+_RETRYABLE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+class Admission:
+    """Who may send to vLLM now: a gate with a bounded waiting room and a count of requests in flight."""
+
+    def __init__(self, queue_size: int, queue_timeout_s: float) -> None:
+        self.queue_size = queue_size
+        self.queue_timeout_s = queue_timeout_s
+        self._upstream: str | None = None
+        self._cond = asyncio.Condition()
+        self.in_flight = 0
+        self.waiting = 0
+        self.rejected = 0
+        self.refusal: str | None = None  # set while vLLM is down on purpose: refuse at once, do not queue
+
+    @property
+    def upstream(self) -> str | None:
+        return self._upstream
+
+    async def acquire(self, deadline: float) -> str:
+        """Wait (until ``deadline``, monotonic) for an open gate; count the caller in flight; return the URL."""
+        async with self._cond:
+            if self._upstream is None and self.refusal is not None:
+                self.rejected += 1
+                raise UpstreamUnavailableError(self.refusal)
+            if self._upstream is None:
+                if self.waiting >= self.queue_size:
+                    self.rejected += 1
+                    raise QueueFullError(f"{self.waiting} requests already wait for vLLM (queue_size)")
+                self.waiting += 1
+                try:
+                    await asyncio.wait_for(
+                        self._cond.wait_for(lambda: self._upstream is not None or self.refusal is not None),
+                        max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    self.rejected += 1
+                    raise QueueTimeoutError("vLLM did not become ready within queue_timeout_s") from None
+                finally:
+                    self.waiting -= 1
+                if self._upstream is None:
+                    self.rejected += 1
+                    raise UpstreamUnavailableError(self.refusal or "vLLM is down")
+            self.in_flight += 1
+            assert self._upstream is not None
+            return self._upstream
+
+    async def release(self) -> None:
+        async with self._cond:
+            self.in_flight -= 1
+            self._cond.notify_all()
+
+    async def open(self, upstream: str) -> None:
+        async with self._cond:
+            self._upstream = upstream
+            self.refusal = None
+            self._cond.notify_all()
+
+    async def close(self) -> None:
+        """Stop admitting: new requests wait (bounded) for the next open."""
+        async with self._cond:
+            self._upstream = None
+
+    async def refuse(self, refusal: str | None) -> None:
+        """While closed, refuse new requests at once with ``refusal`` instead of queueing them (None: queue)."""
+        async with self._cond:
+            self.refusal = refusal
+            if refusal is not None:
+                self._cond.notify_all()
+
+    async def drain(self, timeout: float) -> int:
+        """Wait until no request is in flight, or ``timeout``; return how many were still in flight."""
+        async with self._cond:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._cond.wait_for(lambda: self.in_flight == 0), timeout)
+            return self.in_flight
+
+
+class GenerateRequest(BaseModel):
+    prompt: str = Field(min_length=1, max_length=1_000_000)
+    temperature: float = Field(0.7, ge=0, le=2)
+    max_tokens: int = Field(512, ge=1, le=1_000_000)
+
+
+def _unavailable(message: str, retry_after: int) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": "service_unavailable", "code": 503}},
+        status_code=503,
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
+class Gateway:
+    def __init__(self, admission: Admission, upstream_timeout_s: float, served_model: Callable[[], str | None],
+                 retry_after_s: int = 5) -> None:
+        self.admission = admission
+        self.retry_after_s = retry_after_s
+        self._served_model = served_model
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=5.0, read=upstream_timeout_s, write=60.0, pool=None),
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64),
+        )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def router(self) -> APIRouter:
+        router = APIRouter()
+
+        @router.post("/v1/generate", tags=["gateway"])
+        async def generate(body: GenerateRequest) -> Response:
+            """The simple endpoint of a hand-written FastAPI wrapper around vLLM: prompt in, text out."""
+            payload = {"model": self._served_model() or "", "prompt": body.prompt,
+                       "temperature": body.temperature, "max_tokens": body.max_tokens}
+            resp = await self.forward("POST", "/v1/completions", {}, {"content-type": "application/json"},
+                                      json.dumps(payload).encode(), stream=False)
+            if resp.status_code != 200 or not isinstance(resp, _Buffered):
+                return resp
+            data = json.loads(bytes(resp.body))
+            return JSONResponse({"result": data["choices"][0]["text"]})
+
+        @router.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], tags=["gateway"])
+        async def proxy(path: str, request: Request) -> Response:
+            """OpenAI-compatible API of the running vLLM, streaming passed through."""
+            body = await request.body()
+            return await self.forward(request.method, f"/v1/{path}", dict(request.query_params),
+                                      dict(request.headers), body, stream=_wants_stream(body))
+
+        return router
+
+    async def forward(self, method: str, path: str, params: dict[str, str], headers: dict[str, str],
+                      body: bytes, *, stream: bool) -> Response:
+        deadline = time.monotonic() + self.admission.queue_timeout_s
+        fwd_headers = {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
+        while True:
+            try:
+                upstream = await self.admission.acquire(deadline)
+            except QueueFullError as exc:
+                return _unavailable(f"vLLM is restarting and the queue is full: {exc}", self.retry_after_s)
+            except QueueTimeoutError as exc:
+                return _unavailable(f"vLLM is not ready: {exc}", self.retry_after_s)
+            except UpstreamUnavailableError as exc:
+                return _unavailable(str(exc), self.retry_after_s)
+            request = self.client.build_request(method, upstream + path, params=params, headers=fwd_headers,
+                                                content=body)
+            try:
+                upstream_resp = await self.client.send(request, stream=True)
+                if not stream:
+                    content = await upstream_resp.aread()
+                    await upstream_resp.aclose()
+            except _RETRYABLE as exc:
+                # The child died or is being replaced before answering: send it again to the next one.
+                await self.admission.release()
+                log.info("upstream %s failed before answering (%s); retrying", upstream, type(exc).__name__)
+                if time.monotonic() >= deadline:
+                    return _unavailable("vLLM failed while serving this request", self.retry_after_s)
+                await asyncio.sleep(0.25)
+                continue
+            except httpx.TimeoutException:
+                await self.admission.release()
+                return JSONResponse({"error": {"message": "vLLM did not answer within upstream_timeout_s",
+                                               "type": "timeout", "code": 504}}, status_code=504)
+            resp_headers = {k: v for k, v in upstream_resp.headers.items() if k.lower() not in _HOP_HEADERS}
+            if not stream:
+                await self.admission.release()
+                return _Buffered(content, upstream_resp.status_code, resp_headers)
+            return StreamingResponse(self._relay(upstream_resp), status_code=upstream_resp.status_code,
+                                     headers=resp_headers)
+
+    async def _relay(self, upstream_resp: httpx.Response) -> AsyncIterator[bytes]:
+        """Pass a stream through chunk by chunk; the request leaves flight when the stream ends or breaks."""
+        try:
+            async for chunk in upstream_resp.aiter_raw():
+                yield chunk
+        except _RETRYABLE as exc:
+            err = {"error": {"message": f"vLLM failed during the stream ({type(exc).__name__})",
+                             "type": "upstream_error", "code": 502}}
+            yield f"data: {json.dumps(err)}\n\n".encode()
+        finally:
+            await upstream_resp.aclose()
+            await self.admission.release()
+
+
+class _Buffered(Response):
+    def __init__(self, content: bytes, status_code: int, headers: dict[str, str]) -> None:
+        super().__init__(content=content, status_code=status_code, headers=headers)
+
+
+def _wants_stream(body: bytes) -> bool:
+    if not body or b'"stream"' not in body:
+        return False
+    try:
+        data: Any = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and data.get("stream") is True

@@ -1,0 +1,220 @@
+"""vLLM settings: the fields of a revision, each documented once, and their validation.
+
+A revision's values are an ``EngineSettings``. The ``description`` of each field is the one place its meaning
+is written: the CLI's help and the console's help text are generated from it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from engine.errors import InvalidSettingsError
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
+SERVED_NAME = re.compile(r"^[\w.:/-]{1,128}$")
+
+# Further vLLM flags an operator may pass through ``extra_args``. Flags that the fields above own, and flags
+# that would read arbitrary files or open the network, are deliberately absent.
+ALLOWED_EXTRA_FLAGS: frozenset[str] = frozenset(
+    {
+        "--seed",
+        "--block-size",
+        "--swap-space",
+        "--max-logprobs",
+        "--disable-log-stats",
+        "--enable-log-requests",
+        "--tokenizer-mode",
+        "--generation-config",
+        "--override-generation-config",
+        "--disable-sliding-window",
+        "--enable-chunked-prefill",
+        "--no-enable-chunked-prefill",
+        "--scheduling-policy",
+        "--long-prefill-token-threshold",
+        "--max-num-partial-prefills",
+        "--max-long-partial-prefills",
+        "--cpu-offload-gb",
+        "--quantization",
+        "--revision",
+        "--reasoning-parser",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "--uvicorn-log-level",
+        "--max-parallel-loading-workers",
+        "--async-scheduling",
+        "--no-async-scheduling",
+    }
+)
+_EXTRA_ARG = re.compile(r"^(--[a-z0-9][a-z0-9-]*)(?:=([^\x00-\x1f]{0,256}))?$")
+
+
+class EngineSettings(BaseModel):
+    """The values of one settings revision: what vLLM is started with."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=False, protected_namespaces=())
+
+    model: str = Field(
+        description="Model to serve: a local folder with config.json (absolute, or relative to the data dir) "
+        "or a Hugging Face hub id such as org/name.",
+        min_length=1,
+        max_length=512,
+    )
+    served_model_name: str = Field(
+        "demo", description="Name that clients pass as `model` in /v1 requests."
+    )
+    gpu_memory_utilization: float = Field(
+        0.85,
+        gt=0,
+        le=1,
+        description="Fraction of each GPU's memory vLLM may use for weights, activations and KV cache. "
+        "0.80-0.85 is the safe production range; above 0.90 leaves little headroom and risks OOM.",
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=16,
+        le=10_000_000,
+        description="Longest request (prompt + output) in tokens. Empty: the model's own maximum. "
+        "Each running request may need this much KV cache.",
+    )
+    max_num_seqs: int = Field(
+        16, ge=1, le=4096, description="Most requests vLLM runs at once in a batch (continuous batching)."
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="GPUs one model is split across; must divide the attention heads."
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="Data type of weights and activations. auto: the model's own."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, le=10_000_000, description="Most tokens processed in one scheduler step. Empty: vLLM's default."
+    )
+    enforce_eager: bool = Field(
+        False, description="Skip CUDA graphs and torch.compile: starts faster and uses less memory, runs slower."
+    )
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse the KV cache of shared prompt prefixes across requests."
+    )
+    kv_cache_dtype: Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="Data type of the KV cache. fp8 halves its size (more tokens fit) at some accuracy cost."
+    )
+    load_format: Literal[
+        "auto", "safetensors", "pt", "dummy", "gguf", "bitsandbytes", "fastsafetensors", "sharded_state",
+        "runai_streamer",
+    ] = Field("auto", description="How weights are loaded. dummy: random weights of the right shape (testing).")
+    trust_remote_code: bool = Field(
+        False, description="Run model code shipped with the model repository. Only for models you trust."
+    )
+    cpu_kv_cache_gib: float = Field(
+        1.0,
+        gt=0,
+        le=4096,
+        description="CPU build of vLLM only: memory reserved for the KV cache, in GiB.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Further vLLM flags, each `--flag` or `--flag=value`, from an allow-list.",
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, value: str, info: ValidationInfo) -> str:
+        data_dir = (info.context or {}).get("data_dir")
+        if resolve_local_model(value, data_dir) is not None:
+            return value
+        if value.startswith(("/", ".", "~")) or "\\" in value:
+            raise ValueError(f"no model folder with a config.json at {value!r}")
+        if not HUB_ID.match(value):
+            raise ValueError(
+                f"{value!r} is neither a local model folder (with config.json) nor a hub id like org/name"
+            )
+        return value
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _served_name(cls, value: str) -> str:
+        if not SERVED_NAME.match(value):
+            raise ValueError("use 1-128 letters, digits and . _ : / -")
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, value: list[str]) -> list[str]:
+        for arg in value:
+            m = _EXTRA_ARG.match(arg)
+            if not m:
+                raise ValueError(f"{arg!r} is not of the form --flag or --flag=value")
+            if m.group(1) not in ALLOWED_EXTRA_FLAGS:
+                raise ValueError(
+                    f"{m.group(1)} is not allowed; allowed flags: {', '.join(sorted(ALLOWED_EXTRA_FLAGS))}"
+                )
+        return value
+
+
+FIELD_NAMES: tuple[str, ...] = tuple(EngineSettings.model_fields)
+
+
+def field_help(name: str) -> str:
+    """The one documentation string of a settings field."""
+    return EngineSettings.model_fields[name].description or ""
+
+
+def resolve_local_model(value: str, data_dir: Path | str | None) -> Path | None:
+    """The local folder ``value`` names, if it holds a config.json; else None (a hub id, or missing)."""
+    candidates = [Path(value).expanduser()]
+    if data_dir is not None and not Path(value).is_absolute():
+        candidates.insert(0, Path(data_dir) / value)
+    for path in candidates:
+        if (path / "config.json").is_file():
+            return path.resolve()
+    return None
+
+
+def validate_settings(values: dict[str, Any], data_dir: Path | None) -> EngineSettings:
+    """Validate full values; raise InvalidSettingsError naming each bad field (loc ["body","values",field])."""
+    try:
+        return EngineSettings.model_validate(values, context={"data_dir": data_dir})
+    except ValidationError as exc:
+        errors: list[dict[str, object]] = []
+        for err in exc.errors(include_url=False):
+            errors.append(
+                {
+                    "type": err["type"],
+                    "loc": ["body", "values", *err["loc"]],
+                    "msg": err["msg"].removeprefix("Value error, "),
+                    "input": _jsonable(err.get("input")),
+                }
+            )
+        raise InvalidSettingsError(errors) from None
+
+
+def merge_values(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """Partial write: fields omitted from ``changes`` keep the base revision's values."""
+    merged = dict(base)
+    merged.update(changes)
+    return merged
+
+
+def initial_settings(data_dir: Path) -> dict[str, Any]:
+    """Values of revision 1 on a fresh data dir: the demo model, sized for a small CPU or one GPU."""
+    return {
+        "model": str((data_dir / "models" / "demo").resolve()),
+        "served_model_name": "demo",
+        "max_model_len": 2048,
+        "max_num_seqs": 16,
+        "cpu_kv_cache_gib": 0.5,
+    }
+
+
+def _jsonable(value: object) -> object:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return repr(value)

@@ -1,0 +1,110 @@
+"""The gateway's admission gate: bounded waiting room, longest wait, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
+from engine.gateway import Admission
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    asyncio.run(coro)
+
+
+def test_open_gate_admits_at_once() -> None:
+    async def go() -> None:
+        gate = Admission(queue_size=2, queue_timeout_s=1)
+        await gate.open("http://x")
+        assert await gate.acquire(time.monotonic() + 1) == "http://x"
+        assert gate.in_flight == 1
+        await gate.release()
+        assert gate.in_flight == 0
+
+    run(go())
+
+
+def test_waiters_go_to_the_new_upstream_when_it_opens() -> None:
+    async def go() -> None:
+        gate = Admission(queue_size=4, queue_timeout_s=5)
+        waiters = [asyncio.create_task(gate.acquire(time.monotonic() + 5)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert gate.waiting == 3
+        await gate.open("http://new")
+        assert await asyncio.gather(*waiters) == ["http://new"] * 3
+        assert gate.waiting == 0 and gate.in_flight == 3
+
+    run(go())
+
+
+def test_queue_is_bounded() -> None:
+    async def go() -> None:
+        gate = Admission(queue_size=1, queue_timeout_s=5)
+        first = asyncio.create_task(gate.acquire(time.monotonic() + 5))
+        await asyncio.sleep(0.05)
+        with pytest.raises(QueueFullError):
+            await gate.acquire(time.monotonic() + 5)
+        assert gate.rejected == 1
+        first.cancel()
+
+    run(go())
+
+
+def test_longest_wait_is_bounded() -> None:
+    async def go() -> None:
+        gate = Admission(queue_size=5, queue_timeout_s=0.2)
+        with pytest.raises(QueueTimeoutError):
+            await gate.acquire(time.monotonic() + 0.2)
+        assert gate.waiting == 0
+
+    run(go())
+
+
+def test_drain_waits_for_in_flight_requests() -> None:
+    async def go() -> None:
+        gate = Admission(queue_size=5, queue_timeout_s=1)
+        await gate.open("http://x")
+        await gate.acquire(time.monotonic() + 1)
+        await gate.close()
+
+        async def finish_later() -> None:
+            await asyncio.sleep(0.1)
+            await gate.release()
+
+        later = asyncio.create_task(finish_later())
+        assert await gate.drain(timeout=5) == 0
+        await later
+
+    run(go())
+
+
+def test_drain_gives_up_after_its_timeout() -> None:
+    async def go() -> None:
+        gate = Admission(queue_size=5, queue_timeout_s=1)
+        await gate.open("http://x")
+        await gate.acquire(time.monotonic() + 1)
+        assert await gate.drain(timeout=0.1) == 1
+
+    run(go())
+
+
+def test_refusal_turns_waiting_into_an_immediate_503() -> None:
+    async def go() -> None:
+        gate = Admission(queue_size=5, queue_timeout_s=10)
+        waiter = asyncio.create_task(gate.acquire(time.monotonic() + 10))
+        await asyncio.sleep(0.05)
+        await gate.refuse("stopped by an operator")
+        with pytest.raises(UpstreamUnavailableError, match="operator"):
+            await waiter
+        with pytest.raises(UpstreamUnavailableError):
+            await gate.acquire(time.monotonic() + 10)
+        await gate.open("http://x")
+        assert gate.refusal is None
+        assert await gate.acquire(time.monotonic() + 1) == "http://x"
+
+    run(go())

@@ -1,0 +1,79 @@
+"""Stopping a child stops its whole process group, even members that ignore SIGTERM (as vLLM workers may)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from engine.child import ChildLog, VllmChild, free_port, group_members, reap_orphans
+
+# A server that forks a worker; the worker ignores SIGTERM, like a stuck vLLM worker holding memory.
+TREE = """
+import os, signal, sys, time
+pid = os.fork()
+if pid == 0:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("worker", os.getpid(), flush=True)
+    while True: time.sleep(1)
+print("server", os.getpid(), flush=True)
+while True: time.sleep(1)
+"""
+
+
+def test_stop_kills_the_whole_group_and_logs_output(tmp_path: Path) -> None:
+    async def go() -> None:
+        log = ChildLog(tmp_path / "logs" / "vllm.log", 10_000, 1)
+        child = VllmChild([sys.executable, "-c", TREE], {}, free_port(), 1, log, tmp_path / "run" / "vllm.json")
+        await child.spawn()
+        deadline = time.monotonic() + 10
+        while len(log.run_lines) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert child.pid is not None
+        members = group_members(child.pid)
+        assert len(members) == 2
+        assert (tmp_path / "run" / "vllm.json").exists()
+        seconds = await child.stop(timeout=1.0)
+        assert seconds < 15
+        assert group_members(child.pid) == []
+        assert not any(psutil.pid_exists(p.pid) and p.status() != psutil.STATUS_ZOMBIE for p in members)
+        assert not (tmp_path / "run" / "vllm.json").exists()
+        text = (tmp_path / "logs" / "vllm.log").read_text()
+        assert "server" in text and "worker" in text and "revision 1" in text
+
+    asyncio.run(go())
+
+
+# An engine that starts a child and dies without stopping it (as under SIGKILL).
+DYING_ENGINE = """
+import asyncio, os, sys
+from pathlib import Path
+from engine.child import ChildLog, VllmChild, free_port
+
+async def main():
+    folder = Path(sys.argv[1])
+    log = ChildLog(folder / "vllm.log", 10_000, 1)
+    child = VllmChild([sys.executable, "-c", sys.argv[2]], dict(os.environ), free_port(), 1, log,
+                      folder / "vllm.json")
+    await child.spawn()
+    while len(log.run_lines) < 3:
+        await asyncio.sleep(0.05)
+    print(child.pid, flush=True)
+    os._exit(0)
+
+asyncio.run(main())
+"""
+
+
+def test_orphans_of_a_dead_engine_are_reaped(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-c", DYING_ENGINE, str(tmp_path), TREE], capture_output=True, text=True,
+                         timeout=60, check=True)
+    pgid = int(out.stdout.split()[-1])
+    assert len(group_members(pgid)) == 2
+    assert len(reap_orphans(tmp_path / "vllm.json")) == 2
+    assert group_members(pgid) == []
+    assert not (tmp_path / "vllm.json").exists()

@@ -1,0 +1,59 @@
+"""The CLI against a real engine process on a non-default port and data dir (vLLM not started: autostart off)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import REPO, EngineHandle, start_engine, stop_engine
+
+
+@pytest.fixture
+def idle_engine(data_dir: Path) -> Iterator[EngineHandle]:
+    handle = start_engine(data_dir, ("LLMOPS_AUTOSTART", "false"))
+    yield handle
+    stop_engine(handle)
+
+
+def llmops(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=60)
+
+
+def test_settings_set_show_history_rollback(idle_engine: EngineHandle) -> None:
+    port = str(idle_engine.port)
+    out = llmops("settings", "set", "max_num_seqs=3", "enforce_eager=true", "--note", "from the cli", "--port", port)
+    assert out.returncode == 0, out.stderr
+    assert "revision 2 (pending)" in out.stdout
+    show = llmops("settings", "show", "--port", port).stdout
+    assert "max_num_seqs" in show and "3" in show and "from the cli" in show
+    assert idle_engine.client.settings().values["enforce_eager"] is True
+    history = llmops("settings", "history", "--port", port).stdout.splitlines()
+    assert [line.split()[0] for line in history] == ["2", "1"]
+    assert llmops("settings", "rollback", "1", "--port", port).returncode == 0
+    assert idle_engine.client.settings().values["max_num_seqs"] == 16
+
+
+def test_bad_value_is_reported_per_field(idle_engine: EngineHandle) -> None:
+    out = llmops("settings", "set", "gpu_memory_utilization=3", "--port", str(idle_engine.port))
+    assert out.returncode == 1
+    assert "gpu_memory_utilization" in out.stderr and "less than or equal to 1" in out.stderr
+    assert idle_engine.client.settings().revision == 1
+
+
+def test_status_and_unreachable_engine(idle_engine: EngineHandle) -> None:
+    out = llmops("status", "--port", str(idle_engine.port))
+    assert out.returncode == 0 and "state: stopped" in out.stdout
+    gone = llmops("status", "--engine-url", "http://127.0.0.1:9")
+    assert gone.returncode == 1 and "cannot reach the engine" in gone.stderr
+
+
+def test_help_documents_every_field() -> None:
+    out = llmops("settings", "set", "--help").stdout
+    for field in ("gpu_memory_utilization", "max_model_len", "max_num_seqs", "cpu_kv_cache_gib", "extra_args"):
+        assert field in out
+    assert "0.80-0.85 is the safe production range" in out
