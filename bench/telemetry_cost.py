@@ -1,0 +1,66 @@
+"""CPU cost of GPU sampling: the whole tick (NVML reads, host reading, SQLite write, alert rules) per sample.
+
+    python bench/telemetry_cost.py --double 8     # 8 scripted GPUs: the project's own overhead (no GPU here)
+    python bench/telemetry_cost.py                # the real driver, every GPU NVML sees
+
+Prints JSON: CPU milliseconds per tick (thread CPU time) and the share of one core at the sampling interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.alerts import AlertEngine, AlertThresholds
+from engine.store import Store
+from engine.telemetry import Sampler
+from engine.telemetry_store import TelemetryStore
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--double", type=int, default=0, help="use N scripted GPUs instead of the driver")
+    parser.add_argument("--ticks", type=int, default=120)
+    parser.add_argument("--interval", type=float, default=1.0)
+    args = parser.parse_args()
+    if args.double:
+        from tests.nvml_double import FakeGpu, NvmlDouble
+
+        nvml: Any = NvmlDouble([FakeGpu(f"GPU-{i}") for i in range(args.double)])
+    else:
+        import pynvml
+
+        nvml = pynvml
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "bench.db")
+        history = TelemetryStore(store.engine, 3600, 7 * 86400)
+        alerts = AlertEngine(AlertThresholds(), lambda *a: None)
+        sampler = Sampler(nvml, args.interval, set, [history.write, alerts.evaluate], lambda *a: None)
+        sampler.tick()  # NVML init and discovery are start-up costs, not per-tick
+        sampler.tick_cpu_s.clear()
+        wall = []
+        for _ in range(args.ticks):
+            t0 = time.perf_counter()
+            snap = sampler.tick()
+            wall.append(time.perf_counter() - t0)
+        cpu_ms = [c * 1e3 for c in sampler.tick_cpu_s]
+    mean = statistics.mean(cpu_ms)
+    print(json.dumps({
+        "gpus": len(snap.gpus), "available": snap.available, "driver": snap.driver, "ticks": args.ticks,
+        "tick_cpu_ms_mean": round(mean, 3), "tick_cpu_ms_p95": round(sorted(cpu_ms)[int(0.95 * len(cpu_ms))], 3),
+        "tick_wall_ms_mean": round(1e3 * statistics.mean(wall), 3),
+        "cpu_pct_of_one_core_at_interval": round(100 * mean / 1e3 / args.interval, 3),
+        "interval_s": args.interval,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
