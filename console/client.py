@@ -36,7 +36,9 @@ class SettingsRejectedError(ApiError):
         out = []
         for err in self.detail if isinstance(self.detail, list) else []:
             loc = [str(p) for p in err.get("loc", []) if p not in ("body", "values")]
-            out.append((".".join(loc) or "?", str(err.get("msg", ""))))
+            fit = err.get("fit")
+            hint = " (fits: " + ", ".join(f"{k}={v}" for k, v in fit.items()) + ")" if fit else ""
+            out.append((".".join(loc) or "?", str(err.get("msg", "")) + hint))
         return out
 
     def __str__(self) -> str:
@@ -84,6 +86,7 @@ class RevisionInfo(BaseModel):
     parent_revision: int | None
     forced: bool
     warnings: list[dict[str, Any]]
+    oom_count: int = 0
 
 
 class EventInfo(BaseModel):
@@ -173,12 +176,19 @@ class EngineClient:
     def history(self, limit: int = 50) -> list[RevisionInfo]:
         return _revisions.validate_python(self._request("GET", "/api/settings/history", params={"limit": limit}))
 
-    def put_settings(self, base_revision: int, values: dict[str, Any], note: str = "") -> RevisionInfo:
-        body = {"base_revision": base_revision, "values": values, "note": note}
+    def put_settings(self, base_revision: int, values: dict[str, Any], note: str = "",
+                     force: bool = False) -> RevisionInfo:
+        body = {"base_revision": base_revision, "values": values, "note": note, "force": force}
         return RevisionInfo.model_validate(self._request("PUT", "/api/settings", json=body))
 
-    def rollback(self, revision: int, note: str = "") -> RevisionInfo:
-        body = {"revision": revision, "note": note}
+    def capacity(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Pre-flight and capacity prediction for values not saved yet."""
+        params = {k: ("" if v is None else str(v).lower() if isinstance(v, bool) else v) for k, v in values.items()}
+        result: dict[str, Any] = self._request("GET", "/api/capacity", params=params)
+        return result
+
+    def rollback(self, revision: int, note: str = "", force: bool = False) -> RevisionInfo:
+        body = {"revision": revision, "note": note, "force": force}
         return RevisionInfo.model_validate(self._request("POST", "/api/settings/rollback", json=body))
 
     # --- engine actions, events, logs -----------------------------------------------------------------------

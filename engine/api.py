@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -9,7 +10,8 @@ from fastapi import APIRouter, FastAPI, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from engine.errors import InvalidSettingsError, RevisionNotFoundError, StaleRevisionError
+from engine.errors import InvalidSettingsError, PreflightError, RevisionNotFoundError, StaleRevisionError
+from engine.planner import Planner
 from engine.settings import EngineSettings, merge_values, validate_settings
 from engine.state import EngineState
 from engine.store import Event, Revision, Store
@@ -31,13 +33,14 @@ class RevisionOut(BaseModel):
     parent_revision: int | None
     forced: bool
     warnings: list[dict[str, Any]]
+    oom_count: int = 0
 
     @classmethod
-    def of(cls, rev: Revision) -> RevisionOut:
+    def of(cls, rev: Revision, oom_count: int = 0) -> RevisionOut:
         assert rev.id is not None
         return cls(revision=rev.id, values=rev.values, status=rev.status, status_reason=rev.status_reason,
                    author=rev.author, note=rev.note, created_at=iso(rev.created_at) or "",
-                   parent_revision=rev.parent_id, forced=rev.forced, warnings=rev.warnings)
+                   parent_revision=rev.parent_id, forced=rev.forced, warnings=rev.warnings, oom_count=oom_count)
 
 
 class SettingsWrite(BaseModel):
@@ -45,12 +48,15 @@ class SettingsWrite(BaseModel):
     values: dict[str, Any] = Field(description="Fields to change; omitted fields keep the base revision's values.")
     note: str = Field("", max_length=2000, description="Why: shown in the history.")
     author: str | None = Field(None, max_length=200, description="Who; defaults to the X-LLMOps-User header.")
+    force: bool = Field(False, description="Write despite pre-flight errors (recorded as forced; the automatic "
+                        "rollback still guards the apply).")
 
 
 class RollbackRequest(BaseModel):
     revision: int = Field(description="Revision whose values become a new desired revision.")
     note: str = Field("", max_length=2000)
     author: str | None = Field(None, max_length=200)
+    force: bool = False
 
 
 class EventOut(BaseModel):
@@ -73,9 +79,26 @@ def _author(request: Request, given: str | None) -> str:
     return given or request.headers.get("x-llmops-user") or "api"
 
 
-def build_router(store: Store, supervisor: Supervisor) -> APIRouter:
+def _preflight(planner: Planner, settings: EngineSettings, force: bool) -> tuple[bool, list[dict[str, Any]]]:
+    """Run pre-flight; refuse on errors unless forced. Returns (forced, findings to record with the revision)."""
+    result = planner.check(settings)
+    errors: list[dict[str, object]] = [
+        {"type": "preflight", "loc": ["body", "values", f.field], "msg": f.message, "code": f.code, "fit": f.fit}
+        for f in result.errors]
+    if errors and not force:
+        raise PreflightError(errors)
+    recorded = [{**f.as_dict(), "severity": "warning"} for f in result.warnings]
+    recorded += [{**f.as_dict(), "severity": "error", "forced": True} for f in result.errors]
+    return bool(errors), recorded
+
+
+def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIRouter:
     router = APIRouter()
     data_dir = supervisor.config.data_dir.resolve()
+
+    def out(rev: Revision) -> RevisionOut:
+        assert rev.id is not None
+        return RevisionOut.of(rev, store.oom_counts([rev.id]).get(rev.id, 0))
 
     @router.get("/healthz", tags=["health"])
     def healthz() -> dict[str, Any]:
@@ -102,7 +125,7 @@ def build_router(store: Store, supervisor: Supervisor) -> APIRouter:
         rev = store.desired_revision()
         if rev is None:
             rev = store.get_revision(store.head_revision_id() or 0)
-        return RevisionOut.of(rev)
+        return out(rev)
 
     @router.get("/api/settings/schema", tags=["settings"])
     def settings_schema() -> dict[str, Any]:
@@ -113,32 +136,54 @@ def build_router(store: Store, supervisor: Supervisor) -> APIRouter:
     def put_settings(body: SettingsWrite, request: Request) -> RevisionOut:
         """Write a new revision on top of ``base_revision``; the supervisor applies it with a restart."""
         base = store.get_revision(body.base_revision)
-        values = validate_settings(merge_values(base.values, body.values), data_dir).model_dump()
-        rev = store.create_revision(values, base_revision=body.base_revision, author=_author(request, body.author),
-                                    note=body.note)
+        settings = validate_settings(merge_values(base.values, body.values), data_dir)
+        forced, findings = _preflight(planner, settings, body.force)
+        rev = store.create_revision(settings.model_dump(), base_revision=body.base_revision,
+                                    author=_author(request, body.author), note=body.note, forced=forced,
+                                    warnings=findings)
         _changed(store, rev, base.values)
         supervisor.wake()
-        return RevisionOut.of(rev)
+        return out(rev)
+
+    @router.get("/api/capacity", tags=["settings"])
+    def capacity(request: Request) -> dict[str, Any]:
+        """Pre-flight for values not saved yet (query parameters, merged onto the desired revision): the
+        capacity prediction, errors and warnings, each naming the value that would fit."""
+        t0 = time.perf_counter()
+        base = store.desired_revision() or store.get_revision(store.head_revision_id() or 0)
+        changes: dict[str, Any] = {}
+        for key in request.query_params:
+            raw = request.query_params.getlist(key)
+            changes[key] = raw if key == "extra_args" else (None if raw[-1].lower() in ("", "none", "null")
+                                                             else raw[-1])
+        settings = validate_settings(merge_values(base.values, changes), data_dir)
+        result = planner.check(settings).as_dict()
+        return {"base_revision": base.id, "values": settings.model_dump(), **result,
+                "elapsed_ms": round(1e3 * (time.perf_counter() - t0), 2)}
 
     @router.get("/api/settings/history", tags=["settings"])
     def history(limit: int = Query(50, ge=1, le=1000), before: int | None = Query(None, ge=1)) -> list[RevisionOut]:
-        return [RevisionOut.of(r) for r in store.history(limit, before)]
+        revs = store.history(limit, before)
+        ooms = store.oom_counts([r.id for r in revs if r.id is not None])
+        return [RevisionOut.of(r, ooms.get(r.id or 0, 0)) for r in revs]
 
     @router.get("/api/settings/{revision}", tags=["settings"])
     def get_revision(revision: int) -> RevisionOut:
-        return RevisionOut.of(store.get_revision(revision))
+        return out(store.get_revision(revision))
 
     @router.post("/api/settings/rollback", status_code=201, tags=["settings"])
     def rollback(body: RollbackRequest, request: Request) -> RevisionOut:
         """A new desired revision equal to an earlier one."""
         target = store.get_revision(body.revision)
         current = store.desired_revision()
-        values = validate_settings(target.values, data_dir).model_dump()
-        rev = store.create_revision(values, base_revision=None, author=_author(request, body.author),
-                                    note=body.note or f"rollback to revision {body.revision}")
+        settings = validate_settings(target.values, data_dir)
+        forced, findings = _preflight(planner, settings, body.force)
+        rev = store.create_revision(settings.model_dump(), base_revision=None, author=_author(request, body.author),
+                                    note=body.note or f"rollback to revision {body.revision}", forced=forced,
+                                    warnings=findings)
         _changed(store, rev, current.values if current else {})
         supervisor.wake()
-        return RevisionOut.of(rev)
+        return out(rev)
 
     @router.post("/api/engine/{action}", status_code=202, tags=["engine"])
     def engine_action(action: str, request: Request) -> Response:
@@ -174,6 +219,10 @@ def _changed(store: Store, rev: Revision, before: dict[str, Any]) -> None:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidSettingsError)
     async def _invalid(_: Request, exc: InvalidSettingsError) -> JSONResponse:
+        return JSONResponse({"detail": exc.errors}, status_code=422)
+
+    @app.exception_handler(PreflightError)
+    async def _preflight_refused(_: Request, exc: PreflightError) -> JSONResponse:
         return JSONResponse({"detail": exc.errors}, status_code=422)
 
     @app.exception_handler(StaleRevisionError)

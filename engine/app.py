@@ -5,16 +5,24 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+import pynvml
 import uvicorn
 from fastapi import FastAPI
 
+from engine import api_telemetry
+from engine.alerts import AlertEngine, AlertThresholds
 from engine.api import build_router, install_error_handlers
+from engine.calibration import CalibrationStore
 from engine.config import AppConfig
 from engine.gateway import Admission, Gateway
+from engine.planner import Planner
 from engine.settings import EngineSettings, initial_settings
 from engine.store import Store
 from engine.supervisor import Supervisor
+from engine.telemetry import Sampler
+from engine.telemetry_store import TelemetryStore
 
 
 def create_app(config: AppConfig) -> FastAPI:
@@ -26,15 +34,34 @@ def create_app(config: AppConfig) -> FastAPI:
     supervisor = Supervisor(config, store, admission)
     gateway = Gateway(admission, config.upstream_timeout_s, supervisor.served_model)
 
+    def emit(kind: str, message: str, severity: str, data: dict[str, Any]) -> None:
+        gpu = data.get("gpu")
+        store.add_event(kind, message, severity=severity, data=data,
+                        revision_id=supervisor.running.id if supervisor.running and gpu is not None else None)
+
+    history = TelemetryStore(store.engine, config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
+    alerts = AlertEngine(AlertThresholds(memory_pct=config.alert_memory_pct,
+                                         memory_clear_pct=config.alert_memory_pct - 5,
+                                         temperature_c=config.alert_temperature_c,
+                                         temperature_clear_c=config.alert_temperature_c - 5,
+                                         power_hold_s=config.alert_power_hold_s, quiet_s=config.alert_quiet_s),
+                         emit)
+    sampler = Sampler(pynvml, config.gpu_sample_interval_s, supervisor.vllm_pids,
+                      [history.write, alerts.evaluate], emit)
+    planner = Planner(supervisor.build, config.data_dir.resolve(), sampler, CalibrationStore(store))
+    supervisor.planner = planner
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         store.add_event("engine_started", f"engine listening on {config.host}:{config.port}",
                         data={"data_dir": str(config.data_dir.resolve()), "vllm_build": supervisor.build,
                               "vllm_version": supervisor.vllm_version})
         supervisor.start_background()
+        sampler.start()
         try:
             yield
         finally:
+            sampler.stop()
             await supervisor.shutdown()
             await gateway.aclose()
             store.add_event("engine_stopped", "engine stopped")
@@ -45,7 +72,8 @@ def create_app(config: AppConfig) -> FastAPI:
     app.state.store = store
     app.state.supervisor = supervisor
     install_error_handlers(app)
-    app.include_router(build_router(store, supervisor))
+    app.include_router(build_router(store, supervisor, planner))
+    app.include_router(api_telemetry.build_router(sampler, history, alerts))
     app.include_router(gateway.router())
     return app
 

@@ -148,8 +148,8 @@ def cmd_settings(args: argparse.Namespace) -> int:
                 print(f"{rev.revision:>5}  {rev.status:<10} {rev.created_at:%Y-%m-%d %H:%M:%S}  {rev.author:<12} "
                       f"{changed}")
         elif args.action == "rollback":
-            _print_revision(client.rollback(args.revision, args.note or ""))
-        elif args.action == "set":
+            _print_revision(client.rollback(args.revision, args.note or "", force=args.force))
+        elif args.action in ("set", "check"):
             changes: dict[str, Any] = {}
             for item in args.pairs:
                 key, sep, raw = item.partition("=")
@@ -157,11 +157,29 @@ def cmd_settings(args: argparse.Namespace) -> int:
                     print(f"error: {item!r} is not KEY=VALUE", file=sys.stderr)
                     return 2
                 changes[key.strip()] = _parse_value(raw)
+            if args.action == "check":
+                return _print_capacity(client.capacity(changes))
             base = client.settings()
-            rev = client.put_settings(base.revision, changes, args.note or "")
+            rev = client.put_settings(base.revision, changes, args.note or "", force=args.force)
             _print_revision(rev)
+            for finding in rev.warnings:
+                print(f"{finding.get('severity', 'warning')}: {finding['message']}")
             print("the engine applies it with a restart; `llmops status --wait 600` waits for it")
     return 0
+
+
+def _print_capacity(result: dict[str, Any]) -> int:
+    pred = result.get("prediction")
+    if pred:
+        print(f"KV cache: {pred['kv_gib']} GiB = {pred['kv_tokens']:,} tokens ({pred['kv_bytes_per_token']:,} B/token"
+              f"); weights {pred['weight_gib']} GiB; {pred['max_concurrency']}x requests of "
+              f"{pred['tokens_per_request']:,} tokens" + ("" if pred["calibrated"] or pred["device"] == "cpu"
+                                                           else " (uncalibrated)"))
+    for kind in ("errors", "warnings"):
+        for finding in result[kind]:
+            fit = ", ".join(f"{k}={v}" for k, v in finding["fit"].items())
+            print(f"{kind[:-1]}: {finding['message']}" + (f" [fits: {fit}]" if fit else ""))
+    return 0 if result["ok"] else 1
 
 
 def _settings_epilog() -> str:
@@ -210,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_settings_epilog())
     s.add_argument("pairs", nargs="+", metavar="KEY=VALUE")
     s.add_argument("--note", default="", help="Why: shown in the history.")
+    s.add_argument("--force", action="store_true",
+                   help="Write despite pre-flight errors (recorded as forced; automatic rollback still applies).")
+    client_opts(s)
+    s = ssub.add_parser("check", help="Pre-flight KEY=VALUE ... without writing: KV cache, errors, warnings.",
+                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_settings_epilog())
+    s.add_argument("pairs", nargs="+", metavar="KEY=VALUE")
     client_opts(s)
     s = ssub.add_parser("history", help="Revisions, newest first.")
     s.add_argument("--limit", type=int, default=20)
@@ -217,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = ssub.add_parser("rollback", help="A new revision equal to REV.")
     s.add_argument("revision", type=int, metavar="REV")
     s.add_argument("--note", default="")
+    s.add_argument("--force", action="store_true", help="Roll back despite pre-flight errors.")
     client_opts(s)
     p.set_defaults(func=cmd_settings)
 

@@ -23,6 +23,14 @@ class InvalidSettingsError(SettingsError):
         super().__init__(f"invalid settings: {fields}")
 
 
+class PreflightError(SettingsError):
+    """Pre-flight found errors (the revision would not start, or not fit); ``errors`` in FastAPI's 422 shape."""
+
+    def __init__(self, errors: list[dict[str, object]]) -> None:
+        self.errors = errors
+        super().__init__("pre-flight refused the settings: " + "; ".join(str(e["msg"]) for e in errors))
+
+
 class StaleRevisionError(SettingsError):
     """The write named a base revision that is no longer the desired one."""
 

@@ -15,7 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, Column, Engine, event, text
+from sqlalchemy import JSON, Column, Engine, event, func, text
 from sqlmodel import Field, Session, SQLModel, col, create_engine, select
 
 from engine.errors import RevisionNotFoundError, StaleRevisionError
@@ -210,6 +210,18 @@ class Store:
             rev.status_reason = reason
             rev.status_at = time.time()
             s.add(rev)
+
+    def oom_counts(self, revision_ids: Sequence[int]) -> dict[int, int]:
+        """Failures diagnosed as out-of-memory, per revision (the OOM rate operators track)."""
+        if not revision_ids:
+            return {}
+        with self.session() as s:
+            rows = s.exec(
+                select(Event.revision_id, func.count()).where(
+                    Event.kind == "diagnosis", col(Event.revision_id).in_(list(revision_ids)),
+                    func.json_extract(Event.data, "$.is_oom") == 1).group_by(col(Event.revision_id))
+            ).all()
+        return {int(r): int(n) for r, n in rows if r is not None}
 
     # --- events -------------------------------------------------------------------------------------------
 

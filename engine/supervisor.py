@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import psutil
 
+from engine.calibration import parse_start
 from engine.child import ChildLog, VllmChild, free_port, reap_orphans
 from engine.config import AppConfig
 from engine.errors import SupervisorError
 from engine.gateway import Admission
+from engine.planner import Planner
+from engine.recovery import Decision, RecoveryPolicy
 from engine.settings import EngineSettings, resolve_local_model
 from engine.state import EngineState, StateMachine
 from engine.store import Revision, Store
@@ -40,7 +44,7 @@ class StartOutcome:
 
 
 class Supervisor:
-    def __init__(self, config: AppConfig, store: Store, admission: Admission) -> None:
+    def __init__(self, config: AppConfig, store: Store, admission: Admission, planner: Planner | None = None) -> None:
         self.config = config
         self.store = store
         self.admission = admission
@@ -49,18 +53,22 @@ class Supervisor:
         self.running: Revision | None = None  # the revision of the current child, starting or ready
         self.enabled = config.autostart
         self.restart_requested = False
+        self.halted: str | None = None  # why restarts stopped (crash loop), until an operator starts again
+        self.planner = planner
+        self.recovery = RecoveryPolicy(config.backoff_initial_s, config.backoff_max_s,
+                                       config.crashloop_max_failures, config.crashloop_window_s)
         self.build, self.vllm_version = vllm_distribution()
         self.log = ChildLog(config.logs_dir / "vllm.log", config.log_max_bytes, config.log_backups)
         self.pidfile = config.data_dir / "run" / "vllm.json"
         self.ready_at: float | None = None
         self.starts = 0
         self._wake = asyncio.Event()
-        self._attempt = 0
         self._next_attempt = 0.0
+        self._predicted: dict[str, Any] | None = None
         self._health_failures = 0
         self._last_health = 0.0
         self._task: asyncio.Task[None] | None = None
-        self.on_state: list[Callable[[EngineState], Awaitable[None]]] = []
+        self._pids: tuple[int | None, float, set[int]] = (None, 0.0, set())
 
     # --- what the API sees and asks ---------------------------------------------------------------------------
 
@@ -77,6 +85,7 @@ class Supervisor:
             "vllm_version": self.vllm_version,
             "vllm_build": self.build,
             "enabled": self.enabled,
+            "halted": self.halted,
             "ready_since": self.ready_at,
             "restarts": max(0, self.starts - 1),
             "gateway": {"in_flight": self.admission.in_flight, "waiting": self.admission.waiting,
@@ -86,10 +95,25 @@ class Supervisor:
     def served_model(self) -> str | None:
         return str(self.running.values.get("served_model_name")) if self.running else None
 
+    def vllm_pids(self) -> set[int]:
+        """Pids of the current vLLM child and its descendants (called from the sampler thread; cached 5 s)."""
+        child = self.child
+        pid = child.pid if child is not None else None
+        if pid is None:
+            return set()
+        now = time.monotonic()
+        if self._pids[0] != pid or now - self._pids[1] > 5:
+            pids = {pid}
+            with contextlib.suppress(psutil.Error):
+                pids.update(p.pid for p in psutil.Process(pid).children(recursive=True))
+            self._pids = (pid, now, pids)
+        return self._pids[2]
+
     def request_start(self) -> None:
         self.enabled = True
+        self.halted = None
+        self.recovery.reset()
         self._next_attempt = 0.0
-        self._attempt = 0
         self._wake.set()
 
     def request_stop(self) -> None:
@@ -98,6 +122,7 @@ class Supervisor:
 
     def request_restart(self) -> None:
         self.enabled = True
+        self.halted = None
         self.restart_requested = True
         self._next_attempt = 0.0
         self._wake.set()
@@ -129,8 +154,10 @@ class Supervisor:
                 await self._reconcile()
             except SupervisorError as exc:
                 log.error("supervisor: %s", exc)
+                self.child = None
                 await self._enter(S.FAILED, str(exc))
-                self._schedule_retry()
+                self._next_attempt = time.monotonic() + self.config.backoff_max_s
+                self._event("failed", f"{exc}; next attempt in {self.config.backoff_max_s:.0f} s", "error")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.config.reconcile_interval_s)
             self._wake.clear()
@@ -138,7 +165,10 @@ class Supervisor:
     async def _reconcile(self) -> None:
         if self.child is not None and self.child.returncode is not None and not self.child.stop_requested:
             code = self.child.returncode
-            await self._fail(f"vLLM exited with code {code} while {self.sm.state} (not asked to)", code)
+            await self._fail(f"vLLM exited with code {code} while {self.sm.state} (not asked to)", code,
+                             was_ready=self.ready_at is not None)
+        if self.halted is not None:
+            return
         if not self.enabled:
             if self.admission.refusal is None:
                 await self.admission.refuse("vLLM is stopped by an operator; start it with POST /api/engine/start")
@@ -183,19 +213,21 @@ class Supervisor:
         self.running = revision
         self.starts += 1
         self.ready_at = None
+        self._predicted = await asyncio.to_thread(self.planner.predict_now, settings) if self.planner else None
         await self._enter(S.STARTING, f"starting revision {revision.id}")
         self._event("starting", f"starting vLLM with revision {revision.id}", revision_id=revision.id,
-                    data={"args": args[1:]})
+                    data={"args": args[1:], "predicted": self._predicted})
         await self.child.spawn()
         outcome = await self._wait_ready(self.child, revision)
         if outcome.aborted:
             await self._stop_child(outcome.reason)
             return
         if not outcome.ready:
-            await self._fail(f"start of revision {revision.id} failed: {outcome.reason}", outcome.exit_code)
+            await self._fail(f"start of revision {revision.id} failed: {outcome.reason}", outcome.exit_code,
+                             was_ready=False)
             return
         self.child.remember_descendants()
-        self._attempt = 0
+        self.recovery.ready()
         self._health_failures = 0
         self._last_health = time.monotonic()
         self.ready_at = time.time()
@@ -203,7 +235,21 @@ class Supervisor:
         await self.admission.open(self.child.url)
         await self._enter(S.READY, f"revision {revision.id} ready after {outcome.seconds:.1f} s")
         self._event("ready", f"vLLM ready with revision {revision.id} after {outcome.seconds:.1f} s",
-                    revision_id=revision.id, data={"startup_s": round(outcome.seconds, 2), "pid": self.child.pid})
+                    revision_id=revision.id, data={"startup_s": round(outcome.seconds, 2), "pid": self.child.pid,
+                                                   **self._measure_start(settings, revision.id)})
+
+    def _measure_start(self, settings: EngineSettings, revision_id: int) -> dict[str, Any]:
+        """What vLLM logged about memory at this start; calibrates the capacity model on GPUs."""
+        report = parse_start(list(self.log.run_lines))
+        out: dict[str, Any] = {"kv_tokens": report.kv_tokens, "kv_gib": report.kv_gib,
+                               "weights_gib": report.weights_gib, "activation_gib": report.activation_gib,
+                               "non_torch_gib": report.non_torch_gib}
+        if self.planner is not None:
+            out["capacity"] = self.planner.compare(settings, report, self._predicted)
+            if self.build == "cuda":
+                batched = settings.max_num_batched_tokens or int(_logged_batched_tokens(self.log.run_lines) or 0)
+                self.planner.calibrations.record(report, settings, batched, revision_id)
+        return out
 
     async def _wait_ready(self, child: VllmChild, revision: Revision) -> StartOutcome:
         """Ready = /health answers 200 and a real 1-token completion succeeds (/health alone can lie)."""
@@ -242,7 +288,7 @@ class Supervisor:
             ok = False
         self._health_failures = 0 if ok else self._health_failures + 1
         if self._health_failures >= 3:
-            await self._fail("vLLM stopped answering /health (3 probes in a row)", None)
+            await self._fail("vLLM stopped answering /health (3 probes in a row)", None, was_ready=True)
 
     async def _drain_and_stop(self, reason: str) -> None:
         await self.admission.close()
@@ -259,32 +305,57 @@ class Supervisor:
         if self.sm.can(S.STOPPING):
             await self._enter(S.STOPPING, reason)
         if child is not None:
+            old_pids = set(self.vllm_pids())
             seconds = await child.stop(self.config.stop_timeout_s)
-            self._event("stopped", f"vLLM stopped in {seconds:.1f} s: {reason}", revision_id=rev_id,
+            released = True
+            if self.planner is not None:
+                released = await asyncio.to_thread(self.planner.wait_released, old_pids, 30.0)
+            self._event("stopped", f"vLLM stopped in {seconds:.1f} s: {reason}"
+                        + ("" if released else "; its GPU memory was still held after 30 s"),
+                        "info" if released else "warning", rev_id,
                         data={"stop_s": round(seconds, 2), "exit_code": child.returncode})
         self.child = None
         self.ready_at = None
         if self.sm.state == S.STOPPING:
             await self._enter(S.STOPPED, reason)
 
-    async def _fail(self, reason: str, exit_code: int | None) -> None:
+    async def _fail(self, reason: str, exit_code: int | None, *, was_ready: bool) -> None:
+        """vLLM stopped without being asked: stop what is left of it, diagnose, then roll back, retry or halt."""
         await self.admission.close()
         child, rev = self.child, self.running
         if child is not None:
             await child.stop(self.config.stop_timeout_s)
         self.child = None
         self.ready_at = None
-        await self._enter(S.FAILED, reason)
-        self._event("failed", reason, "error", rev.id if rev else None,
-                    data={"exit_code": exit_code, "last_lines": list(self.log.run_lines)[-30:]})
-        self._schedule_retry()
+        rev_id = rev.id if rev else None
+        status = (await asyncio.to_thread(self.store.get_revision, rev_id)).status if rev_id else None
+        decision = self.recovery.decide(rev_id, status, was_ready, list(self.log.run_lines))
+        diag = decision.diagnosis
+        await self._enter(S.FAILED, f"{reason}: {diag.kind}")
+        self._event("failed", reason, "error", rev_id, data={"exit_code": exit_code, "was_ready": was_ready,
+                                                             "last_lines": list(self.log.run_lines)[-30:]})
+        self._event("diagnosis", f"{diag.kind}: {diag.explanation} Fix: {diag.fix}", "error", rev_id,
+                    data=diag.as_dict())
+        await self._act(decision, rev_id)
 
-    def _schedule_retry(self) -> None:
-        self._attempt += 1
-        delay = min(self.config.backoff_max_s, self.config.backoff_initial_s * 2 ** (self._attempt - 1))
-        self._next_attempt = time.monotonic() + delay
-        self._event("restart_scheduled", f"next start attempt in {delay:.0f} s (attempt {self._attempt})",
-                    "warning", self.running.id if self.running else None, data={"delay_s": delay})
+    async def _act(self, decision: Decision, rev_id: int | None) -> None:
+        diag = decision.diagnosis
+        if decision.action == "rollback" and rev_id is not None:
+            await asyncio.to_thread(self.store.mark_rejected, rev_id, f"{diag.kind}: {diag.explanation}")
+            back = await asyncio.to_thread(self.store.desired_revision_id)
+            self._next_attempt = 0.0
+            self._event("rollback", decision.message + (f" (revision {back})" if back else
+                                                        "; no revision was ever ready: write new settings"),
+                        "error", rev_id, data={"rejected": rev_id, "back_to": back, "diagnosis": diag.kind})
+        elif decision.action == "halt":
+            self.halted = decision.message
+            await self.admission.refuse(f"vLLM is halted: {decision.message}")
+            self.sm.reason = decision.message
+            self._event("crash_loop", decision.message, "critical", rev_id, data={"diagnosis": diag.kind})
+        else:
+            self._next_attempt = time.monotonic() + decision.delay_s
+            self._event("restart_scheduled", decision.message, "warning", rev_id,
+                        data={"delay_s": decision.delay_s, "diagnosis": diag.kind})
 
     async def _enter(self, state: EngineState, reason: str) -> None:
         if self.sm.state == state:
@@ -292,8 +363,6 @@ class Supervisor:
             return
         self.sm.to(state, reason)
         log.info("engine %s: %s", state, reason)
-        for callback in self.on_state:
-            await callback(state)
 
     def _event(self, kind: str, message: str, severity: str = "info", revision_id: int | None = None,
                data: dict[str, Any] | None = None) -> None:
@@ -309,3 +378,14 @@ async def _probe(client: httpx.AsyncClient, served_model: str) -> bool:
         return resp.status_code == 200 and bool(resp.json().get("choices"))
     except (httpx.HTTPError, ValueError):
         return False
+
+
+def _logged_batched_tokens(lines: Any) -> int | None:
+    """max_num_batched_tokens as vLLM chose it ("Chunked prefill is enabled with max_num_batched_tokens=8192")."""
+    for line in lines:
+        if "max_num_batched_tokens=" in line:
+            tail = line.split("max_num_batched_tokens=", 1)[1]
+            digits = "".join(itertools.takewhile(str.isdigit, tail))
+            if digits:
+                return int(digits)
+    return None

@@ -1,4 +1,4 @@
-"""Shared fixtures: a demo-model stand-in folder for validation tests (no weights; vLLM never sees it)."""
+"""Shared fixtures: a demo-model stand-in folder (config.json only; vLLM never sees it) for API and unit tests."""
 
 from __future__ import annotations
 
@@ -10,10 +10,17 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+# The demo model's config.json (engine/demo_model.py), without its weights.
+DEMO_SHAPE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+              "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 64, "vocab_size": 2048, "max_position_embeddings": 2048, "tie_word_embeddings": True,
+              "dtype": "bfloat16"}
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     """A data dir whose models/demo holds a config.json, enough for settings validation."""
     model = tmp_path / "models" / "demo"
     model.mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (model / "config.json").write_text(json.dumps(DEMO_SHAPE))
     return tmp_path

@@ -88,3 +88,59 @@ def test_gateway_refuses_with_503_and_retry_after_when_vllm_is_down(data_dir: Pa
         assert resp.headers["retry-after"]
         assert "stopped" in resp.json()["error"]["message"]
         assert client.post("/v1/generate", json={"prompt": ""}).status_code == 422
+
+
+def test_gpu_endpoint_is_honest_without_a_gpu(api: TestClient) -> None:
+    """This machine has no NVIDIA driver: the API says so with NVML's reason and shows the host instead."""
+    import time
+
+    deadline = time.monotonic() + 10
+    body = api.get("/api/gpu").json()
+    while body["reason"] == "sampler not started" and time.monotonic() < deadline:
+        time.sleep(0.1)
+        body = api.get("/api/gpu").json()
+    assert body["available"] is False
+    assert "NVML" in body["reason"]
+    assert body["gpus"] == []
+    assert body["host"]["mem_total"] > 0 and body["host"]["cpu_count"] >= 1
+
+
+def test_gpu_history_validates_its_window(api: TestClient) -> None:
+    assert api.get("/api/gpu/history", params={"window": "5m"}).status_code == 200
+    bad = api.get("/api/gpu/history", params={"window": "soon"})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["query", "window"]
+    assert api.get("/api/gpu/history", params={"window": "30d"}).status_code == 422
+
+
+def test_preflight_refuses_a_kv_cache_too_small_for_max_model_len(api: TestClient) -> None:
+    resp = api.put("/api/settings", json={"base_revision": 1, "values": {"cpu_kv_cache_gib": 0.001}})
+    assert resp.status_code == 422
+    err = resp.json()["detail"][0]
+    assert err["type"] == "preflight" and err["code"] == "kv_cache_too_small"
+    assert err["loc"] == ["body", "values", "cpu_kv_cache_gib"]
+    assert err["fit"]["max_model_len"] == 896 and "896" in err["msg"]
+    assert [r["revision"] for r in api.get("/api/settings/history").json()] == [1]
+
+
+def test_force_writes_past_preflight_and_records_it(api: TestClient) -> None:
+    resp = api.put("/api/settings", json={"base_revision": 1, "values": {"cpu_kv_cache_gib": 0.001},
+                                          "note": "testing the safety net", "force": True})
+    assert resp.status_code == 201
+    rev = resp.json()
+    assert rev["forced"] is True
+    assert [(w["code"], w["severity"], w.get("forced")) for w in rev["warnings"]] == [
+        ("kv_cache_too_small", "error", True)]
+
+
+def test_capacity_answers_for_values_not_saved(api: TestClient) -> None:
+    body = api.get("/api/capacity", params={"cpu_kv_cache_gib": "0.25", "max_model_len": "1024"}).json()
+    assert body["ok"] is True and body["base_revision"] == 1
+    assert body["values"]["max_model_len"] == 1024
+    pred = body["prediction"]
+    assert pred["kv_tokens"] == 262_144 and pred["kv_bytes_per_token"] == 1024 and pred["max_concurrency"] == 256.0
+    assert body["model"]["max_position_embeddings"] == 2048
+    bad = api.get("/api/capacity", params={"max_model_len": "4096"}).json()
+    assert bad["ok"] is False and bad["errors"][0]["fit"] == {"max_model_len": 2048}
+    invalid = api.get("/api/capacity", params={"max_num_seqs": "zero"})
+    assert invalid.status_code == 422 and invalid.json()["detail"][0]["loc"][-1] == "max_num_seqs"
+    assert [r["revision"] for r in api.get("/api/settings/history").json()] == [1]

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sqlite3
+import time
 
 import httpx
 import psutil
 import pytest
 
+from console.client import SettingsRejectedError
 from engine.child import group_members
 from tests.integration.conftest import COLD_START_S, EngineHandle
+from tests.integration.load import Load, summary
 
 pytestmark = pytest.mark.integration
 
@@ -68,11 +73,21 @@ def test_bad_input_gets_422_and_no_revision(engine: EngineHandle) -> None:
     assert engine.client.status().state == "ready"
 
 
-def test_max_num_seqs_change_restarts_vllm_with_it(engine: EngineHandle) -> None:
+def test_max_num_seqs_change_under_load_restarts_vllm_and_drops_nothing(engine: EngineHandle) -> None:
+    """The zero-drop bar: 16 clients stream and not, in a loop, while a new max_num_seqs is applied."""
     old = engine.client.status()
     assert old.pid is not None
+    load = Load(engine.url, clients=16).start()
+    load.wait_for(32, timeout=120)  # traffic flows before the change
     rev = engine.client.put_settings(old.desired_revision or 0, {"max_num_seqs": 5}, "test: smaller batch")
     status = engine.client.wait_for({"ready"}, COLD_START_S, revision=rev.revision)
+    seen = load.count()
+    load.wait_for(seen + 32, timeout=120)  # and flows again on the new child
+    outcomes = load.stop()
+    counts = summary(outcomes)
+    assert counts["ok"] == counts["total"], (counts, [o for o in outcomes if o.status != 200 or o.exception][:3])
+    waited = [o for o in outcomes if o.seconds > 10]
+    assert waited, "no request was held across the restart: the test did not exercise the queue"
     assert status.pid != old.pid
     assert "'max_num_seqs': 5" in last_run_args(engine)
     assert group_members(old.pid) == [] and not psutil.pid_exists(old.pid)
@@ -92,6 +107,55 @@ def test_revision_written_straight_into_sqlite_is_applied(engine: EngineHandle) 
     status = engine.client.wait_for({"ready"}, COLD_START_S, revision=new_id)
     assert status.running_revision == new_id
     assert "'max_num_seqs': 7" in last_run_args(engine)
+
+
+def test_forced_revision_that_cannot_start_is_rolled_back_and_diagnosed(engine: EngineHandle) -> None:
+    good = engine.client.status()
+    assert good.running_revision is not None
+    before = engine.client.settings()
+    with pytest.raises(SettingsRejectedError) as refused:  # pre-flight refuses it first ...
+        engine.client.put_settings(before.revision, {"cpu_kv_cache_gib": 0.001}, "too small")
+    assert refused.value.fields[0][0] == "cpu_kv_cache_gib"
+    bad = engine.client.put_settings(before.revision, {"cpu_kv_cache_gib": 0.001}, "forced", force=True)
+    assert bad.forced
+    deadline = time.monotonic() + COLD_START_S
+    while engine.client.revision(bad.revision).status != "rejected":  # ... forced, it fails and is rejected
+        assert time.monotonic() < deadline, engine.client.status()
+        time.sleep(0.5)
+    rejected = engine.client.revision(bad.revision)
+    assert rejected.status_reason.startswith("kv_cache_too_small")
+    assert rejected.oom_count == 1
+    back = engine.client.wait_for({"ready"}, COLD_START_S, revision=good.running_revision)
+    assert back.desired_revision == good.running_revision
+    events = {e.kind: e for e in engine.client.events(kinds=["diagnosis", "rollback"])
+              if e.revision == bad.revision}
+    assert events["diagnosis"].data["kind"] == "kv_cache_too_small"
+    assert events["rollback"].data["back_to"] == good.running_revision
+
+
+def test_sigkill_of_vllm_under_load_recovers_on_the_same_revision(engine: EngineHandle) -> None:
+    before = engine.client.status()
+    assert before.pid is not None and before.running_revision is not None
+    load = Load(engine.url, clients=8).start()
+    load.wait_for(16, timeout=120)
+    os.kill(before.pid, signal.SIGKILL)  # the API server only: its engine core and worker are left behind
+    deadline = time.monotonic() + COLD_START_S
+    after = engine.client.status()
+    while not (after.state == "ready" and after.pid != before.pid):
+        assert time.monotonic() < deadline, after
+        time.sleep(0.5)
+        after = engine.client.status()
+    assert after.running_revision == before.running_revision
+    seen = load.count()
+    load.wait_for(seen + 16, timeout=120)
+    outcomes = load.stop()
+    counts = summary(outcomes)
+    assert counts["exceptions"] == 0 and counts["other"] == 0, counts  # nothing left hanging or odd
+    assert counts["ok"] + counts["503"] + counts["stream_errors"] == counts["total"]
+    assert counts["ok"] >= 32
+    assert after.pid != before.pid and group_members(before.pid) == []
+    kinds = [e.kind for e in engine.client.events(kinds=["failed", "diagnosis", "restart_scheduled", "ready"])]
+    assert kinds[-4:] == ["failed", "diagnosis", "restart_scheduled", "ready"]
 
 
 def test_stop_and_start_leave_no_stray_process(engine: EngineHandle) -> None:

@@ -1,0 +1,81 @@
+"""The planner joins the capacity model to the live device: what memory there is now (NVML, or the host for
+the CPU build), the last calibration on this host, and which memory the running vLLM would give back."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine.calibration import CalibrationStore, StartReport
+from engine.capacity import Device, load_shape, predict
+from engine.preflight import PreflightResult, check, find_model_config
+from engine.settings import EngineSettings
+from engine.telemetry import Sampler
+from engine.vllm_command import Build
+
+
+class Planner:
+    def __init__(self, build: Build, data_dir: Path, sampler: Sampler, calibrations: CalibrationStore,
+                 traffic_max_tokens: Callable[[], int | None] = lambda: None) -> None:
+        self.build = build
+        self.data_dir = data_dir
+        self.sampler = sampler
+        self.calibrations = calibrations
+        self.traffic_max_tokens = traffic_max_tokens
+
+    def device(self, tensor_parallel_size: int = 1) -> Device | None:
+        """Memory as vLLM will see it after the running child stops (its own memory counts as free)."""
+        snap = self.sampler.latest
+        if self.build == "cuda":
+            gpus = [g for g in snap.gpus if not g.lost and g.values.get("mem_total")]
+            if not snap.available or not gpus:
+                return None
+            group = gpus[:tensor_parallel_size] if tensor_parallel_size <= len(gpus) else gpus
+            totals = [float(g.values["mem_total"] or 0) - float(g.values.get("mem_reserved") or 0) for g in group]
+            frees = [totals[i] - float(g.values.get("mem_used") or 0) + float(g.values.get("vllm_mem") or 0)
+                     for i, g in enumerate(group)]
+            return Device("cuda", int(min(totals)), int(min(frees)), count=len(gpus), name=group[0].name)
+        host = snap.host
+        if not host:
+            return None
+        return Device("cpu", int(host["mem_total"]), int(host["mem_available"] + host.get("vllm_rss", 0)),
+                      name="host")
+
+    def check(self, settings: EngineSettings) -> PreflightResult:
+        calibration = self.calibrations.latest(settings.model, settings.tensor_parallel_size, settings.dtype)
+        return check(settings, data_dir=self.data_dir, device=self.device(settings.tensor_parallel_size),
+                     calibration=calibration, traffic_max_tokens=self.traffic_max_tokens())
+
+    def compare(self, settings: EngineSettings, report: StartReport, predicted: dict[str, Any] | None
+                ) -> dict[str, Any] | None:
+        """Predicted against logged KV tokens for one start (the capacity model's running accuracy)."""
+        if predicted is None or report.kv_tokens is None:
+            return None
+        pred = int(predicted["kv_tokens"])
+        error = (pred - report.kv_tokens) / report.kv_tokens if report.kv_tokens else None
+        return {"predicted_kv_tokens": pred, "logged_kv_tokens": report.kv_tokens,
+                "error_pct": None if error is None else round(100 * error, 2),
+                "calibrated": predicted.get("calibrated")}
+
+    def predict_now(self, settings: EngineSettings) -> dict[str, Any] | None:
+        folder = find_model_config(settings.model, self.data_dir)
+        device = self.device(settings.tensor_parallel_size)
+        if folder is None or device is None:
+            return None
+        calibration = self.calibrations.latest(settings.model, settings.tensor_parallel_size, settings.dtype)
+        return predict(load_shape(folder), settings, device, calibration).as_dict()
+
+    def wait_released(self, pids: set[int], timeout: float) -> bool:
+        """After a stop on a GPU: wait until NVML lists none of the old processes (their memory is back)."""
+        if self.build != "cuda" or not pids:
+            return True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            snap = self.sampler.latest
+            held = {p["pid"] for g in snap.gpus for p in g.processes} & pids
+            if not held and snap.ts > time.time() - 2 * self.sampler.interval_s:
+                return True
+            time.sleep(self.sampler.interval_s / 2)
+        return False

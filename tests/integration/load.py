@@ -1,0 +1,115 @@
+"""A test load: N client threads sending streaming and non-streaming requests in a loop until told to stop.
+
+Each request's outcome is recorded: HTTP status, whether a stream ended with [DONE], an error event or an
+exception, and how long it took. The client timeout is long (requests may wait in the gateway's queue while vLLM
+restarts) but finite, so a hanging request shows up as an exception, not as a stuck test.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass
+class Outcome:
+    client: int
+    stream: bool
+    status: int | None
+    seconds: float
+    done: bool = False  # stream ended with [DONE]
+    stream_error: str | None = None  # stream ended with an error event
+    exception: str | None = None
+    text: str = ""
+
+
+@dataclass
+class Load:
+    url: str
+    clients: int = 16
+    max_tokens: int = 8
+    timeout_s: float = 420.0
+    outcomes: list[Outcome] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> Load:
+        for i in range(self.clients):
+            t = threading.Thread(target=self._run, args=(i,), daemon=True, name=f"load-{i}")
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self, join_timeout: float = 480.0) -> list[Outcome]:
+        self._stop.set()
+        deadline = time.monotonic() + join_timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in self._threads), "a client thread is still waiting: a request hangs"
+        return self.outcomes
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.outcomes)
+
+    def wait_for(self, n: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.count() < n:
+            assert time.monotonic() < deadline, f"only {self.count()} of {n} requests finished"
+            time.sleep(0.1)
+
+    def _run(self, client: int) -> None:
+        with httpx.Client(base_url=self.url, timeout=self.timeout_s) as http:
+            n = 0
+            while not self._stop.is_set():
+                stream = (n + client) % 2 == 0
+                n += 1
+                try:
+                    outcome = self._one(http, client, stream)
+                except Exception as exc:  # noqa: BLE001 - a broken client is an outcome the test must see
+                    outcome = Outcome(client, stream, None, 0.0, exception=f"client crashed: {exc!r}")
+                with self._lock:
+                    self.outcomes.append(outcome)
+
+    def _one(self, http: httpx.Client, client: int, stream: bool) -> Outcome:
+        body = {"model": "demo", "messages": [{"role": "user", "content": f"client {client}: describe a module"}],
+                "max_tokens": self.max_tokens, "temperature": 0.7, "stream": stream}
+        t0 = time.monotonic()
+        out = Outcome(client, stream, None, 0.0)
+        try:
+            if not stream:
+                resp = http.post("/v1/chat/completions", json=body)
+                out.status = resp.status_code
+                out.text = resp.text[:300]
+            else:
+                with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+                    out.status = resp.status_code
+                    for line in resp.iter_lines():
+                        if line == "data: [DONE]":
+                            out.done = True
+                        elif line.startswith("data: "):
+                            event = json.loads(line[6:])
+                            if "error" in event:  # the gateway's (or vLLM's) error event ends a broken stream
+                                out.stream_error = str(event["error"].get("message", event["error"]))
+                        elif resp.status_code != 200:
+                            out.text += line
+        except httpx.HTTPError as exc:
+            out.exception = f"{type(exc).__name__}: {exc}"
+        out.seconds = time.monotonic() - t0
+        return out
+
+
+def summary(outcomes: list[Outcome]) -> dict[str, int]:
+    return {
+        "total": len(outcomes),
+        "ok": sum(1 for o in outcomes if o.status == 200 and (o.done or not o.stream) and not o.stream_error),
+        "503": sum(1 for o in outcomes if o.status == 503),
+        "stream_errors": sum(1 for o in outcomes if o.stream_error),
+        "exceptions": sum(1 for o in outcomes if o.exception),
+        "other": sum(1 for o in outcomes if o.status not in (200, 503, None)),
+    }

@@ -1,0 +1,114 @@
+"""Pre-flight tables: which settings are refused (errors) or flagged (warnings), each with the value that fits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.capacity import GIB, Device
+from engine.preflight import check
+from engine.settings import EngineSettings
+from tests.test_capacity import H200, LLAMA3_8B
+
+
+@pytest.fixture
+def m8b(tmp_path: Path) -> Path:
+    folder = tmp_path / "m8b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA3_8B))
+    return folder
+
+
+def gpu_settings(model: Path, **values: object) -> EngineSettings:
+    base = {"model": str(model), "load_format": "dummy", "gpu_memory_utilization": 0.85, "max_model_len": 4096,
+            "max_num_seqs": 64}
+    return EngineSettings.model_validate({**base, **values})
+
+
+def codes(findings: list) -> dict[str, dict]:  # type: ignore[type-arg]
+    return {f.code: f.fit for f in findings}
+
+
+@pytest.mark.parametrize(("values", "device", "code", "fit_key"), [
+    ({"gpu_memory_utilization": 0.1}, H200, "weights_do_not_fit", "gpu_memory_utilization"),
+    ({"gpu_memory_utilization": 0.13, "max_model_len": 8192, "max_num_seqs": 1, "enforce_eager": True},
+     H200, None, None),
+    ({"max_model_len": 16384}, H200, "max_len_above_model", "max_model_len"),
+    ({"tensor_parallel_size": 3}, Device("cuda", int(139.8 * GIB), int(139.3 * GIB), count=4), "tp_mismatch",
+     "tensor_parallel_size"),
+    ({"tensor_parallel_size": 2}, H200, "tp_mismatch", "tensor_parallel_size"),
+    ({}, Device("cuda", int(139.8 * GIB), int(60 * GIB), count=1), "insufficient_free_memory",
+     "gpu_memory_utilization"),
+])
+def test_gpu_errors(m8b: Path, values: dict, device: Device, code: str | None, fit_key: str | None) -> None:  # type: ignore[type-arg]
+    result = check(gpu_settings(m8b, **values), data_dir=None, device=device)
+    if code is None:
+        assert result.errors == []
+        return
+    found = codes(result.errors)
+    assert code in found, [e.message for e in result.errors]
+    assert fit_key in found[code]
+
+
+def test_kv_cache_too_small_names_the_length_and_the_utilization_that_fit(m8b: Path) -> None:
+    result = check(gpu_settings(m8b, gpu_memory_utilization=0.115, max_model_len=8192, enforce_eager=True),
+                   data_dir=None, device=H200)
+    err = {e.code: e for e in result.errors}["kv_cache_too_small"]
+    assert err.field == "max_model_len"
+    assert 0 < err.fit["max_model_len"] < 8192
+    assert err.fit["gpu_memory_utilization"] in (0.12, 0.13)
+    assert str(err.fit["max_model_len"]) in err.message
+
+
+def test_free_memory_error_names_the_utilization_that_fits(m8b: Path) -> None:
+    result = check(gpu_settings(m8b), data_dir=None, device=Device("cuda", int(139.8 * GIB), int(60 * GIB)))
+    err = {e.code: e for e in result.errors}["insufficient_free_memory"]
+    assert err.fit == {"gpu_memory_utilization": 0.42}
+    assert "other processes hold 79.80 GiB" in err.message
+
+
+def test_safe_settings_pass_without_findings(m8b: Path) -> None:
+    result = check(gpu_settings(m8b), data_dir=None, device=H200)
+    assert result.errors == [] and result.warnings == []
+    assert result.prediction is not None and result.prediction.max_concurrency > 64
+
+
+@pytest.mark.parametrize(("values", "code", "fit"), [
+    ({"gpu_memory_utilization": 0.95}, "utilization_high", {"gpu_memory_utilization": 0.85}),
+    ({"gpu_memory_utilization": 0.2, "max_model_len": 8192, "max_num_seqs": 64}, "concurrency_below_max_num_seqs",
+     None),
+])
+def test_gpu_warnings(m8b: Path, values: dict, code: str, fit: dict | None) -> None:  # type: ignore[type-arg]
+    result = check(gpu_settings(m8b, **values), data_dir=None, device=H200)
+    assert result.errors == []
+    found = codes(result.warnings)
+    assert code in found
+    if fit is not None:
+        assert found[code] == fit
+    else:
+        assert found[code]["max_num_seqs"] < 64
+
+
+def test_max_len_far_above_traffic_is_a_warning(m8b: Path) -> None:
+    result = check(gpu_settings(m8b, max_model_len=8192), data_dir=None, device=H200, traffic_max_tokens=700)
+    assert codes(result.warnings)["max_len_above_traffic"] == {"max_model_len": 2048}
+
+
+def test_cpu_build_checks_the_explicit_kv_cache(data_dir: Path) -> None:
+    host = Device("cpu", 24 * GIB, 20 * GIB)
+    tiny = EngineSettings.model_validate({"model": "models/demo", "cpu_kv_cache_gib": 0.001, "max_model_len": 2048})
+    result = check(tiny, data_dir=data_dir, device=host)
+    err = {e.code: e for e in result.errors}["kv_cache_too_small"]
+    assert err.field == "cpu_kv_cache_gib" and err.fit == {"max_model_len": 896, "cpu_kv_cache_gib": 0.01}
+    huge = EngineSettings.model_validate({"model": "models/demo", "cpu_kv_cache_gib": 64})
+    assert "weights_do_not_fit" in codes(check(huge, data_dir=data_dir, device=host).errors)
+    ok = EngineSettings.model_validate({"model": "models/demo", "cpu_kv_cache_gib": 0.5, "max_model_len": 2048})
+    assert check(ok, data_dir=data_dir, device=host).errors == []
+
+
+def test_unknown_model_is_a_warning_not_an_error() -> None:
+    s = EngineSettings.model_construct(**{**EngineSettings.model_construct(model="org/absent-model").model_dump()})
+    result = check(s, data_dir=None, device=H200)
+    assert result.errors == [] and codes(result.warnings) == {"capacity_unknown": {}}
