@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 import socket
+import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sqlmodel import Field, SQLModel, col, select
 
@@ -109,6 +109,7 @@ class CalibrationRow(SQLModel, table=True):
     max_num_seqs: int = 0
     weights: int = 0
     activation: int = 0
+    activation_estimate: int = 0  # the capacity model's estimate for the same start, to learn its error
     non_torch: int = 0
     device_total: int | None = None
     kv_bytes: int = 0
@@ -125,10 +126,10 @@ class CalibrationStore:
         CalibrationRow.metadata.create_all(store.engine, tables=[CalibrationRow.__table__])  # type: ignore[attr-defined]
         self.host = socket.gethostname()
 
-    def record(self, report: StartReport, settings: EngineSettings, batched_tokens: int,
+    def record(self, report: StartReport, settings: EngineSettings, batched_tokens: int, activation_estimate: int,
                revision_id: int | None) -> CalibrationRow | None:
         """Keep a successful GPU start's terms; CPU starts (explicit KV size) have nothing to calibrate."""
-        if not report.complete:
+        if not report.complete or activation_estimate <= 0:
             return None
         assert report.requested_gib is not None and report.utilization
         row = CalibrationRow(
@@ -136,26 +137,30 @@ class CalibrationStore:
             tensor_parallel_size=settings.tensor_parallel_size, dtype=settings.dtype,
             enforce_eager=settings.enforce_eager, batched_tokens=batched_tokens, max_num_seqs=settings.max_num_seqs,
             weights=_bytes(report.weights_gib), activation=_bytes(report.activation_gib),
-            non_torch=_bytes(report.non_torch_gib), device_total=_bytes(report.requested_gib / report.utilization),
+            activation_estimate=activation_estimate, non_torch=_bytes(report.non_torch_gib),
+            device_total=_bytes(report.requested_gib / report.utilization),
             kv_bytes=_bytes(report.kv_gib), kv_tokens=report.kv_tokens,
         )
         with self.store.session() as s:
             s.add(row)
         return row
 
-    def latest(self, model: str, tensor_parallel_size: int, dtype: str) -> Calibration | None:
+    def latest(self, model: str, tensor_parallel_size: int, dtype: str, starts: int = 5) -> Calibration | None:
+        """The calibration from the last ``starts`` successful starts of this model on this host."""
         with self.store.session() as s:
-            row = s.exec(
+            rows = s.exec(
                 select(CalibrationRow).where(CalibrationRow.host == self.host, CalibrationRow.model == model,
                                              CalibrationRow.tensor_parallel_size == tensor_parallel_size,
                                              CalibrationRow.dtype == dtype)
-                .order_by(col(CalibrationRow.id).desc()).limit(1)
-            ).first()
-        return None if row is None else to_calibration(row)
+                .order_by(col(CalibrationRow.id).desc()).limit(starts)
+            ).all()
+        return to_calibration(rows) if rows else None
 
 
-def to_calibration(row: CalibrationRow | Any) -> Calibration:
-    return Calibration(weights=row.weights, activation=row.activation, non_torch=row.non_torch,
-                       device_total=row.device_total, batched_tokens=row.batched_tokens,
-                       enforce_eager=row.enforce_eager, max_num_seqs=row.max_num_seqs,
-                       tensor_parallel_size=row.tensor_parallel_size, dtype=row.dtype)
+def to_calibration(rows: Sequence[CalibrationRow]) -> Calibration:
+    """Newest first: stable terms from the newest row, the activation factor as the median over all rows."""
+    newest = rows[0]
+    factors = [r.activation / r.activation_estimate for r in rows if r.activation_estimate > 0]
+    return Calibration(weights=newest.weights, non_torch=newest.non_torch, device_total=newest.device_total,
+                       activation_factor=statistics.median(factors) if factors else 1.0,
+                       tensor_parallel_size=newest.tensor_parallel_size, dtype=newest.dtype, starts=len(rows))

@@ -33,14 +33,20 @@ SLOWDOWN_REASONS = {"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_th
                     "hw_power_brake_slowdown"}
 
 
-# Scalar readings: metric, key for "not available", NVML call, scale to the unit of the metric.
-_SCALARS: tuple[tuple[str, str, Callable[[Any, Any], Any], float], ...] = (
+# Scalar readings: metric, key for "not available", NVML call, scale to the unit of the metric. Fast ones are
+# read every tick; slow ones (costly calls, or values that change slowly) every ``slow_every`` ticks. Measured on an
+# H200 (driver 580): nvmlDeviceGetPcieThroughput blocks for 20 ms (it samples a counter over that window) and
+# nvmlDeviceGetTotalEnergyConsumption costs about 6 ms; the fast calls cost tens of microseconds.
+_Scalar = tuple[str, str, Callable[[Any, Any], Any], float]
+_FAST: tuple[_Scalar, ...] = (
     ("power_w", "power", lambda nv, h: nv.nvmlDeviceGetPowerUsage(h), 1e-3),  # mW
-    ("power_limit_w", "power_limit", lambda nv, h: nv.nvmlDeviceGetEnforcedPowerLimit(h), 1e-3),  # mW
-    ("energy_j", "energy", lambda nv, h: nv.nvmlDeviceGetTotalEnergyConsumption(h), 1e-3),  # mJ
     ("temp_c", "temperature", lambda nv, h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU), 1.0),
     ("sm_clock_mhz", "sm_clock", lambda nv, h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), 1.0),
     ("mem_clock_mhz", "mem_clock", lambda nv, h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM), 1.0),
+)
+_SLOW: tuple[_Scalar, ...] = (
+    ("power_limit_w", "power_limit", lambda nv, h: nv.nvmlDeviceGetEnforcedPowerLimit(h), 1e-3),  # mW
+    ("energy_j", "energy", lambda nv, h: nv.nvmlDeviceGetTotalEnergyConsumption(h), 1e-3),  # mJ
     ("fan_pct", "fan", lambda nv, h: nv.nvmlDeviceGetFanSpeed(h), 1.0),
     ("pcie_tx_kbs", "pcie_tx", lambda nv, h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES), 1.0),
     ("pcie_rx_kbs", "pcie_rx", lambda nv, h: nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES), 1.0),
@@ -88,6 +94,7 @@ class GpuReader:
         self.uuid = _text(nvml.nvmlDeviceGetUUID(self.handle))
         self.name = _text(nvml.nvmlDeviceGetName(self.handle))
         self._unsupported: dict[str, str] = {}
+        self._slow: tuple[dict[str, float | None], dict[str, int | None], dict[str, int | None]] | None = None
 
     def _read(self, reading: GpuReading, key: str, call: Callable[[], Any]) -> Any:
         if key in self._unsupported:
@@ -105,7 +112,9 @@ class GpuReader:
             reading.unavailable[key] = f"not available: {reason}"
             return None
 
-    def read(self, ours: set[int]) -> GpuReading:
+    def read(self, ours: set[int], slow: bool = True) -> GpuReading:
+        """One reading. ``slow``: also read the slowly changing or costly values (energy, ECC, pages, PCIe
+        throughput, fan, power limit); between slow reads their last values are carried over."""
         nv, h = self.nvml, self.handle
         r = GpuReading(self.index, self.uuid, self.name, time.time())
         v = r.values
@@ -119,29 +128,18 @@ class GpuReader:
         util = self._read(r, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
         if util is not None:
             v["util_gpu"], v["util_mem"] = float(util.gpu), float(util.memory)
-        for metric, key, call, scale in _SCALARS:
+        for metric, key, call, scale in _FAST:
             v[metric] = _scale(self._read(r, key, functools.partial(call, nv, h)), scale)
         v["mem_temp_c"] = self._field_value(r, "memory_temperature", nv.NVML_FI_DEV_MEMORY_TEMP)
-
         bits = self._read(r, "throttle_reasons", lambda: nv.nvmlDeviceGetCurrentClocksEventReasons(h))
         if bits is not None:
             r.throttle_reasons = [name for bit, name in THROTTLE_REASONS.items() if int(bits) & bit]
-        for err_type, err_name in ((nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
-                                   (nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected")):
-            for counter, counter_name in ((nv.NVML_VOLATILE_ECC, "volatile"), (nv.NVML_AGGREGATE_ECC, "aggregate")):
-                key = f"{err_name}_{counter_name}"
-                call = functools.partial(nv.nvmlDeviceGetTotalEccErrors, h, err_type, counter)
-                r.ecc[key] = _int(self._read(r, f"ecc_{key}", call))
-        rows = self._read(r, "remapped_rows", lambda: nv.nvmlDeviceGetRemappedRows(h))
-        if rows is not None:
-            corr, unc, pending, failure = (int(x) for x in rows)
-            r.pages.update(remapped_correctable=corr, remapped_uncorrectable=unc, remap_pending=pending,
-                           remap_failure=failure)
-        else:
-            for cause, name in ((nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, "retired_sbe"),
-                                (nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, "retired_dbe")):
-                pages = self._read(r, name, functools.partial(nv.nvmlDeviceGetRetiredPages, h, cause))
-                r.pages[name] = None if pages is None else len(pages)
+
+        if slow or self._slow is None:
+            self._slow = self._read_slow(r)
+        slow_values, r.ecc, r.pages = self._slow
+        v.update(slow_values)
+        r.unavailable.update({k: m for k, m in self._unsupported.items() if k not in r.unavailable})
 
         procs = self._read(r, "processes", lambda: nv.nvmlDeviceGetComputeRunningProcesses(h))
         vllm_mem = 0.0
@@ -153,6 +151,31 @@ class GpuReader:
                 vllm_mem += float(used)
         v["vllm_mem"] = vllm_mem if procs is not None else None
         return r
+
+    def _read_slow(self, r: GpuReading) -> tuple[dict[str, float | None], dict[str, int | None],
+                                                  dict[str, int | None]]:
+        nv, h = self.nvml, self.handle
+        values = {metric: _scale(self._read(r, key, functools.partial(call, nv, h)), scale)
+                  for metric, key, call, scale in _SLOW}
+        ecc: dict[str, int | None] = {}
+        for err_type, err_name in ((nv.NVML_MEMORY_ERROR_TYPE_CORRECTED, "corrected"),
+                                   (nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, "uncorrected")):
+            for counter, counter_name in ((nv.NVML_VOLATILE_ECC, "volatile"), (nv.NVML_AGGREGATE_ECC, "aggregate")):
+                key = f"{err_name}_{counter_name}"
+                call = functools.partial(nv.nvmlDeviceGetTotalEccErrors, h, err_type, counter)
+                ecc[key] = _int(self._read(r, f"ecc_{key}", call))
+        pages: dict[str, int | None] = {}
+        rows = self._read(r, "remapped_rows", lambda: nv.nvmlDeviceGetRemappedRows(h))
+        if rows is not None:
+            corr, unc, pending, failure = (int(x) for x in rows)
+            pages.update(remapped_correctable=corr, remapped_uncorrectable=unc, remap_pending=pending,
+                         remap_failure=failure)
+        else:
+            for cause, name in ((nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS, "retired_sbe"),
+                                (nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR, "retired_dbe")):
+                retired = self._read(r, name, functools.partial(nv.nvmlDeviceGetRetiredPages, h, cause))
+                pages[name] = None if retired is None else len(retired)
+        return values, ecc, pages
 
     def _field_value(self, reading: GpuReading, key: str, field_id: int) -> float | None:
         nv = self.nvml

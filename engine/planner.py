@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.calibration import CalibrationStore, StartReport
-from engine.capacity import Device, load_shape, predict
+from engine.capacity import Device, batched_tokens, estimate_activation, load_shape, predict
 from engine.preflight import PreflightResult, check, find_model_config
 from engine.settings import EngineSettings
 from engine.telemetry import Sampler
@@ -47,6 +47,16 @@ class Planner:
         calibration = self.calibrations.latest(settings.model, settings.tensor_parallel_size, settings.dtype)
         return check(settings, data_dir=self.data_dir, device=self.device(settings.tensor_parallel_size),
                      calibration=calibration, traffic_max_tokens=self.traffic_max_tokens())
+
+    def calibrate(self, report: StartReport, settings: EngineSettings, logged_batched_tokens: int | None,
+                  revision_id: int | None) -> None:
+        """Record a successful start's measured terms, with the model's estimate for it (to learn its error)."""
+        folder = find_model_config(settings.model, self.data_dir)
+        if folder is None:
+            return
+        shape = load_shape(folder)
+        tokens = logged_batched_tokens or batched_tokens(settings, shape, "cuda")
+        self.calibrations.record(report, settings, tokens, estimate_activation(shape, settings, tokens), revision_id)
 
     def compare(self, settings: EngineSettings, report: StartReport, predicted: dict[str, Any] | None
                 ) -> dict[str, Any] | None:

@@ -247,8 +247,7 @@ class Supervisor:
         if self.planner is not None:
             out["capacity"] = self.planner.compare(settings, report, self._predicted)
             if self.build == "cuda":
-                batched = settings.max_num_batched_tokens or int(_logged_batched_tokens(self.log.run_lines) or 0)
-                self.planner.calibrations.record(report, settings, batched, revision_id)
+                self.planner.calibrate(report, settings, _logged_batched_tokens(self.log.run_lines), revision_id)
         return out
 
     async def _wait_ready(self, child: VllmChild, revision: Revision) -> StartOutcome:

@@ -75,12 +75,14 @@ class Sampler:
     """Samples on a daemon thread; ``latest`` is always the newest snapshot."""
 
     def __init__(self, nvml: Any, interval_s: float, our_pids: Callable[[], set[int]],
-                 consumers: list[Callable[[Snapshot], None]], emit: Emit) -> None:
+                 consumers: list[Callable[[Snapshot], None]], emit: Emit, slow_every: int = 10) -> None:
         self.nvml = nvml
         self.interval_s = interval_s
         self.our_pids = our_pids
         self.consumers = consumers
         self.emit = emit
+        self.slow_every = slow_every
+        self._ticks = 0
         self.latest = Snapshot(time.time(), False, "sampler not started")
         self._readers: dict[str, GpuReader] = {}  # by UUID
         self._lost: set[str] = set()  # GPUs whose calls answer "GPU is lost"
@@ -162,7 +164,7 @@ class Sampler:
                                        error="disappeared from NVML's device list"))
                 continue
             try:
-                gpus.append(reader.read(ours))
+                gpus.append(reader.read(ours, slow=self._ticks % self.slow_every == 0))
                 self._lost.discard(uuid)
                 self._errors.pop(uuid, None)
             except GpuLostError as exc:
@@ -174,6 +176,7 @@ class Sampler:
                     self._errors[uuid] = str(exc)
                     self.emit("gpu_driver_error", f"GPU {reader.index}: NVML error {exc}", "error",
                               {"gpu": reader.index, "uuid": uuid, "error": str(exc)})
+        self._ticks += 1
         gpus.sort(key=lambda g: g.index)
         return Snapshot(now, True, None, self._driver, gpus, host, self._drain_xids())
 

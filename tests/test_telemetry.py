@@ -25,11 +25,11 @@ class Events:
         return [k for k, _, _, d in self.items if alert is None or d.get("alert") == alert]
 
 
-def make(gpus: list[FakeGpu], **kw: Any) -> tuple[Sampler, NvmlDouble, Events, AlertEngine]:
+def make(gpus: list[FakeGpu], slow_every: int = 1, **kw: Any) -> tuple[Sampler, NvmlDouble, Events, AlertEngine]:
     nvml = NvmlDouble(gpus, **kw)
     events = Events()
     alerts = AlertEngine(AlertThresholds(power_hold_s=10, quiet_s=60), events)
-    sampler = Sampler(nvml, 1.0, lambda: {os.getpid()}, [alerts.evaluate], events)
+    sampler = Sampler(nvml, 1.0, lambda: {os.getpid()}, [alerts.evaluate], events, slow_every=slow_every)
     return sampler, nvml, events, alerts
 
 
@@ -70,6 +70,16 @@ def test_unsupported_call_is_not_available_with_reason_and_not_asked_again() -> 
     assert nvml.calls["nvmlDeviceGetFanSpeed"] == 1  # learnt once, never asked again
     assert nvml.calls["nvmlDeviceGetPowerUsage"] == 4
     assert events.items == []
+
+
+def test_costly_values_are_read_every_nth_tick_and_carried_over() -> None:
+    gpu = FakeGpu("GPU-a")
+    sampler, nvml, _, _ = make([gpu], slow_every=5)
+    readings = [sampler.tick().gpus[0] for _ in range(10)]
+    assert nvml.calls["nvmlDeviceGetTotalEnergyConsumption"] == 2
+    assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 4  # TX and RX, twice
+    assert nvml.calls["nvmlDeviceGetPowerUsage"] == 10
+    assert all(r.values["energy_j"] == 1000.0 and r.ecc["uncorrected_volatile"] == 0 for r in readings)
 
 
 def test_lost_gpu_is_raised_once_and_cleared_once_while_sampling_goes_on() -> None:
