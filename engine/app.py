@@ -18,6 +18,7 @@ from engine.calibration import CalibrationStore
 from engine.config import AppConfig
 from engine.gateway import Admission, Gateway
 from engine.planner import Planner
+from engine.serving import ServingMonitor
 from engine.settings import EngineSettings, initial_settings
 from engine.store import Store
 from engine.supervisor import Supervisor
@@ -50,6 +51,7 @@ def create_app(config: AppConfig) -> FastAPI:
                       [history.write, alerts.evaluate], emit)
     planner = Planner(supervisor.build, config.data_dir.resolve(), sampler, CalibrationStore(store))
     supervisor.planner = planner
+    serving = ServingMonitor(config.serving_scrape_interval_s, lambda: admission.upstream)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -58,9 +60,11 @@ def create_app(config: AppConfig) -> FastAPI:
                               "vllm_version": supervisor.vllm_version})
         supervisor.start_background()
         sampler.start()
+        serving.start()
         try:
             yield
         finally:
+            await serving.stop()
             sampler.stop()
             await supervisor.shutdown()
             await gateway.aclose()
@@ -73,6 +77,14 @@ def create_app(config: AppConfig) -> FastAPI:
     app.state.supervisor = supervisor
     install_error_handlers(app)
     app.include_router(build_router(store, supervisor, planner))
+
+    @app.get("/api/serving", tags=["engine"])
+    def serving_now() -> dict[str, Any]:
+        """Live serving figures from vLLM's /metrics: requests running and waiting, KV-cache use, token rates,
+        latency quantiles since the previous scrape. ``available: false`` while vLLM is not ready."""
+        return {"available": serving.latest is not None, "error": serving.error,
+                "interval_s": serving.interval_s, **(serving.latest or {})}
+
     app.include_router(api_telemetry.build_router(sampler, history, alerts))
     app.include_router(gateway.router())
     return app

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from sqlmodel import Field, SQLModel, col, select
 
 from engine.capacity import GIB, Calibration
+from engine.migrate import add_missing_columns
 from engine.settings import EngineSettings
 from engine.store import Store
 
@@ -123,7 +124,7 @@ def _bytes(gib: float | None) -> int:
 class CalibrationStore:
     def __init__(self, store: Store) -> None:
         self.store = store
-        CalibrationRow.metadata.create_all(store.engine, tables=[CalibrationRow.__table__])  # type: ignore[attr-defined]
+        add_missing_columns(store.engine, CalibrationRow.metadata)
         self.host = socket.gethostname()
 
     def record(self, report: StartReport, settings: EngineSettings, batched_tokens: int, activation_estimate: int,

@@ -3,6 +3,7 @@ the CPU build), the last calibration on this host, and which memory the running 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,8 @@ from engine.preflight import PreflightResult, check, find_model_config
 from engine.settings import EngineSettings
 from engine.telemetry import Sampler
 from engine.vllm_command import Build
+
+log = logging.getLogger("llmops.planner")
 
 
 class Planner:
@@ -70,12 +73,18 @@ class Planner:
                 "calibrated": predicted.get("calibrated")}
 
     def predict_now(self, settings: EngineSettings) -> dict[str, Any] | None:
+        """The prediction for a start about to happen; advisory: a model config it cannot read gives None."""
         folder = find_model_config(settings.model, self.data_dir)
         device = self.device(settings.tensor_parallel_size)
         if folder is None or device is None:
             return None
         calibration = self.calibrations.latest(settings.model, settings.tensor_parallel_size, settings.dtype)
-        return predict(load_shape(folder), settings, device, calibration).as_dict()
+        try:
+            shape = load_shape(folder)
+        except (KeyError, ValueError, TypeError, OSError) as exc:
+            log.warning("no capacity prediction for %s: %s", folder, exc)
+            return None
+        return predict(shape, settings, device, calibration).as_dict()
 
     def wait_released(self, pids: set[int], timeout: float) -> bool:
         """After a stop on a GPU: wait until NVML lists none of the old processes (their memory is back)."""

@@ -19,6 +19,7 @@ from sqlalchemy import JSON, Column, Engine, event, func, text
 from sqlmodel import Field, Session, SQLModel, col, create_engine, select
 
 from engine.errors import RevisionNotFoundError, StaleRevisionError
+from engine.migrate import add_missing_columns
 
 _NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
 
@@ -90,7 +91,7 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.engine = make_engine(path)
-        SQLModel.metadata.create_all(self.engine)
+        add_missing_columns(self.engine, SQLModel.metadata)
 
     def close(self) -> None:
         self.engine.dispose()

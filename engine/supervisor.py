@@ -153,14 +153,23 @@ class Supervisor:
             try:
                 await self._reconcile()
             except SupervisorError as exc:
-                log.error("supervisor: %s", exc)
-                self.child = None
-                await self._enter(S.FAILED, str(exc))
-                self._next_attempt = time.monotonic() + self.config.backoff_max_s
-                self._event("failed", f"{exc}; next attempt in {self.config.backoff_max_s:.0f} s", "error")
+                await self._loop_failed(str(exc))
+            except Exception as exc:
+                log.exception("supervisor: unexpected error")
+                await self._loop_failed(f"internal error {type(exc).__name__}: {exc}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.config.reconcile_interval_s)
             self._wake.clear()
+
+    async def _loop_failed(self, reason: str) -> None:
+        if self.child is not None and self.child.returncode is None:
+            await self.child.stop(self.config.stop_timeout_s)
+        self.child = None
+        await self.admission.close()
+        if self.sm.can(S.FAILED):
+            await self._enter(S.FAILED, reason)
+        self._next_attempt = time.monotonic() + self.config.backoff_max_s
+        self._event("failed", f"{reason}; next attempt in {self.config.backoff_max_s:.0f} s", "error")
 
     async def _reconcile(self) -> None:
         if self.child is not None and self.child.returncode is not None and not self.child.stop_requested:

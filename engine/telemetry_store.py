@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Column, Engine, Float, Index, Integer, MetaData, Table, cast, func, insert, select
 
+from engine.migrate import add_missing_columns
 from engine.telemetry import Snapshot
 
 HOST = -1
@@ -55,7 +56,7 @@ class TelemetryStore:
         self.engine = engine
         self.raw_retention_s = raw_retention_s
         self.minute_retention_s = minute_retention_s
-        metadata.create_all(engine)
+        add_missing_columns(engine, metadata)
         self._last_rollup = float(math.floor(time.time() / 60) * 60)
 
     def write(self, snap: Snapshot) -> None:

@@ -144,3 +144,30 @@ def test_capacity_answers_for_values_not_saved(api: TestClient) -> None:
     invalid = api.get("/api/capacity", params={"max_num_seqs": "zero"})
     assert invalid.status_code == 422 and invalid.json()["detail"][0]["loc"][-1] == "max_num_seqs"
     assert [r["revision"] for r in api.get("/api/settings/history").json()] == [1]
+
+
+def test_an_internal_error_fails_the_engine_visibly_and_supervision_goes_on(data_dir: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.supervisor
+
+    def broken(*_: object, **__: object) -> list[str]:
+        raise RuntimeError("argument builder bug")
+
+    monkeypatch.setattr(engine.supervisor, "build_command", broken)
+    config = AppConfig(data_dir=data_dir, autostart=True, backoff_max_s=3600)
+    with TestClient(create_app(config)) as client:
+        import time
+
+        deadline = time.monotonic() + 10
+        while client.get("/api/status").json()["state"] != "failed":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        status = client.get("/api/status").json()
+        assert "internal error RuntimeError: argument builder bug" in status["reason"]
+        failed = client.get("/api/events", params={"kind": "failed"}).json()
+        assert failed and "argument builder bug" in failed[-1]["message"]
+        client.post("/api/engine/stop")  # the loop is alive: it acts on the stop request
+        deadline = time.monotonic() + 10
+        while client.get("/api/status").json()["state"] != "stopped":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
