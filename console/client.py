@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -70,6 +73,7 @@ class EngineStatus(BaseModel):
     vllm_version: str | None
     vllm_build: str
     enabled: bool
+    halted: str | None = None
     ready_since: datetime | None
     restarts: int
     gateway: GatewayInfo
@@ -97,6 +101,42 @@ class EventInfo(BaseModel):
     message: str
     revision: int | None
     data: dict[str, Any]
+
+
+@dataclass
+class Run:
+    """One playground request and what was measured of it."""
+
+    model: str
+    mode: str  # chat | completion
+    prompt: str
+    system: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+    ttft_s: float | None = None
+    total_s: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Output tokens per second of generation (after the first token)."""
+        if not self.output_tokens or self.total_s is None or self.ttft_s is None:
+            return None
+        decode = self.total_s - self.ttft_s
+        return (self.output_tokens - 1) / decode if decode > 0 and self.output_tokens > 1 else None
+
+
+def _error_text(resp: httpx.Response) -> str:
+    try:
+        data = resp.json()
+    except ValueError:
+        return f"HTTP {resp.status_code}: {resp.text[:300]}"
+    err = data.get("error") or data.get("detail") or data
+    message = err.get("message") if isinstance(err, dict) else err
+    return f"HTTP {resp.status_code}: {message}"
 
 
 _revisions = TypeAdapter(list[RevisionInfo])
@@ -207,3 +247,84 @@ class EngineClient:
 
     def logs(self, tail: int = 200) -> list[str]:
         return list(self._request("GET", "/api/logs", params={"tail": tail})["lines"])
+
+    # --- GPU health and serving -----------------------------------------------------------------------------
+
+    def gpu(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", "/api/gpu")
+        return result
+
+    def gpu_history(self, window: str, devices: list[int] | None = None,
+                    metrics: list[str] | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"window": window}
+        if devices:
+            params["device"] = devices
+        if metrics:
+            params["metric"] = metrics
+        result: dict[str, Any] = self._request("GET", "/api/gpu/history", params=params)
+        return result
+
+    def serving(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", "/api/serving")
+        return result
+
+    # --- playground -----------------------------------------------------------------------------------------
+
+    def prompts(self) -> list[dict[str, Any]]:
+        return list(self._request("GET", "/api/prompts"))
+
+    def save_prompt(self, name: str, mode: str, system: str, prompt: str, params: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", "/api/prompts", json={
+            "name": name, "mode": mode, "system": system, "prompt": prompt, "params": params})
+        return result
+
+    def delete_prompt(self, prompt_id: int) -> None:
+        try:
+            resp = self._http.delete(f"/api/prompts/{prompt_id}")
+        except httpx.TransportError as exc:
+            raise EngineUnreachableError(f"cannot reach the engine at {self.base_url}") from exc
+        if resp.status_code >= 400:
+            raise ApiError(resp.status_code, resp.text)
+
+    def stream(self, run: Run) -> Iterator[str]:
+        """Send ``run`` through the engine's /v1 gateway and yield text as it streams; ``run`` collects the
+        time to first token, token counts, tokens/s and the finish reason."""
+        body: dict[str, Any] = {"model": run.model, "stream": True, "stream_options": {"include_usage": True},
+                                **{k: v for k, v in run.params.items() if v not in (None, "", [])}}
+        if run.mode == "chat":
+            path = "/v1/chat/completions"
+            body["messages"] = ([{"role": "system", "content": run.system}] if run.system else []) + [
+                {"role": "user", "content": run.prompt}]
+        else:
+            path = "/v1/completions"
+            body["prompt"] = run.prompt
+        t0 = time.perf_counter()
+        try:
+            with self._http.stream("POST", path, json=body, timeout=httpx.Timeout(600.0, connect=10.0)) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    run.error = _error_text(resp)
+                    return
+                for line in resp.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        run.error = str(chunk["error"].get("message", chunk["error"]))
+                        return
+                    if chunk.get("usage"):
+                        run.input_tokens = chunk["usage"].get("prompt_tokens")
+                        run.output_tokens = chunk["usage"].get("completion_tokens")
+                    for choice in chunk.get("choices") or []:
+                        text = (choice.get("delta") or {}).get("content") if run.mode == "chat" else choice.get("text")
+                        if choice.get("finish_reason"):
+                            run.finish_reason = choice["finish_reason"]
+                        if text:
+                            if run.ttft_s is None:
+                                run.ttft_s = time.perf_counter() - t0
+                            run.text += text
+                            yield text
+        except httpx.TransportError as exc:
+            run.error = f"the engine stopped answering ({type(exc).__name__})"
+        finally:
+            run.total_s = time.perf_counter() - t0

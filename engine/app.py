@@ -11,7 +11,7 @@ import pynvml
 import uvicorn
 from fastapi import FastAPI
 
-from engine import api_telemetry
+from engine import api_prompts, api_telemetry
 from engine.alerts import AlertEngine, AlertThresholds
 from engine.api import build_router, install_error_handlers
 from engine.calibration import CalibrationStore
@@ -86,6 +86,7 @@ def create_app(config: AppConfig) -> FastAPI:
                 "interval_s": serving.interval_s, **(serving.latest or {})}
 
     app.include_router(api_telemetry.build_router(sampler, history, alerts))
+    app.include_router(api_prompts.build_router(store))
     app.include_router(gateway.router())
     return app
 

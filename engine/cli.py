@@ -44,7 +44,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
 def _console_command(port: int, engine_url: str) -> tuple[list[str], dict[str, str]]:
     app = Path(__file__).resolve().parent.parent / "console" / "app.py"
     cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
-           "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+           "--server.headless", "true", "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
     return cmd, {**os.environ, "LLMOPS_ENGINE_URL": engine_url}
 
 

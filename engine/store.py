@@ -60,6 +60,19 @@ class Event(SQLModel, table=True):
     data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}"))
 
 
+class SavedPrompt(SQLModel, table=True):
+    __tablename__ = "saved_prompt"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True)
+    mode: str = "chat"  # chat | completion
+    system: str = ""
+    prompt: str = ""
+    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}"))
+    author: str = "unknown"
+    created_at: float = Field(default_factory=time.time)
+
+
 def make_engine(path: Path) -> Engine:
     """A SQLAlchemy engine on a WAL-mode SQLite file; transactions take the write lock up front."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -223,6 +236,26 @@ class Store:
                     func.json_extract(Event.data, "$.is_oom") == 1).group_by(col(Event.revision_id))
             ).all()
         return {int(r): int(n) for r, n in rows if r is not None}
+
+    # --- saved prompts (the playground's) ------------------------------------------------------------------
+
+    def prompts(self) -> Sequence[SavedPrompt]:
+        with self.session() as s:
+            return s.exec(select(SavedPrompt).order_by(col(SavedPrompt.id).desc())).all()
+
+    def save_prompt(self, prompt: SavedPrompt) -> SavedPrompt:
+        with self.session() as s:
+            s.add(prompt)
+            s.flush()
+            return prompt
+
+    def delete_prompt(self, prompt_id: int) -> bool:
+        with self.session() as s:
+            found = s.get(SavedPrompt, prompt_id)
+            if found is None:
+                return False
+            s.delete(found)
+            return True
 
     # --- events -------------------------------------------------------------------------------------------
 

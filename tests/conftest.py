@@ -1,11 +1,15 @@
-"""Shared fixtures: a demo-model stand-in folder (config.json only; vLLM never sees it) for API and unit tests."""
+"""Shared fixtures: a demo-model stand-in folder (config.json only; vLLM never sees it) for API and unit tests,
+and the session's one real engine."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.engine_process import COLD_START_S, EngineHandle, start_engine, stop_engine
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,3 +28,14 @@ def data_dir(tmp_path: Path) -> Path:
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps(DEMO_SHAPE))
     return tmp_path
+
+
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
+    """The session's real engine, ready: shared by the integration, console and browser tests."""
+    handle = start_engine(tmp_path_factory.mktemp("engine"))
+    try:
+        handle.client.wait_for({"ready"}, COLD_START_S)
+        yield handle
+    finally:
+        stop_engine(handle)

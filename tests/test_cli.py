@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import REPO, EngineHandle, start_engine, stop_engine
+from tests.engine_process import REPO, EngineHandle, start_engine, stop_engine
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from engine.capacity import GIB, Device, load_shape, predict
 from engine.child import ChildLog, VllmChild, free_port
 from engine.settings import EngineSettings
 from engine.vllm_command import build_command, build_env
-from tests.integration.conftest import REPO, ensure_demo_model
+from tests.engine_process import REPO, ensure_demo_model
 
 pytestmark = pytest.mark.integration
 

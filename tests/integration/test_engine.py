@@ -15,7 +15,7 @@ import pytest
 
 from console.client import SettingsRejectedError
 from engine.child import group_members
-from tests.integration.conftest import COLD_START_S, EngineHandle
+from tests.engine_process import COLD_START_S, EngineHandle
 from tests.integration.load import Load, summary
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,6 @@
-"""One real engine per test session: `llmops engine` on a free port, a fresh data dir, the real vLLM (CPU build
-here) serving the demo model. A cold start costs about a minute on two cores, so tests share it."""
+"""The real engine as a test process: `llmops engine` on a free port and a fresh data dir, the real vLLM (CPU
+build here) serving the demo model. A cold start costs about a minute on two cores, so the session shares one
+(the ``engine`` fixture in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 from console.client import EngineClient
 from engine.child import free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "models" / "demo"
 COLD_START_S = 600
 
@@ -70,13 +68,3 @@ def stop_engine(handle: EngineHandle) -> None:
         handle.proc.kill()
         raise
     handle.client.close()
-
-
-@pytest.fixture(scope="session")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
-    handle = start_engine(tmp_path_factory.mktemp("engine"))
-    try:
-        handle.client.wait_for({"ready"}, COLD_START_S)
-        yield handle
-    finally:
-        stop_engine(handle)

@@ -1,0 +1,97 @@
+"""Shared pieces of the console's pages: the engine client, the engine's state, GPU and host cards."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NoReturn
+
+import streamlit as st
+
+from console import fmt
+from console.client import ClientError, EngineClient, EngineStatus, EngineUnreachableError
+
+STATE_BADGE = {"ready": ("green", ":material/check_circle:"), "starting": ("orange", ":material/hourglass_top:"),
+               "draining": ("orange", ":material/hourglass_bottom:"), "stopping": ("orange", ":material/pending:"),
+               "stopped": ("gray", ":material/stop_circle:"), "failed": ("red", ":material/error:")}
+
+
+@st.cache_resource
+def client() -> EngineClient:
+    return EngineClient(os.environ.get("LLMOPS_ENGINE_URL"), timeout=10.0, user=os.environ.get("USER") or "console")
+
+
+def unreachable(exc: ClientError) -> NoReturn:
+    if isinstance(exc, EngineUnreachableError):
+        st.error(f"**The engine is unreachable.** {exc}\n\nStart it with `make run` (or `llmops engine`); this "
+                 "page retries when you reload it.", icon=":material/cloud_off:")
+    else:
+        st.error(f"**The engine refused the request.** {exc}", icon=":material/error:")
+    st.stop()
+
+
+def engine_status() -> EngineStatus:
+    """The engine's status, or a clear message and the end of the page when it cannot be reached."""
+    try:
+        return client().status()
+    except ClientError as exc:
+        unreachable(exc)
+
+
+def state_badge(status: EngineStatus) -> None:
+    color, icon = STATE_BADGE.get(status.state, ("gray", ":material/help:"))
+    st.badge(status.state.upper(), color=color, icon=icon)  # type: ignore[arg-type]
+
+
+def restart_banner(status: EngineStatus) -> None:
+    """Say so when vLLM is not serving, and why."""
+    if status.state == "ready":
+        return
+    if status.state in ("starting", "draining", "stopping"):
+        st.info(f"vLLM is {status.state} ({status.reason}, {fmt.since(status.since)}). Requests wait in the "
+                f"gateway's queue ({status.gateway.waiting} waiting now) and are served once it is ready.",
+                icon=":material/autorenew:")
+    elif status.state == "stopped":
+        st.warning(f"vLLM is stopped: {status.reason}. Requests get 503 until it is started.",
+                   icon=":material/stop_circle:")
+    else:
+        st.error(f"vLLM has failed: {status.reason}" + (f" — {status.halted}" if status.halted else ""),
+                 icon=":material/error:")
+
+
+def gpu_card(g: dict[str, Any]) -> None:
+    v = g["values"]
+    with st.container(border=True):
+        st.markdown(f"**GPU {g['index']} · {g['name']}**")
+        if g["lost"]:
+            st.error(f"Lost: {g['error']}")
+            return
+        used, total, vllm = v.get("mem_used"), v.get("mem_total"), v.get("vllm_mem")
+        c1, c2, c3, c4 = st.columns(4)
+        c1.metric("Memory", fmt.used_of(used, total), help="NVML used / total")
+        c2.metric("vLLM's share", fmt.gib(vllm), help="GPU memory of the vLLM child's processes")
+        c3.metric("Utilization", fmt.pct(v.get("util_gpu")))
+        c4.metric("Power", f"{fmt.watts(v.get('power_w'))} / {fmt.watts(v.get('power_limit_w'))}",
+                  help="draw / enforced limit")
+        if used is not None and total:
+            st.progress(min(1.0, used / total), text=f"memory {100 * used / total:.1f} % used")
+        c1, c2, c3, c4 = st.columns(4)
+        c1.metric("Temperature", fmt.celsius(v.get("temp_c")), help=f"memory {fmt.celsius(v.get('mem_temp_c'))}")
+        c2.metric("SM clock", fmt.mhz(v.get("sm_clock_mhz")), help=f"memory clock {fmt.mhz(v.get('mem_clock_mhz'))}")
+        errors = sum(x or 0 for x in g["ecc"].values() if x) if g["ecc"] else 0
+        c3.metric("ECC errors", str(errors), help=", ".join(f"{k}: {x}" for k, x in g["ecc"].items()) or "n/a")
+        throttle = ", ".join(r for r in g["throttle_reasons"] if r != "gpu_idle") or "none"
+        c4.metric("Throttle", throttle if len(throttle) < 18 else throttle[:16] + "…", help=throttle)
+        if g["unavailable"]:
+            st.caption("Not available on this GPU: " + ", ".join(sorted(g["unavailable"])))
+
+
+def host_card(host: dict[str, Any], reason: str | None) -> None:
+    with st.container(border=True):
+        st.markdown("**No GPU: this host runs the CPU build of vLLM**")
+        st.caption(f"NVML says: {reason or 'no GPU'}. These are the host's figures, not GPU numbers.")
+        c1, c2, c3, c4 = st.columns(4)
+        c1.metric("CPU", fmt.pct(host.get("cpu_pct")), help=f"{host.get('cpu_count')} cores, "
+                  f"load {host.get('load_1m', 0):.2f}")
+        c2.metric("Memory", fmt.used_of(host.get("mem_used"), host.get("mem_total")))
+        c3.metric("vLLM resident memory", fmt.gib(host.get("vllm_rss"), 2))
+        c4.metric("vLLM CPU", fmt.pct(host.get("vllm_cpu_pct")))

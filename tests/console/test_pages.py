@@ -1,0 +1,110 @@
+"""Every console page, run with streamlit.testing.v1.AppTest against the session's real engine and vLLM."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
+
+from tests.engine_process import COLD_START_S, EngineHandle
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def console_env(engine: EngineHandle, monkeypatch: pytest.MonkeyPatch) -> Iterator[EngineHandle]:
+    monkeypatch.setenv("LLMOPS_ENGINE_URL", engine.url)
+    st.cache_resource.clear()
+    engine.client.wait_for({"ready"}, COLD_START_S)
+    yield engine
+    st.cache_resource.clear()
+
+
+def page(name: str) -> AppTest:
+    at = AppTest.from_file(f"../../pages/{name}.py", default_timeout=60)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def texts(at: AppTest) -> str:
+    return "\n".join([m.value for m in at.markdown] + [c.value for c in at.caption] + [e.value for e in at.error]
+                     + [w.value for w in at.warning] + [i.value for i in at.info])
+
+
+def test_overview_shows_state_model_serving_and_the_host(console_env: EngineHandle) -> None:
+    at = page("overview")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["State"] == "ready"
+    assert "Requests running" in metrics and "KV-cache use" in metrics
+    body = texts(at)
+    assert "demo" in body and "vLLM 0.32.0 (cpu)" in body
+    assert "No GPU: this host runs the CPU build of vLLM" in body and "not GPU numbers" in body
+
+
+def test_gpu_health_is_honest_about_the_missing_gpu(console_env: EngineHandle) -> None:
+    at = page("gpu_health")
+    assert "NVML" in texts(at)
+    assert len(at.get("plotly_chart")) == 2  # host CPU and memory over the window
+    at.segmented_control(key="gpu_window").set_value("1 hour").run()
+    assert not at.exception
+    assert "4 s per point" in texts(at)  # an hour in at most ~1,000 points
+
+
+def test_settings_preview_follows_the_form_and_writes_nothing(console_env: EngineHandle) -> None:
+    before = console_env.client.settings()
+    at = page("settings")
+    assert at.number_input(key="f_max_num_seqs").value == before.values["max_num_seqs"]
+    at.number_input(key="f_max_num_seqs").set_value(before.values["max_num_seqs"] + 1).run()
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Concurrency"].endswith("x") and metrics["KV cache"].endswith("tok")
+    assert len(at.dataframe) == 1  # the diff against the running revision
+    at.number_input(key="f_cpu_kv_cache_gib").set_value(0.001).run()
+    errors = "\n".join(e.value for e in at.error)
+    assert "cpu_kv_cache_gib" in errors and "Would fit" in errors
+    assert console_env.client.settings().revision == before.revision
+
+
+def test_playground_streams_a_reply_with_its_figures(console_env: EngineHandle) -> None:
+    at = page("playground")
+    at.text_area(key="pg_prompt").set_value("Describe what this module does.")
+    at.number_input(key="pg_a_max_tokens").set_value(16)
+    next(b for b in at.button if b.label == "Run").click().run()
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Output tokens"] not in ("n/a", "0")
+    assert metrics["Finish"] in ("stop", "length")
+    assert metrics["Time to first token"].endswith(("ms", "s"))
+
+
+def test_saved_prompts_can_be_loaded(console_env: EngineHandle) -> None:
+    saved = console_env.client.save_prompt("json answer", "chat", "Answer in JSON.", "What is a module?",
+                                           {"temperature": 0.2, "max_tokens": 32})
+    at = page("playground")
+    choice = "json answer (chat)"
+    assert choice in at.selectbox(key="saved_choice").options
+    at.selectbox(key="saved_choice").set_value(choice).run()
+    next(b for b in at.button if b.label == "Load").click().run()
+    assert at.text_area(key="pg_prompt").value == "What is a module?"
+    assert at.slider(key="pg_a_temperature").value == 0.2
+    console_env.client.delete_prompt(saved["id"])
+
+
+def test_events_and_log_tail(console_env: EngineHandle) -> None:
+    at = page("events")
+    assert len(at.dataframe) == 1
+    assert any("non-default args" in c.value for c in at.code)
+    at.multiselect(key="ev_groups").set_value(["Settings changes"]).run()
+    assert not at.exception
+
+
+@pytest.mark.parametrize("name", ["overview", "gpu_health", "settings", "playground", "events"])
+def test_unreachable_engine_is_a_message_not_a_traceback(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMOPS_ENGINE_URL", "http://127.0.0.1:9")
+    st.cache_resource.clear()
+    at = page(name)
+    assert any("The engine is unreachable" in e.value for e in at.error)
+    st.cache_resource.clear()

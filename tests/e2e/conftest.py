@@ -1,0 +1,80 @@
+"""The console in a real browser: Streamlit serving console/app.py against the session's engine, driven by
+Playwright in Debian's headless Chromium (Playwright's own browser download does not work here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.child import free_port
+from tests.engine_process import COLD_START_S, REPO, EngineHandle
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = REPO / "tests" / "artifacts"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
+                 "--disable-background-networking", "--disable-component-update"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if Path(CHROMIUM).exists() or os.environ.get("LLMOPS_REQUIRE_BROWSER") == "1":
+        return
+    skip = pytest.mark.skip(reason=f"no {CHROMIUM}: `apt-get install chromium` to run the browser tests")
+    for item in items:
+        if "tests/e2e/" in str(item.fspath):
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def console_url(engine: EngineHandle) -> Iterator[str]:
+    port = free_port()
+    log = open(engine.data_dir / "console.log", "wb")  # noqa: SIM115 - lives as long as the console
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "console", "--console-port", str(port),
+                             "--engine-url", engine.url], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, (engine.data_dir / "console.log").read_text()
+        time.sleep(0.3)
+    engine.client.wait_for({"ready"}, COLD_START_S)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: object, console_url: str) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
+    pg = context.new_page()
+    pg.set_default_timeout(30_000)
+    yield pg
+    context.close()
+
+
+def shot(pg: object, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    pg.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
+    return path
