@@ -268,6 +268,54 @@ class EngineClient:
         result: dict[str, Any] = self._request("GET", "/api/serving")
         return result
 
+    def serving_history(self, window: str, metrics: list[str] | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"window": window}
+        if metrics:
+            params["metric"] = metrics
+        result: dict[str, Any] = self._request("GET", "/api/serving/history", params=params)
+        return result
+
+    def kpis(self, window: str, revision: int | None = None, client: str | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"window": window}
+        if revision is not None:
+            params["revision"] = revision
+        if client is not None:
+            params["client"] = client
+        return list(self._request("GET", "/api/kpis", params=params)["revisions"])
+
+    # --- benchmarks -----------------------------------------------------------------------------------------
+
+    def benchmarks(self, revision: int | None = None) -> list[dict[str, Any]]:
+        params = {"revision": revision} if revision is not None else {}
+        return list(self._request("GET", "/api/benchmarks", params=params))
+
+    def benchmark(self, run_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", f"/api/benchmarks/{run_id}")
+        return result
+
+    def start_sweep(self, preset: str, concurrency: list[int], num_prompts: int | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", "/api/benchmarks", json={
+            "preset": preset, "concurrency": concurrency, "num_prompts": num_prompts})
+        return result
+
+    def start_search(self, preset: str, target_p95_s: float, candidates: list[int],
+                     num_prompts: int | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", "/api/benchmarks/search", json={
+            "preset": preset, "target_p95_s": target_p95_s, "candidates": candidates, "num_prompts": num_prompts})
+        return result
+
+    def cancel_benchmark(self, run_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", f"/api/benchmarks/{run_id}/cancel")
+        return result
+
+    def compare_benchmarks(self, a: int, b: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", "/api/benchmarks/compare", params={"a": a, "b": b})
+        return result
+
+    def presets(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", "/api/benchmarks/presets")
+        return result
+
     # --- playground -----------------------------------------------------------------------------------------
 
     def prompts(self) -> list[dict[str, Any]]:

@@ -9,16 +9,21 @@ from typing import Any
 
 import pynvml
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from engine import api_prompts, api_telemetry
+from engine import api_benchmarks, api_prompts, api_serving, api_telemetry
 from engine.alerts import AlertEngine, AlertThresholds
 from engine.api import build_router, install_error_handlers
+from engine.benchmarks import Benchmarks
 from engine.calibration import CalibrationStore
 from engine.config import AppConfig
+from engine.exporter import EngineCollector, RequestMetrics, render
 from engine.gateway import Admission, Gateway
+from engine.ledger import Ledger
 from engine.planner import Planner
-from engine.serving import ServingMonitor
+from engine.series import SeriesStore
+from engine.serving import HISTORY_METRICS, ServingMonitor
 from engine.settings import EngineSettings, initial_settings
 from engine.store import Store
 from engine.supervisor import Supervisor
@@ -33,7 +38,9 @@ def create_app(config: AppConfig) -> FastAPI:
         store.add_event("settings_changed", "revision 1: initial settings (the demo model)", revision_id=1)
     admission = Admission(config.queue_size, config.queue_timeout_s)
     supervisor = Supervisor(config, store, admission)
-    gateway = Gateway(admission, config.upstream_timeout_s, supervisor.served_model)
+    registry = CollectorRegistry()
+    ledger = Ledger(store.engine, config.ledger_sample_rate, metrics=RequestMetrics(registry))
+    gateway = Gateway(admission, config.upstream_timeout_s, supervisor.served_model, ledger)
 
     def emit(kind: str, message: str, severity: str, data: dict[str, Any]) -> None:
         gpu = data.get("gpu")
@@ -49,9 +56,13 @@ def create_app(config: AppConfig) -> FastAPI:
                          emit)
     sampler = Sampler(pynvml, config.gpu_sample_interval_s, supervisor.vllm_pids,
                       [history.write, alerts.evaluate], emit)
-    planner = Planner(supervisor.build, config.data_dir.resolve(), sampler, CalibrationStore(store))
+    planner = Planner(supervisor.build, config.data_dir.resolve(), sampler, CalibrationStore(store),
+                      traffic_max_tokens=lambda: ledger.longest_request(86400))
     supervisor.planner = planner
-    serving = ServingMonitor(config.serving_scrape_interval_s, lambda: admission.upstream)
+    serving_history = SeriesStore(store.engine, "serving", "revision", HISTORY_METRICS,
+                                  config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
+    serving = ServingMonitor(config.serving_scrape_interval_s, lambda: admission.upstream,
+                             lambda: admission.revision, serving_history)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -61,10 +72,13 @@ def create_app(config: AppConfig) -> FastAPI:
         supervisor.start_background()
         sampler.start()
         serving.start()
+        ledger.start()
         try:
             yield
         finally:
+            await benchmarks.close()
             await serving.stop()
+            await ledger.close()
             sampler.stop()
             await supervisor.shutdown()
             await gateway.aclose()
@@ -77,14 +91,17 @@ def create_app(config: AppConfig) -> FastAPI:
     app.state.supervisor = supervisor
     install_error_handlers(app)
     app.include_router(build_router(store, supervisor, planner))
+    app.include_router(api_serving.build_router(serving, serving_history, ledger))
+    local = "127.0.0.1" if config.host in ("0.0.0.0", "::", "127.0.0.1", "localhost") else config.host
+    benchmarks = Benchmarks(store, supervisor, ledger, f"http://{local}:{config.port}", sampler.energy_now)
+    app.include_router(api_benchmarks.build_router(benchmarks))
+    registry.register(EngineCollector(supervisor.status, lambda: sampler.latest, lambda: serving.latest,
+                                      lambda: store.event_counts(["rollback", "failed", "crash_loop"])))
 
-    @app.get("/api/serving", tags=["engine"])
-    def serving_now() -> dict[str, Any]:
-        """Live serving figures from vLLM's /metrics: requests running and waiting, KV-cache use, token rates,
-        latency quantiles since the previous scrape. ``available: false`` while vLLM is not ready."""
-        return {"available": serving.latest is not None, "error": serving.error,
-                "interval_s": serving.interval_s, **(serving.latest or {})}
-
+    @app.get("/metrics", tags=["export"], response_class=Response)
+    def metrics() -> Response:
+        """The engine's own metrics in Prometheus format (docs/grafana-dashboard.json reads them)."""
+        return Response(render(registry), media_type=CONTENT_TYPE_LATEST)
     app.include_router(api_telemetry.build_router(sampler, history, alerts))
     app.include_router(api_prompts.build_router(store))
     app.include_router(gateway.router())
@@ -99,5 +116,6 @@ def serve(config: AppConfig) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         handlers=[logging.StreamHandler(), logging.FileHandler(config.logs_dir / "engine.log")],
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per vLLM probe and scrape is noise
     uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="info",
                 timeout_graceful_shutdown=int(config.drain_timeout_s) or None)

@@ -39,6 +39,8 @@ class AppConfig(BaseSettings):
     queue_timeout_s: float = Field(300.0, ge=0, description="Longest a held request waits for vLLM; then 503.")
     upstream_timeout_s: float = Field(600.0, gt=0, description="Longest a /v1 request may take inside vLLM.")
     serving_scrape_interval_s: float = Field(5.0, gt=0, description="Period of the scrape of vLLM's /metrics.")
+    ledger_sample_rate: float = Field(0.0, ge=0, le=1, description="Share of /v1 requests whose prompt text the "
+                                      "request ledger keeps (0: none; tokens and timings are always kept).")
     gpu_sample_interval_s: float = Field(1.0, ge=0.1, le=60, description="Period of the NVML/host sampler.")
     telemetry_raw_retention_s: float = Field(3600.0, ge=60, description="How long raw telemetry samples are kept.")
     telemetry_minute_retention_s: float = Field(7 * 86400.0, ge=3600,

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from dataclasses import dataclass
 
 import httpx
 from fastapi import APIRouter, Request, Response
@@ -22,6 +22,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
+from engine.ledger import Ledger, Record
+from engine.usage import USAGE_PATHS, RequestInfo, StreamMeter, usage_of
 
 log = logging.getLogger("llmops.gateway")
 
@@ -33,13 +35,19 @@ _HOP_HEADERS = {
 _RETRYABLE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
+@dataclass(frozen=True)
+class Upstream:
+    url: str
+    revision: int | None
+
+
 class Admission:
     """Who may send to vLLM now: a gate with a bounded waiting room and a count of requests in flight."""
 
     def __init__(self, queue_size: int, queue_timeout_s: float) -> None:
         self.queue_size = queue_size
         self.queue_timeout_s = queue_timeout_s
-        self._upstream: str | None = None
+        self._upstream: Upstream | None = None
         self._cond = asyncio.Condition()
         self.in_flight = 0
         self.waiting = 0
@@ -48,9 +56,13 @@ class Admission:
 
     @property
     def upstream(self) -> str | None:
-        return self._upstream
+        return self._upstream.url if self._upstream else None
 
-    async def acquire(self, deadline: float) -> str:
+    @property
+    def revision(self) -> int | None:
+        return self._upstream.revision if self._upstream else None
+
+    async def acquire(self, deadline: float) -> Upstream:
         """Wait (until ``deadline``, monotonic) for an open gate; count the caller in flight; return the URL."""
         async with self._cond:
             if self._upstream is None and self.refusal is not None:
@@ -82,9 +94,9 @@ class Admission:
             self.in_flight -= 1
             self._cond.notify_all()
 
-    async def open(self, upstream: str) -> None:
+    async def open(self, url: str, revision: int | None = None) -> None:
         async with self._cond:
-            self._upstream = upstream
+            self._upstream = Upstream(url, revision)
             self.refusal = None
             self._cond.notify_all()
 
@@ -124,9 +136,10 @@ def _unavailable(message: str, retry_after: int) -> JSONResponse:
 
 class Gateway:
     def __init__(self, admission: Admission, upstream_timeout_s: float, served_model: Callable[[], str | None],
-                 retry_after_s: int = 5) -> None:
+                 ledger: Ledger | None = None, retry_after_s: int = 5) -> None:
         self.admission = admission
         self.retry_after_s = retry_after_s
+        self.ledger = ledger
         self._served_model = served_model
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=5.0, read=upstream_timeout_s, write=60.0, pool=None),
@@ -140,12 +153,12 @@ class Gateway:
         router = APIRouter()
 
         @router.post("/v1/generate", tags=["gateway"])
-        async def generate(body: GenerateRequest) -> Response:
+        async def generate(body: GenerateRequest, request: Request) -> Response:
             """The simple endpoint of a hand-written FastAPI wrapper around vLLM: prompt in, text out."""
             payload = {"model": self._served_model() or "", "prompt": body.prompt,
                        "temperature": body.temperature, "max_tokens": body.max_tokens}
             resp = await self.forward("POST", "/v1/completions", {}, {"content-type": "application/json"},
-                                      json.dumps(payload).encode(), stream=False)
+                                      json.dumps(payload).encode(), client=_client(request))
             if resp.status_code != 200 or not isinstance(resp, _Buffered):
                 return resp
             data = json.loads(bytes(resp.body))
@@ -156,73 +169,100 @@ class Gateway:
             """OpenAI-compatible API of the running vLLM, streaming passed through."""
             body = await request.body()
             return await self.forward(request.method, f"/v1/{path}", dict(request.query_params),
-                                      dict(request.headers), body, stream=_wants_stream(body))
+                                      dict(request.headers), body, client=_client(request))
 
         return router
 
     async def forward(self, method: str, path: str, params: dict[str, str], headers: dict[str, str],
-                      body: bytes, *, stream: bool) -> Response:
-        deadline = time.monotonic() + self.admission.queue_timeout_s
+                      body: bytes, *, client: str = "") -> Response:
+        t0, ts = time.monotonic(), time.time()
+        info = RequestInfo.parse(body)
+        ask_usage = info.body_with_usage() if path in USAGE_PATHS else None
+        send = ask_usage or body
+        deadline = t0 + self.admission.queue_timeout_s
         fwd_headers = {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
+        rec = Record(ts=ts, revision_id=None, model=info.model, endpoint=path, stream=info.stream, status=0,
+                     latency_s=0.0, client=client,
+                     prompt=info.prompt if self.ledger is not None and self.ledger.sample_prompt() else None)
         while True:
             try:
                 upstream = await self.admission.acquire(deadline)
             except QueueFullError as exc:
-                return _unavailable(f"vLLM is restarting and the queue is full: {exc}", self.retry_after_s)
+                return self._refuse(rec, t0, f"vLLM is restarting and the queue is full: {exc}")
             except QueueTimeoutError as exc:
-                return _unavailable(f"vLLM is not ready: {exc}", self.retry_after_s)
+                return self._refuse(rec, t0, f"vLLM is not ready: {exc}")
             except UpstreamUnavailableError as exc:
-                return _unavailable(str(exc), self.retry_after_s)
-            request = self.client.build_request(method, upstream + path, params=params, headers=fwd_headers,
-                                                content=body)
+                return self._refuse(rec, t0, str(exc))
+            rec.revision_id = upstream.revision
+            request = self.client.build_request(method, upstream.url + path, params=params, headers=fwd_headers,
+                                                content=send)
             try:
                 upstream_resp = await self.client.send(request, stream=True)
-                if not stream:
+                if not info.stream:
                     content = await upstream_resp.aread()
                     await upstream_resp.aclose()
             except _RETRYABLE as exc:
                 # The child died or is being replaced before answering: send it again to the next one.
                 await self.admission.release()
-                log.info("upstream %s failed before answering (%s); retrying", upstream, type(exc).__name__)
+                log.info("upstream %s failed before answering (%s); retrying", upstream.url, type(exc).__name__)
                 if time.monotonic() >= deadline:
-                    return _unavailable("vLLM failed while serving this request", self.retry_after_s)
+                    return self._refuse(rec, t0, "vLLM failed while serving this request")
                 await asyncio.sleep(0.25)
                 continue
             except httpx.TimeoutException:
                 await self.admission.release()
+                self._done(rec, t0, 504, "timeout")
                 return JSONResponse({"error": {"message": "vLLM did not answer within upstream_timeout_s",
                                                "type": "timeout", "code": 504}}, status_code=504)
             resp_headers = {k: v for k, v in upstream_resp.headers.items() if k.lower() not in _HOP_HEADERS}
-            if not stream:
+            if not info.stream:
                 await self.admission.release()
+                rec.input_tokens, rec.output_tokens = usage_of(content)
+                self._done(rec, t0, upstream_resp.status_code, None)
                 return _Buffered(content, upstream_resp.status_code, resp_headers)
-            return StreamingResponse(self._relay(upstream_resp), status_code=upstream_resp.status_code,
+            meter = StreamMeter(t0, hide_usage=ask_usage is not None)
+            return StreamingResponse(self._relay(upstream_resp, meter, rec, t0), status_code=upstream_resp.status_code,
                                      headers=resp_headers)
 
-    async def _relay(self, upstream_resp: httpx.Response) -> AsyncIterator[bytes]:
-        """Pass a stream through chunk by chunk; the request leaves flight when the stream ends or breaks."""
+    async def _relay(self, upstream_resp: httpx.Response, meter: StreamMeter, rec: Record,
+                     t0: float) -> AsyncIterator[bytes]:
+        """Pass a stream through event by event; the request leaves flight when the stream ends or breaks."""
+        error = None
         try:
             async for chunk in upstream_resp.aiter_raw():
-                yield chunk
+                out = meter.feed(chunk)
+                if out:
+                    yield out
+            if rest := meter.rest():
+                yield rest
         except _RETRYABLE as exc:
-            err = {"error": {"message": f"vLLM failed during the stream ({type(exc).__name__})",
-                             "type": "upstream_error", "code": 502}}
-            yield f"data: {json.dumps(err)}\n\n".encode()
+            error = f"vLLM failed during the stream ({type(exc).__name__})"
+            event = {"error": {"message": error, "type": "upstream_error", "code": 502}}
+            yield f"data: {json.dumps(event)}\n\n".encode()
         finally:
             await upstream_resp.aclose()
             await self.admission.release()
+            rec.ttft_s = meter.ttft_s
+            rec.input_tokens = meter.input_tokens
+            rec.output_tokens = meter.output_tokens if meter.output_tokens is not None else meter.content_events
+            self._done(rec, t0, upstream_resp.status_code, error or meter.error)
+
+    def _refuse(self, rec: Record, t0: float, message: str) -> JSONResponse:
+        self._done(rec, t0, 503, message)
+        return _unavailable(message, self.retry_after_s)
+
+    def _done(self, rec: Record, t0: float, status: int, error: str | None) -> None:
+        if self.ledger is None:
+            return
+        rec.status, rec.error, rec.latency_s = status, error, time.monotonic() - t0
+        self.ledger.record(rec)
+
+
+def _client(request: Request) -> str:
+    """Who sent it: the X-LLMOps-Client header if given (benchmarks tag themselves), else the peer address."""
+    return request.headers.get("x-llmops-client") or (request.client.host if request.client else "")
 
 
 class _Buffered(Response):
     def __init__(self, content: bytes, status_code: int, headers: dict[str, str]) -> None:
         super().__init__(content=content, status_code=status_code, headers=headers)
-
-
-def _wants_stream(body: bytes) -> bool:
-    if not body or b'"stream"' not in body:
-        return False
-    try:
-        data: Any = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return False
-    return isinstance(data, dict) and data.get("stream") is True

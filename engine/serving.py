@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.series import SeriesStore
+
 # Our name → vLLM's names over releases (family names as prometheus_client reports them: counters lose _total).
 NAMES: dict[str, tuple[str, ...]] = {
     "requests_running": ("vllm:num_requests_running",),
@@ -33,6 +35,14 @@ NAMES: dict[str, tuple[str, ...]] = {
     "queue_seconds": ("vllm:request_queue_time_seconds",),
 }
 GAUGES = ("requests_running", "requests_waiting", "kv_cache_usage")
+FINISH_REASONS = ("stop", "length", "abort", "error")
+# What the history keeps of each scrape (engine/series.py), keyed by the revision that was serving.
+HISTORY_METRICS: tuple[str, ...] = (
+    "requests_running", "requests_waiting", "kv_cache_usage", "preemptions_per_s", "prompt_tokens_per_s",
+    "generation_tokens_per_s", "ttft_seconds_p50", "ttft_seconds_p95", "ttft_seconds_p99", "itl_seconds_p50",
+    "itl_seconds_p95", "itl_seconds_p99", "e2e_seconds_p50", "e2e_seconds_p95", "e2e_seconds_p99",
+    "queue_seconds_p95", *(f"finished_{r}_per_s" for r in FINISH_REASONS),
+)
 COUNTERS = ("preemptions", "prompt_tokens", "generation_tokens")
 HISTOGRAMS = ("ttft_seconds", "itl_seconds", "e2e_seconds", "queue_seconds")
 
@@ -132,15 +142,22 @@ def derive(now: Scrape, before: Scrape | None) -> dict[str, Any]:
             value = recent.quantile(q)
             out[f"{name}_p{int(q * 100)}"] = None if value is None else round(value, 4)
     out["finished"] = dict(now.finished)
+    for reason in FINISH_REASONS:
+        value, prev = now.finished.get(reason), before.finished.get(reason) if before is not None else None
+        ok = value is not None and prev is not None and dt > 0 and value >= prev
+        out[f"finished_{reason}_per_s"] = round((value - prev) / dt, 3) if ok else None  # type: ignore[operator]
     return out
 
 
 class ServingMonitor:
     """Scrapes the ready vLLM child every few seconds; ``latest`` holds the live figures."""
 
-    def __init__(self, interval_s: float, upstream: Callable[[], str | None]) -> None:
+    def __init__(self, interval_s: float, upstream: Callable[[], str | None],
+                 revision: Callable[[], int | None] = lambda: None, history: SeriesStore | None = None) -> None:
         self.interval_s = interval_s
         self.upstream = upstream
+        self.revision = revision
+        self.history = history
         self.latest: dict[str, Any] | None = None
         self.error: str | None = None
         self._previous: Scrape | None = None
@@ -157,10 +174,14 @@ class ServingMonitor:
                 await self._task
 
     async def _run(self) -> None:
+        """Scrape every ``interval_s``, and at once when a new child becomes ready."""
+        last = 0.0
         async with httpx.AsyncClient(timeout=5.0) as client:
             while True:
-                await self.scrape_once(client)
-                await asyncio.sleep(self.interval_s)
+                if time.monotonic() - last >= self.interval_s or self.upstream() != self._source:
+                    last = time.monotonic()
+                    await self.scrape_once(client)
+                await asyncio.sleep(0.5)
 
     async def scrape_once(self, client: httpx.AsyncClient) -> None:
         url = self.upstream()
@@ -176,6 +197,10 @@ class ServingMonitor:
             self.error = f"cannot read vLLM's /metrics: {type(exc).__name__}"
             return
         scrape = parse(resp.text, time.time())
+        first = self._previous is None
         self.latest = derive(scrape, self._previous)
         self.error = None
         self._previous = scrape
+        if self.history is not None and not first:  # rates need two scrapes of the same child
+            row = {"revision": self.revision(), **{m: self.latest.get(m) for m in HISTORY_METRICS}}
+            await asyncio.to_thread(self.history.write, scrape.ts, [row])

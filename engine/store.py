@@ -274,6 +274,12 @@ class Store:
             s.flush()
             return ev
 
+    def event_counts(self, kinds: Sequence[str]) -> dict[str, int]:
+        with self.session() as s:
+            rows = s.exec(select(Event.kind, func.count()).where(col(Event.kind).in_(list(kinds)))
+                          .group_by(col(Event.kind))).all()
+        return {k: int(n) for k, n in rows}
+
     def events(
         self, since: int = 0, limit: int = 200, kinds: Sequence[str] | None = None, newest_first: bool = False
     ) -> Sequence[Event]:

@@ -241,7 +241,7 @@ class Supervisor:
         self._last_health = time.monotonic()
         self.ready_at = time.time()
         await asyncio.to_thread(self.store.mark_applied, revision.id)
-        await self.admission.open(self.child.url)
+        await self.admission.open(self.child.url, revision.id)
         await self._enter(S.READY, f"revision {revision.id} ready after {outcome.seconds:.1f} s")
         self._event("ready", f"vLLM ready with revision {revision.id} after {outcome.seconds:.1f} s",
                     revision_id=revision.id, data={"startup_s": round(outcome.seconds, 2), "pid": self.child.pid,

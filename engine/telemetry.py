@@ -248,6 +248,18 @@ class Sampler:
             out.append({"gpu": index, "xid": int(data.eventData), "ts": time.time()})
         return out
 
+    def energy_now(self) -> float | None:
+        """Joules of the energy counters of all GPUs, read now (for tokens per joule); None without GPUs."""
+        if not self._initialised or not self._readers:
+            return None
+        total = 0.0
+        for reader in self._readers.values():
+            try:
+                total += float(self.nvml.nvmlDeviceGetTotalEnergyConsumption(reader.handle)) / 1000
+            except self.nvml.NVMLError:
+                return None
+        return total
+
     # --- what the API reports about the sampler itself --------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ def test_open_gate_admits_at_once() -> None:
     async def go() -> None:
         gate = Admission(queue_size=2, queue_timeout_s=1)
         await gate.open("http://x")
-        assert await gate.acquire(time.monotonic() + 1) == "http://x"
+        assert (await gate.acquire(time.monotonic() + 1)).url == "http://x"
         assert gate.in_flight == 1
         await gate.release()
         assert gate.in_flight == 0
@@ -35,8 +35,8 @@ def test_waiters_go_to_the_new_upstream_when_it_opens() -> None:
         waiters = [asyncio.create_task(gate.acquire(time.monotonic() + 5)) for _ in range(3)]
         await asyncio.sleep(0.05)
         assert gate.waiting == 3
-        await gate.open("http://new")
-        assert await asyncio.gather(*waiters) == ["http://new"] * 3
+        await gate.open("http://new", revision=7)
+        assert [(u.url, u.revision) for u in await asyncio.gather(*waiters)] == [("http://new", 7)] * 3
         assert gate.waiting == 0 and gate.in_flight == 3
 
     run(go())
@@ -105,6 +105,6 @@ def test_refusal_turns_waiting_into_an_immediate_503() -> None:
             await gate.acquire(time.monotonic() + 10)
         await gate.open("http://x")
         assert gate.refusal is None
-        assert await gate.acquire(time.monotonic() + 1) == "http://x"
+        assert (await gate.acquire(time.monotonic() + 1)).url == "http://x"
 
     run(go())

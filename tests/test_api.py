@@ -171,3 +171,19 @@ def test_an_internal_error_fails_the_engine_visibly_and_supervision_goes_on(data
         while client.get("/api/status").json()["state"] != "stopped":
             assert time.monotonic() < deadline
             time.sleep(0.05)
+
+
+def test_engine_exports_prometheus_metrics(api: TestClient) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    api.post("/v1/completions", json={"model": "demo", "prompt": "x"})  # refused: vLLM is stopped
+    resp = api.get("/metrics")
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(resp.text)}
+    state = {s.labels["state"]: s.value for s in families["llmops_engine_state"].samples}
+    assert state["stopped"] == 1.0 and sum(state.values()) == 1.0
+    assert families["llmops_gpu_available"].samples[0].value == 0.0  # no GPU here, and no invented GPU series
+    assert not families["llmops_gpu_memory_used_bytes"].samples
+    assert families["llmops_host_memory_used_bytes"].samples[0].value > 0
+    refused = [s for s in families["llmops_requests"].samples if s.name == "llmops_requests_total"]
+    assert refused and refused[0].labels["outcome"] == "refused" and refused[0].value == 1.0

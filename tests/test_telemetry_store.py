@@ -22,7 +22,7 @@ def snap(ts: float, util: float) -> Snapshot:
 def fill(tmp_path: Path, seconds: int, raw_retention: float = 3600) -> TelemetryStore:
     store = Store(tmp_path / "t.db")
     history = TelemetryStore(store.engine, raw_retention, 7 * 86400)
-    history._last_rollup = T0
+    history.series._last_rollup = T0
     for s in range(seconds):
         history.write(snap(T0 + s, util=float(s % 60)))
     return history
@@ -49,7 +49,7 @@ def test_short_window_keeps_one_second_points(tmp_path: Path) -> None:
 
 def test_minute_rollups_serve_long_windows_and_raw_is_pruned(tmp_path: Path) -> None:
     history = fill(tmp_path, 2 * 3600 + 30, raw_retention=3600)
-    with history.engine.connect() as conn:
+    with history.series.engine.connect() as conn:
         oldest = conn.exec_driver_sql("SELECT min(ts) FROM telemetry_raw").scalar()
         minutes = conn.exec_driver_sql("SELECT count(*) FROM telemetry_minute WHERE device = 0").scalar()
     assert oldest is not None and oldest >= T0 + 3600 - 60  # older raw rows pruned at a minute boundary

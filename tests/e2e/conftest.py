@@ -54,8 +54,9 @@ def console_url(engine: EngineHandle) -> Iterator[str]:
     log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
+    """Module-scoped: Playwright's sync API keeps an event loop running in this thread while it is open."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

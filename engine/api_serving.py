@@ -1,0 +1,50 @@
+"""Serving routes: live figures from vLLM's /metrics, their history per revision, and the request-ledger KPIs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query
+
+from engine.api_telemetry import parse_duration
+from engine.ledger import Ledger
+from engine.series import SeriesStore
+from engine.serving import ServingMonitor
+
+
+def build_router(serving: ServingMonitor, history: SeriesStore, ledger: Ledger) -> APIRouter:
+    router = APIRouter(tags=["serving"])
+
+    def window_of(text: str, limit: float) -> float:
+        seconds = parse_duration(text, "window")
+        if seconds <= 0 or seconds > limit:
+            raise HTTPException(422, detail=[{"loc": ["query", "window"], "type": "value_error",
+                                              "msg": f"window must be within (0, {limit:.0f}] s"}])
+        return seconds
+
+    @router.get("/api/serving")
+    def serving_now() -> dict[str, Any]:
+        """Live figures from vLLM's /metrics: requests running and waiting, KV-cache use, token rates, latency
+        quantiles since the previous scrape. ``available: false`` while vLLM is not ready."""
+        return {"available": serving.latest is not None, "error": serving.error, "interval_s": serving.interval_s,
+                **(serving.latest or {})}
+
+    @router.get("/api/serving/history")
+    def serving_history(window: str = Query("1h"), step: str | None = Query(None),
+                        revision: list[int] | None = Query(None),
+                        metric: list[str] | None = Query(None)) -> dict[str, Any]:
+        """Serving metrics over time, one series per revision that served (raw for an hour, per minute for 7 d)."""
+        seconds = window_of(window, history.minute_retention_s)
+        return history.history(seconds, parse_duration(step, "step") if step else None, revision, metric)
+
+    @router.get("/api/kpis")
+    def kpis(window: str = Query("1h", description="e.g. 15m, 1h, 7d"), revision: int | None = Query(None),
+             client: str | None = Query(None, description="only requests of this client (X-LLMOps-Client)"),
+             ) -> dict[str, Any]:
+        """Per revision: requests, average input and output tokens, P50/P95/P99 latency, P95 time to first token,
+        tokens/s, error rate and OOM rate, from the gateway's request ledger."""
+        seconds = window_of(window, 400 * 86400)
+        ledger.flush()
+        return {"window_s": seconds, "revisions": ledger.kpis(seconds, revision, client=client)}
+
+    return router

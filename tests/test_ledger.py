@@ -1,0 +1,58 @@
+"""The request ledger on a real SQLite file: KPIs per revision from known requests."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.ledger import Ledger, Record, percentile
+from engine.store import Store
+
+
+def rec(ts: float, revision: int, latency: float, tokens: tuple[int, int] | None = (10, 20), status: int = 200,
+        ttft: float | None = None) -> Record:
+    return Record(ts=ts, revision_id=revision, model="demo", endpoint="/v1/completions", stream=ttft is not None,
+                  status=status, latency_s=latency, client="test", input_tokens=tokens[0] if tokens else None,
+                  output_tokens=tokens[1] if tokens else None, ttft_s=ttft)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    return Ledger(Store(tmp_path / "l.db").engine)
+
+
+def test_kpis_per_revision(ledger: Ledger) -> None:
+    now = time.time()
+    for i in range(10):
+        ledger.record(rec(now - 100 + i, 1, latency=1.0 + i / 10, ttft=0.1 * (i + 1)))
+    ledger.record(rec(now - 50, 1, latency=0.2, tokens=None, status=500))
+    ledger.record(rec(now - 40, 2, latency=3.0, tokens=(100, 50)))
+    ledger.record(rec(now - 4000, 2, latency=9.0))  # outside the window
+    assert ledger.flush() == 13
+    k = {r["revision"]: r for r in ledger.kpis(3600, now=now)}
+    one, two = k[1], k[2]
+    assert (one["requests"], one["succeeded"], one["error_rate"]) == (11, 10, round(1 / 11, 4))
+    assert one["avg_input_tokens"] == 10 and one["avg_output_tokens"] == 20
+    assert one["latency_p50_s"] == pytest.approx(1.45) and one["latency_p99_s"] == pytest.approx(1.891)
+    assert one["ttft_p95_s"] == pytest.approx(0.955)
+    assert one["output_tokens_per_s"] == round(200 / (now - 50 + 0.2 - (now - 100)), 2)
+    assert (two["requests"], two["avg_input_tokens"], two["avg_output_tokens"]) == (1, 100, 50)
+    assert [r["revision"] for r in ledger.kpis(3600, revision=2, now=now)] == [2]
+
+
+def test_oom_rate_comes_from_diagnosed_failures(tmp_path: Path) -> None:
+    store = Store(tmp_path / "o.db")
+    ledger = Ledger(store.engine)
+    store.add_event("diagnosis", "kv_cache_too_small", revision_id=3, data={"kind": "kv_cache_too_small",
+                                                                             "is_oom": True})
+    store.add_event("diagnosis", "unknown", revision_id=3, data={"kind": "unknown", "is_oom": False})
+    k = {r["revision"]: r for r in ledger.kpis(7200)}
+    assert k[3]["oom_failures"] == 1 and k[3]["oom_per_hour"] == 0.5 and k[3]["requests"] == 0
+
+
+def test_percentile_matches_numpy_linear() -> None:
+    assert percentile([1, 2, 3, 4], 0.5) == 2.5
+    assert percentile([5.0], 0.95) == 5.0
+    assert percentile([], 0.5) is None
