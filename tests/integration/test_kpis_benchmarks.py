@@ -101,9 +101,11 @@ def test_guided_search_proposes_a_valid_max_num_seqs_and_restores(engine: Engine
     assert done["status"] == "done", done["error"]
     assert [r["max_num_seqs"] for r in done["results"]] == [1, 2]
     proposal = done["proposal"]
-    assert proposal is not None and proposal["max_num_seqs"] in (1, 2)
-    assert (proposal["p95_e2e_s"] <= 120 and proposal["gain_over_max_num_seqs_1"] >= 1.0) or \
-        proposal["max_num_seqs"] == 1
+    assert proposal is not None and proposal["p95_e2e_s"] <= 120
+    best = max(done["results"], key=lambda r: r["output_throughput"])  # both meet a 120 s target here
+    assert proposal["max_num_seqs"] == best["max_num_seqs"]
+    assert proposal["gain_over_max_num_seqs_1"] == pytest.approx(
+        best["output_throughput"] / done["results"][0]["output_throughput"], rel=0.01)
     after = engine.client.wait_for({"ready"}, COLD_START_S)
     assert engine.client.settings().values == before.values  # the original settings are back
     assert after.running_revision == engine.client.settings().revision
