@@ -25,6 +25,10 @@ nav = st.navigation(
             st.Page(PAGES / "settings.py", title="Engine settings", icon=":material/tune:"),
         ],
         "Use": [st.Page(PAGES / "playground.py", title="Playground", icon=":material/chat:")],
+        "Measure": [
+            st.Page(PAGES / "metrics.py", title="Metrics", icon=":material/monitoring:"),
+            st.Page(PAGES / "benchmarks.py", title="Benchmarks", icon=":material/speed:"),
+        ],
         "Investigate": [st.Page(PAGES / "events.py", title="Events & logs", icon=":material/history:")],
     }
 )

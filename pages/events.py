@@ -17,6 +17,7 @@ GROUPS = {
     "Rollbacks": ["rollback", "crash_loop"],
     "Failures & diagnoses": ["failed", "diagnosis"],
     "Alerts": ["alert_raised", "alert_cleared", "gpu_driver_error"],
+    "Benchmarks": ["benchmark_started", "benchmark_finished"],
 }
 c1, c2, c3 = st.columns([3, 2, 2])
 groups = c1.multiselect("Show", list(GROUPS), default=list(GROUPS), key="ev_groups")

@@ -106,7 +106,26 @@ def test_events_and_log_tail(console_env: EngineHandle) -> None:
     assert not at.exception
 
 
-@pytest.mark.parametrize("name", ["overview", "gpu_health", "settings", "playground", "events"])
+def test_metrics_page_shows_history_and_kpis(console_env: EngineHandle) -> None:
+    import httpx
+
+    httpx.post(f"{console_env.url}/v1/completions", json={"model": "demo", "prompt": "Return", "max_tokens": 4},
+               timeout=60)
+    at = page("metrics")
+    assert len(at.get("plotly_chart")) == 6
+    assert len(at.dataframe) == 1  # the KPI table: the request above is in it
+    assert "tokens/s" in at.metric[0].value
+
+
+def test_benchmarks_page_offers_presets_sweeps_and_the_search(console_env: EngineHandle) -> None:
+    at = page("benchmarks")
+    assert at.selectbox(key="bm_preset").options == ["Short chat", "Long-prompt RAG", "Batch summarise"]
+    assert at.multiselect(key="srch_cands").value == [1, 4, 16]
+    assert any(b.label == "Run benchmark" for b in at.button)
+
+
+@pytest.mark.parametrize("name", ["overview", "gpu_health", "settings", "playground", "events", "metrics",
+                                  "benchmarks"])
 def test_unreachable_engine_is_a_message_not_a_traceback(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMOPS_ENGINE_URL", "http://127.0.0.1:9")
     st.cache_resource.clear()

@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 # title, screenshot name, a text that is there once the page (and its live fragment) has rendered
 PAGES = [("Overview", "overview", "Requests running"), ("GPU health", "gpu-health", "NVML says"),
          ("Engine settings", "engine-settings", "Capacity preview"), ("Playground", "playground", "Saved prompts"),
+         ("Metrics", "metrics", "KPIs per revision"), ("Benchmarks", "benchmarks", "Concurrency sweep"),
          ("Events & logs", "events", "vLLM's log")]
 
 

@@ -1,0 +1,85 @@
+"""One GPU session through the product's own API: start the engine on an 8B-shaped model, run the guided search
+for max_num_seqs (vLLM's benchmark module through the gateway), and collect what the engine measured: the search,
+its proposal, the capacity model's prediction at every start, tokens per joule, KPIs and the sampler's cost.
+
+    python bench/gpu_session.py --model /tmp/m8b --out $OUT [--candidates 1 16 64] [--target 5]
+
+Writes gpu-session.json (updated as it goes, so a run cut short still reports what it measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from console.client import EngineClient
+from engine.child import free_port
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--data-dir", type=Path, default=Path("/tmp/llmops-gpu-session"))
+    p.add_argument("--utilization", type=float, default=0.8)
+    p.add_argument("--candidates", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--target", type=float, default=5.0)
+    p.add_argument("--num-prompts", type=int, default=64)
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"started": time.time()}
+
+    def save() -> None:
+        (a.out / "gpu-session.json").write_text(json.dumps(report, indent=1, default=str))
+
+    port = free_port()
+    env = {**os.environ, "LLMOPS_AUTOSTART": "false", "LLMOPS_STARTUP_TIMEOUT_S": "900"}
+    log = open(a.out / "engine.log", "wb")  # noqa: SIM115
+    engine = subprocess.Popen([sys.executable, "-m", "engine.cli", "engine", "--data-dir", str(a.data_dir),
+                               "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    client = EngineClient(f"http://127.0.0.1:{port}", timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        while not client.healthz():
+            assert engine.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        values = {"model": a.model, "served_model_name": "m", "load_format": "dummy",
+                  "gpu_memory_utilization": a.utilization, "max_model_len": 4096, "max_num_seqs": 32}
+        report["capacity_before_start"] = client.capacity(values)
+        client.put_settings(client.settings().revision, values, "gpu session")
+        client.engine_action("start")
+        t0 = time.monotonic()
+        client.wait_for({"ready"}, 900)
+        report["first_start_s"] = round(time.monotonic() - t0, 1)
+        save()
+        run = client.start_search("short_chat", a.target, a.candidates, a.num_prompts)
+        while (run := client.benchmark(run["id"]))["status"] == "running":
+            report["search"] = run
+            save()
+            time.sleep(5)
+        report["search"] = run
+        report["ready_events"] = [e.model_dump() for e in client.events(kinds=["ready"], limit=50)]
+        report["kpis"] = client.kpis("1h")
+        report["gpu"] = client.gpu()
+        report["history"] = client.settings().model_dump()
+    finally:
+        report["finished"] = time.time()
+        save()
+        engine.terminate()
+        engine.wait(timeout=120)
+        client.close()
+        log.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Metrics: vLLM's serving figures live and over time, and the KPI table per settings revision."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import plotly.graph_objects as go
+import streamlit as st
+
+from console import fmt
+from console.client import ClientError
+from console.widgets import client, engine_status, restart_banner, unreachable
+
+st.title("Metrics")
+WINDOWS = {"15 min": "15m", "1 hour": "1h", "6 hours": "6h", "24 hours": "24h", "7 days": "7d"}
+CHARTS = [("generation_tokens_per_s", "Generation", "tokens/s", 1.0),
+          ("e2e_seconds_p95", "End-to-end latency P95", "s", 1.0),
+          ("ttft_seconds_p95", "Time to first token P95", "s", 1.0),
+          ("kv_cache_usage", "KV-cache use", "%", 100.0),
+          ("requests_running", "Requests running", "", 1.0),
+          ("requests_waiting", "Requests waiting", "", 1.0)]
+
+restart_banner(engine_status())
+window = st.segmented_control("Window", list(WINDOWS), default="1 hour", key="metrics_window") or "1 hour"
+
+
+def chart(history: dict[str, Any], metric: str, title: str, unit: str, scale: float) -> go.Figure:
+    fig = go.Figure()
+    for rev, series in sorted(history["series"].items(), key=lambda kv: int(kv[0]) if kv[0] != "None" else -1):
+        y = [None if v is None else v * scale for v in series[metric]["avg"]]
+        if any(v is not None for v in y):
+            t = [datetime.fromtimestamp(x, UTC) for x in series["t"]]
+            fig.add_trace(go.Scatter(x=t, y=y, mode="lines+markers", marker={"size": 4}, name=f"revision {rev}"))
+    fig.update_layout(title={"text": title, "font": {"size": 14}}, height=240, yaxis_title=unit,
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10}, legend={"orientation": "h", "y": -0.25})
+    return fig
+
+
+@st.fragment(run_every=5)
+def live() -> None:
+    try:
+        now = client().serving()
+        history = client().serving_history(WINDOWS[window], [m for m, *_ in CHARTS])
+    except ClientError as exc:
+        unreachable(exc)
+    if now["available"]:
+        c = st.columns(4)
+        c[0].metric("Generation", fmt.rate(now.get("generation_tokens_per_s")))
+        c[1].metric("Prompt", fmt.rate(now.get("prompt_tokens_per_s")))
+        c[2].metric("P95 inter-token latency", fmt.seconds(now.get("itl_seconds_p95")))
+        c[3].metric("Preemptions", fmt.rate(now.get("preemptions_per_s"), "/s"),
+                    help="requests evicted from the KV cache and recomputed: a sign of too little KV cache")
+    cols = st.columns(2)
+    for i, (metric, title, unit, scale) in enumerate(CHARTS):
+        cols[i % 2].plotly_chart(chart(history, metric, title, unit, scale), theme="streamlit")
+    st.caption(f"vLLM's /metrics every {now['interval_s']:.0f} s; {history['source']} history, "
+               f"{history['step_s']:.0f} s per point; one line per revision that served.")
+
+
+live()
+
+st.subheader("KPIs per revision")
+try:
+    rows = client().kpis(WINDOWS[window])
+except ClientError as exc:
+    unreachable(exc)
+if not rows:
+    st.caption("No requests through the gateway in this window yet.")
+else:
+    st.dataframe([{
+        "revision": r["revision"], "requests": r["requests"], "avg input tokens": r["avg_input_tokens"],
+        "avg output tokens": r["avg_output_tokens"], "P50 latency": fmt.seconds(r["latency_p50_s"]),
+        "P95 latency": fmt.seconds(r["latency_p95_s"]), "P99 latency": fmt.seconds(r["latency_p99_s"]),
+        "P95 TTFT": fmt.seconds(r["ttft_p95_s"]), "tokens/s": r["output_tokens_per_s"],
+        "error rate": fmt.pct(None if r["error_rate"] is None else 100 * r["error_rate"], 1),
+        "OOM failures": r["oom_failures"], "OOM per hour": r["oom_per_hour"]} for r in rows],
+        hide_index=True, width="stretch")
+    st.caption("From the gateway's request ledger: latency includes time queued in the gateway during restarts.")
