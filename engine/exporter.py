@@ -84,9 +84,10 @@ class EngineCollector(Collector):
                 yield GaugeMetricFamily(name, help_, value=st[key])
         yield CounterMetricFamily("llmops_vllm_restarts", "vLLM starts beyond the first", value=st["restarts"])
         counts = self.event_counts()
-        for kind, help_ in (("rollback", "Revisions rolled back"), ("failed", "vLLM failures"),
-                            ("crash_loop", "Crash loops halted")):
-            yield CounterMetricFamily(f"llmops_{kind}s", help_, value=counts.get(kind, 0))
+        for kind, name, help_ in (("rollback", "llmops_rollbacks", "Revisions rolled back"),
+                                  ("failed", "llmops_failures", "vLLM failures (failed starts and crashes)"),
+                                  ("crash_loop", "llmops_crash_loops", "Crash loops that halted restarts")):
+            yield CounterMetricFamily(name, help_, value=counts.get(kind, 0))
         gw = st["gateway"]
         yield GaugeMetricFamily("llmops_gateway_in_flight", "Requests in flight through the gateway",
                                 value=gw["in_flight"])

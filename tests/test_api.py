@@ -187,3 +187,21 @@ def test_engine_exports_prometheus_metrics(api: TestClient) -> None:
     assert families["llmops_host_memory_used_bytes"].samples[0].value > 0
     refused = [s for s in families["llmops_requests"].samples if s.name == "llmops_requests_total"]
     assert refused and refused[0].labels["outcome"] == "refused" and refused[0].value == 1.0
+
+
+def test_grafana_dashboard_reads_only_metrics_the_engine_exports(api: TestClient) -> None:
+    import json
+    import re
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engine.exporter import GPU_GAUGES, SERVING_GAUGES
+    from tests.engine_process import REPO
+
+    exported = {f.name for f in text_string_to_metric_families(api.get("/metrics").text)}
+    exported |= {name for name, _ in (*GPU_GAUGES.values(), *SERVING_GAUGES.values())}  # need a GPU / vLLM up
+    exported |= {"llmops_running_revision"}  # exported while vLLM runs
+    dashboard = json.loads((REPO / "docs" / "grafana-dashboard.json").read_text())
+    used = {re.sub(r"_(total|bucket|count|sum)$", "", m)
+            for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"llmops_[a-z_]+", t["expr"])}
+    assert used and used <= exported, used - exported
