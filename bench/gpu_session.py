@@ -43,11 +43,17 @@ def main() -> None:
         (a.out / "gpu-session.json").write_text(json.dumps(report, indent=1, default=str))
 
     port = free_port()
-    env = {**os.environ, "LLMOPS_AUTOSTART": "false", "LLMOPS_STARTUP_TIMEOUT_S": "900"}
+    a.data_dir.mkdir(parents=True, exist_ok=True)
+    token = subprocess.run([sys.executable, "-m", "engine.cli", "token", "create", "--role", "admin", "--name",
+                            "gpu-session", "--data-dir", str(a.data_dir)], capture_output=True, text=True,
+                           check=True, cwd=REPO).stdout.strip()
+    env = {**os.environ, "LLMOPS_AUTOSTART": "false", "LLMOPS_STARTUP_TIMEOUT_S": "900",
+           "LLMOPS_ADMIN_PASSWORD": "gpu-session-password",
+           "LLMOPS_MODEL_ROOTS": json.dumps([str(Path(a.model).parent)])}
     log = open(a.out / "engine.log", "wb")  # noqa: SIM115
     engine = subprocess.Popen([sys.executable, "-m", "engine.cli", "engine", "--data-dir", str(a.data_dir),
                                "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    client = EngineClient(f"http://127.0.0.1:{port}", timeout=60)
+    client = EngineClient(f"http://127.0.0.1:{port}", timeout=60, token=token)
     try:
         deadline = time.monotonic() + 60
         while not client.healthz():

@@ -52,6 +52,14 @@ class StaleRevisionError(ApiError):
     pass
 
 
+class UnauthorizedError(ApiError):
+    """401: no token, or it expired or was revoked: sign in again."""
+
+
+class ForbiddenError(ApiError):
+    """403: the token's role may not do this."""
+
+
 class NotFoundError(ApiError):
     pass
 
@@ -144,9 +152,12 @@ _events = TypeAdapter(list[EventInfo])
 
 
 class EngineClient:
-    def __init__(self, base_url: str | None = None, *, timeout: float = 10.0, user: str | None = None) -> None:
+    def __init__(self, base_url: str | None = None, *, timeout: float = 10.0, token: str | None = None) -> None:
+        """``token``: a bearer token (a console sign-in's, or one from `llmops token create`); default
+        LLMOPS_TOKEN."""
         self.base_url = (base_url or os.environ.get("LLMOPS_ENGINE_URL") or DEFAULT_ENGINE_URL).rstrip("/")
-        headers = {"x-llmops-user": user} if user else {}
+        self.token = token if token is not None else os.environ.get("LLMOPS_TOKEN")
+        headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
     def close(self) -> None:
@@ -166,15 +177,81 @@ class EngineClient:
                 f"cannot reach the engine at {self.base_url} ({type(exc).__name__}); is `llmops engine` running?"
             ) from exc
         if resp.status_code < 400:
-            return resp.json()
+            return resp.json() if resp.content else None
         try:
             detail = resp.json().get("detail", resp.text)
         except ValueError:
             detail = resp.text
-        errors: dict[int, type[ApiError]] = {422: SettingsRejectedError, 409: StaleRevisionError, 404: NotFoundError}
+        errors: dict[int, type[ApiError]] = {422: SettingsRejectedError, 409: StaleRevisionError, 404: NotFoundError,
+                                             401: UnauthorizedError, 403: ForbiddenError}
         raise errors.get(resp.status_code, ApiError)(resp.status_code, detail)
 
     # --- health and status ----------------------------------------------------------------------------------
+
+    # --- access ---------------------------------------------------------------------------------------------
+
+    def login(self, username: str, password: str) -> dict[str, Any]:
+        """Sign in: a session token (the client uses it from now on), the user's role and its expiry."""
+        result: dict[str, Any] = self._request("POST", "/api/auth/login",
+                                               json={"username": username, "password": password})
+        self.token = result["token"]
+        self._http.headers["authorization"] = f"Bearer {self.token}"
+        return result
+
+    def sso_session(self, username: str) -> dict[str, Any]:
+        """With the console's service token (admin): a session for a user the identity provider signed in."""
+        result: dict[str, Any] = self._request("POST", "/api/auth/sso", json={"username": username})
+        self.token = result["token"]
+        self._http.headers["authorization"] = f"Bearer {self.token}"
+        return result
+
+    def logout(self) -> None:
+        self._request("POST", "/api/auth/logout")
+        self.token = None
+        self._http.headers.pop("authorization", None)
+
+    def me(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", "/api/auth/me")
+        return result
+
+    def users(self) -> list[dict[str, Any]]:
+        return list(self._request("GET", "/api/users"))
+
+    def create_user(self, username: str, password: str, role: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", "/api/users",
+                                               json={"username": username, "password": password, "role": role})
+        return result
+
+    def update_user(self, username: str, **changes: Any) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("PATCH", f"/api/users/{username}", json=changes)
+        return result
+
+    def tokens(self) -> list[dict[str, Any]]:
+        return list(self._request("GET", "/api/tokens"))
+
+    def create_token(self, name: str, role: str, kind: str = "api", expires_days: float | None = None,
+                     rate_limit_per_min: int | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", "/api/tokens", json={
+            "name": name, "role": role, "kind": kind, "expires_days": expires_days,
+            "rate_limit_per_min": rate_limit_per_min})
+        return result
+
+    def revoke_token(self, token_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("DELETE", f"/api/tokens/{token_id}")
+        return result
+
+    def audit(self, **filters: Any) -> list[dict[str, Any]]:
+        return list(self._request("GET", "/api/audit", params={k: v for k, v in filters.items() if v is not None}))
+
+    def audit_export(self, fmt: str, **filters: Any) -> bytes:
+        params = {"format": fmt, **{k: v for k, v in filters.items() if v is not None}}
+        try:
+            resp = self._http.get("/api/audit/export", params=params)
+        except httpx.TransportError as exc:
+            raise EngineUnreachableError(f"cannot reach the engine at {self.base_url}") from exc
+        if resp.status_code >= 400:
+            raise ApiError(resp.status_code, resp.text)
+        return resp.content
 
     def healthz(self) -> bool:
         try:
@@ -333,6 +410,7 @@ class EngineClient:
             raise EngineUnreachableError(f"cannot reach the engine at {self.base_url}") from exc
         if resp.status_code >= 400:
             raise ApiError(resp.status_code, resp.text)
+        # 204: no body to read
 
     def stream(self, run: Run) -> Iterator[str]:
         """Send ``run`` through the engine's /v1 gateway and yield text as it streams; ``run`` collects the

@@ -8,20 +8,33 @@ from typing import Any, NoReturn
 import streamlit as st
 
 from console import fmt
-from console.client import ClientError, EngineClient, EngineStatus, EngineUnreachableError
+from console.client import ClientError, EngineClient, EngineStatus, EngineUnreachableError, UnauthorizedError
 
 STATE_BADGE = {"ready": ("green", ":material/check_circle:"), "starting": ("orange", ":material/hourglass_top:"),
                "draining": ("orange", ":material/hourglass_bottom:"), "stopping": ("orange", ":material/pending:"),
                "stopped": ("gray", ":material/stop_circle:"), "failed": ("red", ":material/error:")}
 
 
-@st.cache_resource
 def client() -> EngineClient:
-    return EngineClient(os.environ.get("LLMOPS_ENGINE_URL"), timeout=10.0, user=os.environ.get("USER") or "console")
+    """This browser session's client, carrying its sign-in token."""
+    c: EngineClient | None = st.session_state.get("_client")
+    if c is None or c.token != st.session_state.get("token"):
+        c = EngineClient(os.environ.get("LLMOPS_ENGINE_URL"), timeout=10.0, token=st.session_state.get("token"))
+        st.session_state["_client"] = c
+    return c
+
+
+def sign_out() -> None:
+    for key in ("token", "_client", "username", "role", "expires_at"):
+        st.session_state.pop(key, None)
 
 
 def unreachable(exc: ClientError) -> NoReturn:
-    if isinstance(exc, EngineUnreachableError):
+    if isinstance(exc, UnauthorizedError):
+        sign_out()
+        st.warning("Your sign-in has expired or was revoked: sign in again.", icon=":material/lock:")
+        st.button("Sign in", on_click=lambda: None)
+    elif isinstance(exc, EngineUnreachableError):
         st.error(f"**The engine is unreachable.** {exc}\n\nStart it with `make run` (or `llmops engine`); this "
                  "page retries when you reload it.", icon=":material/cloud_off:")
     else:

@@ -7,10 +7,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Query, Request, Response
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from engine.errors import InvalidSettingsError, PreflightError, RevisionNotFoundError, StaleRevisionError
+from engine.errors import MAX_ID, InvalidSettingsError, PreflightError, RevisionNotFoundError, StaleRevisionError
 from engine.planner import Planner
 from engine.settings import EngineSettings, merge_values, validate_settings
 from engine.state import EngineState
@@ -44,7 +45,9 @@ class RevisionOut(BaseModel):
 
 
 class SettingsWrite(BaseModel):
-    base_revision: int = Field(description="The revision these changes were made on; stale → 409.")
+    model_config = ConfigDict(strict=True)  # a JSON 0 is not false, nor "1" a number
+
+    base_revision: int = Field(ge=1, le=MAX_ID, description="The revision these changes were made on; stale → 409.")
     values: dict[str, Any] = Field(description="Fields to change; omitted fields keep the base revision's values.")
     note: str = Field("", max_length=2000, description="Why: shown in the history.")
     author: str | None = Field(None, max_length=200, description="Who; defaults to the X-LLMOps-User header.")
@@ -53,7 +56,9 @@ class SettingsWrite(BaseModel):
 
 
 class RollbackRequest(BaseModel):
-    revision: int = Field(description="Revision whose values become a new desired revision.")
+    model_config = ConfigDict(strict=True)  # a JSON 0 is not false, nor "1" a number
+
+    revision: int = Field(ge=1, le=MAX_ID, description="Revision whose values become a new desired revision.")
     note: str = Field("", max_length=2000)
     author: str | None = Field(None, max_length=200)
     force: bool = False
@@ -76,7 +81,9 @@ class EventOut(BaseModel):
 
 
 def _author(request: Request, given: str | None) -> str:
-    return given or request.headers.get("x-llmops-user") or "api"
+    """Who acts: the authenticated principal (a body's "author" cannot override it)."""
+    principal = getattr(request.state, "principal", None)
+    return principal.name if principal is not None else (given or "api")
 
 
 def _preflight(planner: Planner, settings: EngineSettings, force: bool) -> tuple[bool, list[dict[str, Any]]]:
@@ -95,6 +102,7 @@ def _preflight(planner: Planner, settings: EngineSettings, force: bool) -> tuple
 def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIRouter:
     router = APIRouter()
     data_dir = supervisor.config.data_dir.resolve()
+    roots = supervisor.config.model_roots
 
     def out(rev: Revision) -> RevisionOut:
         assert rev.id is not None
@@ -105,7 +113,7 @@ def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIR
         """The engine process is alive (vLLM may not be)."""
         return {"ok": True}
 
-    @router.get("/readyz", tags=["health"])
+    @router.get("/readyz", tags=["health"], responses={503: {"description": "vLLM is not ready: state and why"}})
     def readyz() -> Response:
         """vLLM is ready to serve: 200, else 503 with the state and why."""
         ready = supervisor.sm.state == EngineState.READY
@@ -136,12 +144,16 @@ def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIR
     def put_settings(body: SettingsWrite, request: Request) -> RevisionOut:
         """Write a new revision on top of ``base_revision``; the supervisor applies it with a restart."""
         base = store.get_revision(body.base_revision)
-        settings = validate_settings(merge_values(base.values, body.values), data_dir)
+        settings = validate_settings(merge_values(base.values, body.values), data_dir, roots)
         forced, findings = _preflight(planner, settings, body.force)
         rev = store.create_revision(settings.model_dump(), base_revision=body.base_revision,
                                     author=_author(request, body.author), note=body.note, forced=forced,
                                     warnings=findings)
-        _changed(store, rev, base.values)
+        diff = _changed(store, rev, base.values)
+        request.state.audit = {"target": f"revision {rev.id}", "before": {k: d["from"] for k, d in diff.items()},
+                               "after": {k: d["to"] for k, d in diff.items()},
+                               "detail": f"base {body.base_revision}" + (" (forced)" if forced else "")
+                               + (f"; note: {body.note}" if body.note else "")}
         supervisor.wake()
         return out(rev)
 
@@ -156,19 +168,20 @@ def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIR
             raw = request.query_params.getlist(key)
             changes[key] = raw if key == "extra_args" else (None if raw[-1].lower() in ("", "none", "null")
                                                              else raw[-1])
-        settings = validate_settings(merge_values(base.values, changes), data_dir)
+        settings = validate_settings(merge_values(base.values, changes), data_dir, roots)
         result = planner.check(settings).as_dict()
         return {"base_revision": base.id, "values": settings.model_dump(), **result,
                 "elapsed_ms": round(1e3 * (time.perf_counter() - t0), 2)}
 
     @router.get("/api/settings/history", tags=["settings"])
-    def history(limit: int = Query(50, ge=1, le=1000), before: int | None = Query(None, ge=1)) -> list[RevisionOut]:
+    def history(limit: int = Query(50, ge=1, le=1000),
+                before: int | None = Query(None, ge=1, le=MAX_ID)) -> list[RevisionOut]:
         revs = store.history(limit, before)
         ooms = store.oom_counts([r.id for r in revs if r.id is not None])
         return [RevisionOut.of(r, ooms.get(r.id or 0, 0)) for r in revs]
 
     @router.get("/api/settings/{revision}", tags=["settings"])
-    def get_revision(revision: int) -> RevisionOut:
+    def get_revision(revision: int = PathParam(ge=1, le=MAX_ID)) -> RevisionOut:
         return out(store.get_revision(revision))
 
     @router.post("/api/settings/rollback", status_code=201, tags=["settings"])
@@ -176,12 +189,15 @@ def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIR
         """A new desired revision equal to an earlier one."""
         target = store.get_revision(body.revision)
         current = store.desired_revision()
-        settings = validate_settings(target.values, data_dir)
+        settings = validate_settings(target.values, data_dir, roots)
         forced, findings = _preflight(planner, settings, body.force)
         rev = store.create_revision(settings.model_dump(), base_revision=None, author=_author(request, body.author),
                                     note=body.note or f"rollback to revision {body.revision}", forced=forced,
                                     warnings=findings)
-        _changed(store, rev, current.values if current else {})
+        diff = _changed(store, rev, current.values if current else {})
+        request.state.audit = {"target": f"revision {rev.id}", "before": {k: d["from"] for k, d in diff.items()},
+                               "after": {k: d["to"] for k, d in diff.items()},
+                               "detail": f"rollback to revision {body.revision}" + (" (forced)" if forced else "")}
         supervisor.wake()
         return out(rev)
 
@@ -192,12 +208,14 @@ def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIR
                    "restart": supervisor.request_restart}
         if action not in actions:
             return JSONResponse({"detail": f"unknown action {action!r}: use start, stop or restart"}, 404)
+        before = supervisor.sm.state.value
         actions[action]()
         store.add_event(f"{action}_requested", f"{action} requested by {_author(request, None)}")
+        request.state.audit = {"target": "vLLM", "before": {"state": before}}
         return JSONResponse({"accepted": action, **status()}, status_code=202)
 
     @router.get("/api/events", tags=["events"])
-    def events(since: int = Query(0, ge=0), limit: int = Query(200, ge=1, le=5000),
+    def events(since: int = Query(0, ge=0, le=MAX_ID), limit: int = Query(200, ge=1, le=5000),
                kind: list[str] | None = Query(None), newest_first: bool = False) -> list[EventOut]:
         return [EventOut.of(e) for e in store.events(since, limit, kind, newest_first)]
 
@@ -209,11 +227,12 @@ def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIR
     return router
 
 
-def _changed(store: Store, rev: Revision, before: dict[str, Any]) -> None:
+def _changed(store: Store, rev: Revision, before: dict[str, Any]) -> dict[str, dict[str, Any]]:
     diff = {k: {"from": before.get(k), "to": v} for k, v in rev.values.items() if before.get(k) != v}
     store.add_event("settings_changed", f"revision {rev.id} by {rev.author}: "
                     + (", ".join(f"{k}={d['to']}" for k, d in diff.items()) or "no change")
                     + (f" ({rev.note})" if rev.note else ""), revision_id=rev.id, data={"diff": diff})
+    return diff
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -5,18 +5,24 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from pydantic import BaseModel, Field
+from fastapi import Path as PathParam
+from pydantic import BaseModel, ConfigDict, Field
 
 from engine.benchmarks import PRESETS, BenchmarkBusyError, BenchmarkRun, Benchmarks
+from engine.errors import MAX_ID
 
 
 class SweepRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # a JSON 0 is not false, nor "1" a number
+
     preset: Literal["short_chat", "rag", "summarize"] = "short_chat"
     concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16], min_length=1, max_length=12)
     num_prompts: int | None = Field(None, ge=1, le=100_000)
 
 
 class SearchRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # a JSON 0 is not false, nor "1" a number
+
     preset: Literal["short_chat", "rag", "summarize"] = "short_chat"
     target_p95_s: float = Field(gt=0, le=3600, description="P95 end-to-end latency the result must meet")
     candidates: list[int] = Field(default_factory=lambda: [1, 4, 16, 64], min_length=1, max_length=10)
@@ -31,7 +37,8 @@ def build_router(benchmarks: Benchmarks) -> APIRouter:
     router = APIRouter(tags=["benchmarks"])
 
     def author(request: Request) -> str:
-        return request.headers.get("x-llmops-user") or "api"
+        principal = getattr(request.state, "principal", None)
+        return principal.name if principal is not None else "api"
 
     def start(kind: str, preset: str, params: dict[str, Any], request: Request) -> dict[str, Any]:
         for value in params.get("concurrency", []) + params.get("candidates", []):
@@ -61,11 +68,12 @@ def build_router(benchmarks: Benchmarks) -> APIRouter:
                                              "num_prompts": body.num_prompts}, request)
 
     @router.get("/api/benchmarks")
-    def runs(revision: int | None = Query(None), limit: int = Query(50, ge=1, le=500)) -> list[dict[str, Any]]:
+    def runs(revision: int | None = Query(None, ge=1, le=MAX_ID),
+             limit: int = Query(50, ge=1, le=500)) -> list[dict[str, Any]]:
         return [_out(r) for r in benchmarks.list(revision, limit)]
 
     @router.get("/api/benchmarks/compare")
-    def compare(a: int, b: int) -> dict[str, Any]:
+    def compare(a: int = Query(ge=1, le=MAX_ID), b: int = Query(ge=1, le=MAX_ID)) -> dict[str, Any]:
         """Two runs level by level (same concurrency): throughput, TTFT, inter-token latency, P95 latency."""
         ra, rb = benchmarks.get(a), benchmarks.get(b)
         if ra is None or rb is None:
@@ -84,14 +92,14 @@ def build_router(benchmarks: Benchmarks) -> APIRouter:
         return {"a": _out(ra), "b": _out(rb), "levels": rows}
 
     @router.get("/api/benchmarks/{run_id}")
-    def run(run_id: int) -> dict[str, Any]:
+    def run(run_id: int = PathParam(ge=1, le=MAX_ID)) -> dict[str, Any]:
         found = benchmarks.get(run_id)
         if found is None:
             raise HTTPException(404, detail=f"no benchmark {run_id}")
         return _out(found)
 
     @router.post("/api/benchmarks/{run_id}/cancel")
-    async def cancel(run_id: int) -> dict[str, Any]:
+    async def cancel(run_id: int = PathParam(ge=1, le=MAX_ID)) -> dict[str, Any]:
         if not await benchmarks.cancel(run_id):
             raise HTTPException(409, detail=f"benchmark {run_id} is not running")
         found = benchmarks.get(run_id)

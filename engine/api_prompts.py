@@ -5,12 +5,16 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel, Field
+from fastapi import Path as PathParam
+from pydantic import BaseModel, ConfigDict, Field
 
+from engine.errors import MAX_ID
 from engine.store import SavedPrompt, Store
 
 
 class PromptIn(BaseModel):
+    model_config = ConfigDict(strict=True)  # a JSON 0 is not false, nor "1" a number
+
     name: str = Field(min_length=1, max_length=200)
     mode: Literal["chat", "completion"] = "chat"
     system: str = Field("", max_length=20_000)
@@ -29,7 +33,7 @@ def build_router(store: Store) -> APIRouter:
 
     def out(p: SavedPrompt) -> PromptOut:
         assert p.id is not None
-        return PromptOut(id=p.id, name=p.name, mode=p.mode, system=p.system, prompt=p.prompt,
+        return PromptOut(id=p.id, name=p.name, mode=p.mode, system=p.system, prompt=p.prompt,  # type: ignore[arg-type]
                          params=p.params, author=p.author, created_at=p.created_at)
 
     @router.get("/api/prompts")
@@ -38,11 +42,12 @@ def build_router(store: Store) -> APIRouter:
 
     @router.post("/api/prompts", status_code=201)
     def save_prompt(body: PromptIn, request: Request) -> PromptOut:
-        author = request.headers.get("x-llmops-user") or "api"
+        principal = getattr(request.state, "principal", None)
+        author = principal.name if principal is not None else "api"
         return out(store.save_prompt(SavedPrompt(**body.model_dump(), author=author)))
 
     @router.delete("/api/prompts/{prompt_id}", status_code=204)
-    def delete_prompt(prompt_id: int) -> None:
+    def delete_prompt(prompt_id: int = PathParam(ge=1, le=MAX_ID)) -> None:
         if not store.delete_prompt(prompt_id):
             raise HTTPException(404, detail=f"no saved prompt {prompt_id}")
 

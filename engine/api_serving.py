@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query
 
 from engine.api_telemetry import parse_duration
+from engine.errors import MAX_ID
 from engine.ledger import Ledger
 from engine.series import SeriesStore
 from engine.serving import ServingMonitor
@@ -31,14 +32,15 @@ def build_router(serving: ServingMonitor, history: SeriesStore, ledger: Ledger) 
 
     @router.get("/api/serving/history")
     def serving_history(window: str = Query("1h"), step: str | None = Query(None),
-                        revision: list[int] | None = Query(None),
+                        revision: list[int] | None = Query(None),  # bounded below
                         metric: list[str] | None = Query(None)) -> dict[str, Any]:
         """Serving metrics over time, one series per revision that served (raw for an hour, per minute for 7 d)."""
         seconds = window_of(window, history.minute_retention_s)
         return history.history(seconds, parse_duration(step, "step") if step else None, revision, metric)
 
     @router.get("/api/kpis")
-    def kpis(window: str = Query("1h", description="e.g. 15m, 1h, 7d"), revision: int | None = Query(None),
+    def kpis(window: str = Query("1h", description="e.g. 15m, 1h, 7d"),
+             revision: int | None = Query(None, ge=1, le=MAX_ID),
              client: str | None = Query(None, description="only requests of this client (X-LLMOps-Client)"),
              ) -> dict[str, Any]:
         """Per revision: requests, average input and output tokens, P50/P95/P99 latency, P95 time to first token,

@@ -1,23 +1,28 @@
-"""Wiring of the engine process: store, supervisor, gateway and API in one FastAPI app."""
+"""Wiring of the engine process: store, supervisor, telemetry, gateway, access control and the API in one app."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pynvml
 import uvicorn
-from fastapi import FastAPI, Response
+from fastapi import Depends, FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from engine import api_benchmarks, api_prompts, api_serving, api_telemetry
+from engine import api_access, api_benchmarks, api_prompts, api_serving, api_telemetry
 from engine.alerts import AlertEngine, AlertThresholds
 from engine.api import build_router, install_error_handlers
+from engine.audit import AuditLog, AuditMiddleware
+from engine.auth import Auth
 from engine.benchmarks import Benchmarks
 from engine.calibration import CalibrationStore
 from engine.config import AppConfig
+from engine.errors import EngineError
 from engine.exporter import EngineCollector, RequestMetrics, render
 from engine.gateway import Admission, Gateway
 from engine.ledger import Ledger
@@ -31,13 +36,37 @@ from engine.telemetry import Sampler
 from engine.telemetry_store import TelemetryStore
 
 
+class UnsafeConfigError(EngineError):
+    """The engine would be reachable from the network without authentication."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def create_app(config: AppConfig) -> FastAPI:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(config.db_path)
     if store.ensure_initial(EngineSettings.model_construct(**initial_settings(config.data_dir)).model_dump()):
         store.add_event("settings_changed", "revision 1: initial settings (the demo model)", revision_id=1)
+    auth = Auth(store, config.session_ttl_s, config.login_max_failures, config.login_lockout_s)
+    audit = AuditLog(store)
+    loopback = is_loopback(config.host)
+    gateway_keys = config.gateway_keys == "on" or (config.gateway_keys == "auto" and not loopback)
+    if not loopback and (config.gateway_keys == "off" or not (auth.has_users() or config.admin_password)):
+        raise UnsafeConfigError(
+            f"refusing to listen on {config.host} without authentication: set LLMOPS_ADMIN_PASSWORD (or create "
+            "users first) and leave gateway_keys on; or listen on 127.0.0.1")
+    generated = auth.ensure_admin(config.admin_password.get_secret_value() if config.admin_password else None)
+    access = api_access.Access(auth, gateway_keys)
+
     admission = Admission(config.queue_size, config.queue_timeout_s)
-    supervisor = Supervisor(config, store, admission)
+    supervisor = Supervisor(config, store, admission, audit=audit)
     registry = CollectorRegistry()
     ledger = Ledger(store.engine, config.ledger_sample_rate, metrics=RequestMetrics(registry))
     gateway = Gateway(admission, config.upstream_timeout_s, supervisor.served_model, ledger)
@@ -63,12 +92,16 @@ def create_app(config: AppConfig) -> FastAPI:
                                   config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
     serving = ServingMonitor(config.serving_scrape_interval_s, lambda: admission.upstream,
                              lambda: admission.revision, serving_history)
+    local = "127.0.0.1" if config.host in ("0.0.0.0", "::", "localhost") or loopback else config.host
+    benchmarks = Benchmarks(store, supervisor, ledger, f"http://{local}:{config.port}", sampler.energy_now,
+                            gateway_key=lambda: auth.create_token("benchmark", "prompter", "gateway", "engine",
+                                                                  ttl_s=6 * 3600)[0] if gateway_keys else None)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         store.add_event("engine_started", f"engine listening on {config.host}:{config.port}",
                         data={"data_dir": str(config.data_dir.resolve()), "vllm_build": supervisor.build,
-                              "vllm_version": supervisor.vllm_version})
+                              "vllm_version": supervisor.vllm_version, "gateway_keys": gateway_keys})
         supervisor.start_background()
         sampler.start()
         serving.start()
@@ -89,22 +122,27 @@ def create_app(config: AppConfig) -> FastAPI:
     app.state.config = config
     app.state.store = store
     app.state.supervisor = supervisor
+    app.state.auth = auth
+    app.state.generated_admin_password = generated
     install_error_handlers(app)
-    app.include_router(build_router(store, supervisor, planner))
-    app.include_router(api_serving.build_router(serving, serving_history, ledger))
-    local = "127.0.0.1" if config.host in ("0.0.0.0", "::", "127.0.0.1", "localhost") else config.host
-    benchmarks = Benchmarks(store, supervisor, ledger, f"http://{local}:{config.port}", sampler.energy_now)
-    app.include_router(api_benchmarks.build_router(benchmarks))
+    app.add_middleware(AuditMiddleware, log=audit)
+    guarded: dict[str, Any] = {"dependencies": [Depends(access.authorize)], "responses": api_access.RESPONSES}
+    app.include_router(build_router(store, supervisor, planner), **guarded)
+    app.include_router(api_access.build_router(auth, audit), **guarded)
+    app.include_router(api_serving.build_router(serving, serving_history, ledger), **guarded)
+    app.include_router(api_benchmarks.build_router(benchmarks), **guarded)
+    app.include_router(api_telemetry.build_router(sampler, history, alerts), **guarded)
+    app.include_router(api_prompts.build_router(store), **guarded)
+    app.include_router(gateway.router(), dependencies=[Depends(access.authorize_gateway)],
+                       responses={401: api_access.RESPONSES[401], 429: {"description": "this key's rate limit"}})
     registry.register(EngineCollector(supervisor.status, lambda: sampler.latest, lambda: serving.latest,
                                       lambda: store.event_counts(["rollback", "failed", "crash_loop"])))
 
-    @app.get("/metrics", tags=["export"], response_class=Response)
+    @app.get("/metrics", tags=["export"], response_class=Response, **guarded)
     def metrics() -> Response:
         """The engine's own metrics in Prometheus format (docs/grafana-dashboard.json reads them)."""
         return Response(render(registry), media_type=CONTENT_TYPE_LATEST)
-    app.include_router(api_telemetry.build_router(sampler, history, alerts))
-    app.include_router(api_prompts.build_router(store))
-    app.include_router(gateway.router())
+
     return app
 
 
@@ -117,5 +155,10 @@ def serve(config: AppConfig) -> None:
         handlers=[logging.StreamHandler(), logging.FileHandler(config.logs_dir / "engine.log")],
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per vLLM probe and scrape is noise
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level="info",
+    app = create_app(config)
+    if app.state.generated_admin_password:
+        # Printed once to the terminal, never logged: the only copy of the first admin's password.
+        print(f"\n  Created the console user 'admin' with password: {app.state.generated_admin_password}\n"
+              "  (shown once; change it on the console's Access page)\n", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="info",
                 timeout_graceful_shutdown=int(config.drain_timeout_s) or None)

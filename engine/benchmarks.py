@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -76,12 +77,13 @@ def lengths(preset: str, max_model_len: int) -> tuple[int, int]:
 
 class Benchmarks:
     def __init__(self, store: Store, supervisor: Supervisor, ledger: Ledger, gateway_url: str,
-                 energy: Callable[[], float | None]) -> None:
+                 energy: Callable[[], float | None], gateway_key: Callable[[], str | None] = lambda: None) -> None:
         self.store = store
         self.supervisor = supervisor
         self.ledger = ledger
         self.gateway_url = gateway_url
         self.energy = energy
+        self.gateway_key = gateway_key
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
         add_missing_columns(store.engine, BenchmarkRun.metadata)
@@ -190,9 +192,12 @@ class Benchmarks:
                 "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
                 "--header", f"x-llmops-client={tag}", "--seed", "0", "--label", tag]
         energy0, since = self.energy(), time.time()
+        env = dict(os.environ)
+        if key := self.gateway_key():  # vLLM's benchmark sends OPENAI_API_KEY as its bearer token
+            env["OPENAI_API_KEY"] = key
         self._proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
                                                           stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-                                                          cwd=str(Path(__file__).resolve().parent.parent))
+                                                          cwd=str(Path(__file__).resolve().parent.parent), env=env)
         assert self._proc.stdout is not None
         reader = asyncio.create_task(self._proc.stdout.read())
         while not reader.done():

@@ -24,7 +24,57 @@ def _config(args: argparse.Namespace) -> AppConfig:
 
 def _client(args: argparse.Namespace) -> EngineClient:
     url = args.engine_url or (f"http://127.0.0.1:{args.port}" if getattr(args, "port", None) else None)
-    return EngineClient(url or AppConfig().engine_url, user=os.environ.get("USER") or "cli")
+    token = getattr(args, "token", None) or os.environ.get("LLMOPS_TOKEN")
+    if not token:
+        path = _cli_token_path(AppConfig(**({"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})))
+        token = path.read_text().strip() if path.exists() else None
+    return EngineClient(url or AppConfig().engine_url, token=token)
+
+
+def _cli_token_path(config: AppConfig) -> Path:
+    """A local admin token for the CLI on the engine's machine (mode 0600), written by `llmops up`."""
+    return config.data_dir / "run" / "cli.token"
+
+
+def ensure_cli_token(config: AppConfig) -> Path:
+    from engine.auth import Auth
+    from engine.store import Store
+
+    path = _cli_token_path(config)
+    if not path.exists():
+        token, _ = Auth(Store(config.db_path)).create_token("local-cli", "admin", created_by="llmops up")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    return path
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    """Tokens are managed on the engine's own database: this is how the first one is made."""
+    from engine.auth import Auth, AuthError
+    from engine.store import Store
+
+    auth = Auth(Store(_config(args).db_path))
+    if args.action == "create":
+        token, row = auth.create_token(args.name, args.role, args.kind, created_by=os.environ.get("USER") or "cli",
+                                       ttl_s=args.expires_days * 86400 if args.expires_days else None,
+                                       rate_limit_per_min=args.rate_limit)
+        print(token)  # its only copy
+        print(f"token {row.id} ({row.name}, {row.role}, {row.kind}) created; store it now: it is not shown again",
+              file=sys.stderr)
+    elif args.action == "revoke":
+        try:
+            row = auth.revoke(token_id=int(args.which)) if args.which.isdigit() else auth.revoke(name=args.which)
+        except AuthError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        print(f"token {row.id} ({row.name}) revoked")
+    else:
+        for t in auth.tokens():
+            state = "revoked" if t.revoked_at else "active"
+            print(f"{t.id:>4}  {t.prefix}…  {t.name:<20} {t.role:<9} {t.kind:<8} {state}")
+    return 0
 
 
 def _help(name: str) -> str:
@@ -58,6 +108,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     """Engine and console as child processes; Ctrl-C stops both (the engine stops vLLM)."""
     config = _config(args)
     engine_url = f"http://127.0.0.1:{config.port}"
+    ensure_cli_token(config)
     engine_cmd = [sys.executable, "-m", "engine.cli", "engine", "--host", config.host, "--port", str(config.port),
                   "--data-dir", str(config.data_dir)]
     console_cmd, console_env = _console_command(config.console_port, engine_url)
@@ -198,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     def client_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--engine-url", default=None, help=_help("engine_url"))
         p.add_argument("--port", type=int, default=None, help="Engine port on 127.0.0.1 (instead of --engine-url).")
+        p.add_argument("--token", default=None, help="Bearer token (default: LLMOPS_TOKEN, else the local "
+                       "DATA_DIR/run/cli.token that `llmops up` writes).")
+        p.add_argument("--data-dir", dest="data_dir", type=Path, default=None, help=_help("data_dir"))
 
     p = sub.add_parser("up", help="Run the engine and the console; print their URLs.")
     server_opts(p, "host", "port", "console_port", "data_dir")
@@ -244,6 +298,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="Roll back despite pre-flight errors.")
     client_opts(s)
     p.set_defaults(func=cmd_settings)
+
+    p = sub.add_parser("token", help="Create, revoke or list API tokens (on the engine's database).")
+    tsub = p.add_subparsers(dest="action", required=True)
+    t = tsub.add_parser("create", help="Print a new token once.")
+    t.add_argument("--role", required=True, choices=["viewer", "prompter", "operator", "admin"])
+    t.add_argument("--name", default="token", help="What it is for.")
+    t.add_argument("--kind", default="api", choices=["api", "gateway"], help="api: /api routes; gateway: a /v1 key.")
+    t.add_argument("--expires-days", type=float, default=None)
+    t.add_argument("--rate-limit", type=int, default=None, help="Gateway keys: requests per minute.")
+    server_opts(t, "data_dir")
+    t = tsub.add_parser("revoke", help="Revoke a token by id or name.")
+    t.add_argument("which", metavar="ID|NAME")
+    server_opts(t, "data_dir")
+    t = tsub.add_parser("list", help="Tokens (never their values).")
+    server_opts(t, "data_dir")
+    p.set_defaults(func=cmd_token)
 
     p = sub.add_parser("ctl", help="start | stop | restart vLLM.")
     p.add_argument("action", choices=["start", "stop", "restart"])

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -49,6 +50,17 @@ class AppConfig(BaseSettings):
     alert_temperature_c: float = Field(85.0, gt=0, description="GPU temperature that raises an alert.")
     alert_power_hold_s: float = Field(30.0, ge=0, description="Seconds at the power limit before an alert.")
     alert_quiet_s: float = Field(600.0, ge=0, description="Quiet time after which an XID/ECC alert clears.")
+    admin_password: SecretStr | None = Field(None, description="Password of the first console user, admin (else "
+                                             "one is generated and printed once).")
+    session_ttl_s: float = Field(12 * 3600, gt=0, description="How long a console sign-in lasts.")
+    login_max_failures: int = Field(5, ge=1, description="Failed sign-ins in a row that lock a user out.")
+    login_lockout_s: float = Field(900, ge=0, description="How long a locked-out user waits.")
+    gateway_keys: Literal["auto", "on", "off"] = Field(
+        "auto", description="Require API keys on /v1: auto = only when listening beyond loopback.")
+    hf_token: SecretStr | None = Field(None, description="Hugging Face token for gated models; given to vLLM "
+                                       "through its environment, never its arguments, logs or events.")
+    model_roots: list[Path] = Field(default_factory=list, description="Folders local models may come from, "
+                                    "besides DATA_DIR/models and the Hugging Face cache.")
     log_max_bytes: int = Field(10_000_000, gt=0, description="Size at which vLLM's log file rotates.")
     log_backups: int = Field(5, ge=0, description="Rotated vLLM log files kept.")
 

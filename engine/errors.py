@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+MAX_ID = 2**53 - 1  # ids and counts the API takes: exact in JSON numbers and within SQLite INTEGER (else a 500)
+
 
 class EngineError(Exception):
     """Base of every error the engine raises on purpose."""

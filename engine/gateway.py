@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.ledger import Ledger, Record
@@ -121,6 +121,8 @@ class Admission:
 
 
 class GenerateRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # a JSON 0 is not false, nor "1" a number
+
     prompt: str = Field(min_length=1, max_length=1_000_000)
     temperature: float = Field(0.7, ge=0, le=2)
     max_tokens: int = Field(512, ge=1, le=1_000_000)
@@ -164,13 +166,16 @@ class Gateway:
             data = json.loads(bytes(resp.body))
             return JSONResponse({"result": data["choices"][0]["text"]})
 
-        @router.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], tags=["gateway"])
         async def proxy(path: str, request: Request) -> Response:
             """OpenAI-compatible API of the running vLLM, streaming passed through."""
             body = await request.body()
             return await self.forward(request.method, f"/v1/{path}", dict(request.query_params),
                                       dict(request.headers), body, client=_client(request))
 
+        for method in ("GET", "POST", "PUT", "DELETE", "PATCH"):
+            router.add_api_route("/v1/{path:path}", proxy, methods=[method], tags=["gateway"],
+                                 name=f"proxy_{method.lower()}", operation_id=f"proxy_{method.lower()}",
+                                 responses={503: {"description": "vLLM is restarting or stopped (Retry-After)"}})
         return router
 
     async def forward(self, method: str, path: str, params: dict[str, str], headers: dict[str, str],

@@ -6,6 +6,7 @@ is written: the CLI's help and the console's help text are generated from it.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -123,9 +124,17 @@ class EngineSettings(BaseModel):
     @field_validator("model")
     @classmethod
     def _model_exists(cls, value: str, info: ValidationInfo) -> str:
-        data_dir = (info.context or {}).get("data_dir")
+        context = info.context or {}
+        data_dir = context.get("data_dir")
         if resolve_local_model(value, data_dir) is not None:
+            roots = context.get("model_roots")  # given by validate_settings, which every write goes through
+            where = model_path(value, data_dir)
+            if roots is not None and not any(where == root or root in where.parents for root in roots):
+                raise ValueError(f"{value!r} is outside the folders models may come from "
+                                 f"({', '.join(map(str, roots))}); add one with LLMOPS_MODEL_ROOTS")
             return value
+        if any(part in (".", "..") for part in value.split("/")):
+            raise ValueError(f"{value!r}: no . or .. in a hub id")
         if value.startswith(("/", ".", "~")) or "\\" in value:
             raise ValueError(f"no model folder with a config.json at {value!r}")
         if not HUB_ID.match(value):
@@ -174,10 +183,30 @@ def resolve_local_model(value: str, data_dir: Path | str | None) -> Path | None:
     return None
 
 
-def validate_settings(values: dict[str, Any], data_dir: Path | None) -> EngineSettings:
-    """Validate full values; raise InvalidSettingsError naming each bad field (loc ["body","values",field])."""
+def default_model_roots(data_dir: Path | str | None) -> list[Path]:
+    roots = [Path(os.path.normpath(Path.home() / ".cache" / "huggingface"))]
+    if data_dir is not None:
+        roots.insert(0, Path(os.path.normpath(Path(data_dir).absolute() / "models")))
+    return roots
+
+
+def model_path(value: str, data_dir: Path | str | None) -> Path:
+    """Where a local model value points, normalised but with links not followed (a link an operator placed in
+    an allowed folder is allowed; a ../ escape is not)."""
+    path = Path(value).expanduser()
+    if not path.is_absolute() and data_dir is not None and (Path(data_dir) / value / "config.json").is_file():
+        path = Path(data_dir) / value
+    return Path(os.path.normpath(path.absolute()))
+
+
+def validate_settings(values: dict[str, Any], data_dir: Path | None,
+                      model_roots: list[Path] | None = None) -> EngineSettings:
+    """Validate full values; raise InvalidSettingsError naming each bad field (loc ["body","values",field]).
+
+    Local models must lie under ``model_roots`` (default: DATA_DIR/models and the Hugging Face cache)."""
+    roots = [Path(os.path.normpath(Path(r).absolute())) for r in (model_roots or [])] + default_model_roots(data_dir)
     try:
-        return EngineSettings.model_validate(values, context={"data_dir": data_dir})
+        return EngineSettings.model_validate(values, context={"data_dir": data_dir, "model_roots": roots})
     except ValidationError as exc:
         errors: list[dict[str, object]] = []
         for err in exc.errors(include_url=False):

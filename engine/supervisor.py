@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import psutil
 
+from engine.audit import AuditLog
 from engine.calibration import parse_start
 from engine.child import ChildLog, VllmChild, free_port, reap_orphans
 from engine.config import AppConfig
@@ -44,7 +45,8 @@ class StartOutcome:
 
 
 class Supervisor:
-    def __init__(self, config: AppConfig, store: Store, admission: Admission, planner: Planner | None = None) -> None:
+    def __init__(self, config: AppConfig, store: Store, admission: Admission, planner: Planner | None = None,
+                 audit: AuditLog | None = None) -> None:
         self.config = config
         self.store = store
         self.admission = admission
@@ -55,6 +57,7 @@ class Supervisor:
         self.restart_requested = False
         self.halted: str | None = None  # why restarts stopped (crash loop), until an operator starts again
         self.planner = planner
+        self.audit = audit
         self.recovery = RecoveryPolicy(config.backoff_initial_s, config.backoff_max_s,
                                        config.crashloop_max_failures, config.crashloop_window_s)
         self.build, self.vllm_version = vllm_distribution()
@@ -216,7 +219,8 @@ class Supervisor:
         data_dir = self.config.data_dir.resolve()
         args = build_command(settings, python=self.config.vllm_python, port=free_port(), data_dir=data_dir,
                              build=self.build)
-        env = build_env(offline=resolve_local_model(settings.model, data_dir) is not None)
+        env = build_env(offline=resolve_local_model(settings.model, data_dir) is not None,
+                        hf_token=self.config.hf_token.get_secret_value() if self.config.hf_token else None)
         port = int(args[args.index("--port") + 1])
         self.child = VllmChild(args, env, port, revision.id, self.log, self.pidfile)
         self.running = revision
@@ -355,11 +359,17 @@ class Supervisor:
             self._event("rollback", decision.message + (f" (revision {back})" if back else
                                                         "; no revision was ever ready: write new settings"),
                         "error", rev_id, data={"rejected": rev_id, "back_to": back, "diagnosis": diag.kind})
+            if self.audit is not None:
+                self.audit.record(actor="engine", action="settings.auto_rollback", target=f"revision {rev_id}",
+                                  before={"revision": rev_id}, after={"revision": back}, detail=decision.message)
         elif decision.action == "halt":
             self.halted = decision.message
             await self.admission.refuse(f"vLLM is halted: {decision.message}")
             self.sm.reason = decision.message
             self._event("crash_loop", decision.message, "critical", rev_id, data={"diagnosis": diag.kind})
+            if self.audit is not None:
+                self.audit.record(actor="engine", action="engine.halt", target=f"revision {rev_id}",
+                                  detail=decision.message)
         else:
             self._next_attempt = time.monotonic() + decision.delay_s
             self._event("restart_scheduled", decision.message, "warning", rev_id,

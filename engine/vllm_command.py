@@ -78,9 +78,15 @@ def build_command(
     return args
 
 
-def build_env(base: dict[str, str] | None = None, *, offline: bool = False) -> dict[str, str]:
-    """The child's environment: the engine's own, unbuffered, with vLLM's usage reporting off."""
+def build_env(base: dict[str, str] | None = None, *, offline: bool = False, hf_token: str | None = None
+              ) -> dict[str, str]:
+    """The child's environment: the engine's own, unbuffered, with vLLM's usage reporting off. A hub token
+    travels here, never in the arguments (which any user can read in the process list)."""
     env = dict(os.environ if base is None else base)
+    for name in ("LLMOPS_ADMIN_PASSWORD", "LLMOPS_HF_TOKEN", "LLMOPS_TOKEN"):  # the engine's secrets stay in it
+        env.pop(name, None)
+    if hf_token:
+        env["HF_TOKEN"] = hf_token
     env["PYTHONUNBUFFERED"] = "1"
     env["VLLM_NO_USAGE_STATS"] = "1"
     env["DO_NOT_TRACK"] = "1"

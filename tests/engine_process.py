@@ -17,6 +17,8 @@ from engine.child import free_port
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "models" / "demo"
 COLD_START_S = 600
+ADMIN_PASSWORD = "admin-password-for-tests"
+HF_TOKEN = "hf_secret_for_tests_0123456789"  # must reach vLLM's environment and nowhere else
 
 
 @dataclass
@@ -26,6 +28,11 @@ class EngineHandle:
     data_dir: Path
     proc: subprocess.Popen[bytes]
     client: EngineClient
+    token: str  # an admin API token, made with `llmops token create` before the engine started
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.token}"}
 
     def vllm_log(self) -> str:
         return (self.data_dir / "logs" / "vllm.log").read_text(errors="replace")
@@ -38,26 +45,37 @@ def ensure_demo_model() -> Path:
     return DEMO
 
 
+def make_token(data_dir: Path, role: str = "admin", name: str = "tests", kind: str = "api") -> str:
+    """A token made the way an operator bootstraps one: `llmops token create` on the engine's data dir."""
+    out = subprocess.run([sys.executable, "-m", "engine.cli", "token", "create", "--role", role, "--name", name,
+                          "--kind", kind, "--data-dir", str(data_dir)], capture_output=True, text=True, check=True,
+                         cwd=REPO)
+    return out.stdout.strip()
+
+
 def start_engine(data_dir: Path, *extra_env: tuple[str, str]) -> EngineHandle:
     (data_dir / "models").mkdir(parents=True, exist_ok=True)
     link = data_dir / "models" / "demo"
     if not link.exists():
         link.symlink_to(ensure_demo_model(), target_is_directory=True)
     port = free_port()
-    env = {**os.environ, "LLMOPS_QUEUE_TIMEOUT_S": "300", **dict(extra_env)}
+    token = make_token(data_dir)
+    env = {**os.environ, "LLMOPS_QUEUE_TIMEOUT_S": "300", "LLMOPS_ADMIN_PASSWORD": ADMIN_PASSWORD,
+           "LLMOPS_HF_TOKEN": HF_TOKEN,
+           **dict(extra_env)}
     out = open(data_dir / "engine-stdout.log", "wb")  # noqa: SIM115 - lives as long as the engine
     proc = subprocess.Popen(
         [sys.executable, "-m", "engine.cli", "engine", "--data-dir", str(data_dir), "--port", str(port)],
         stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env,
     )
     url = f"http://127.0.0.1:{port}"
-    client = EngineClient(url, timeout=30)
+    client = EngineClient(url, timeout=30, token=token)
     deadline = time.monotonic() + 30
     while not client.healthz():
         assert proc.poll() is None, (data_dir / "engine-stdout.log").read_text()
         assert time.monotonic() < deadline, "engine did not answer /healthz within 30 s"
         time.sleep(0.2)
-    return EngineHandle(url, port, data_dir, proc, client)
+    return EngineHandle(url, port, data_dir, proc, client, token)
 
 
 def stop_engine(handle: EngineHandle) -> None:

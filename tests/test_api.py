@@ -6,16 +6,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from engine.app import create_app
 from engine.config import AppConfig
+from tests.engine_process import ADMIN_PASSWORD
+
+
+def signed_in(app: FastAPI) -> TestClient:
+    """A test client carrying an admin token (every /api route needs one)."""
+    client = TestClient(app)
+    token, _ = app.state.auth.create_token("tests", "admin")
+    client.headers["authorization"] = f"Bearer {token}"
+    return client
 
 
 @pytest.fixture
 def api(data_dir: Path) -> Iterator[TestClient]:
-    config = AppConfig(data_dir=data_dir, autostart=False)
-    with TestClient(create_app(config)) as client:
+    config = AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD)
+    with signed_in(create_app(config)) as client:
         yield client
 
 
@@ -29,11 +39,12 @@ def test_status_says_stopped_and_why(api: TestClient) -> None:
 
 
 def test_put_partial_values_creates_a_revision(api: TestClient) -> None:
-    resp = api.put("/api/settings", json={"base_revision": 1, "values": {"max_num_seqs": 4}, "note": "why"},
-                   headers={"x-llmops-user": "ana"})
+    resp = api.put("/api/settings", json={"base_revision": 1, "values": {"max_num_seqs": 4}, "note": "why",
+                                          "author": "someone else"})
     assert resp.status_code == 201
     rev = resp.json()
-    assert (rev["revision"], rev["author"], rev["note"], rev["status"]) == (2, "ana", "why", "pending")
+    # the author is who the token says, whatever the body claims
+    assert (rev["revision"], rev["author"], rev["note"], rev["status"]) == (2, "tests", "why", "pending")
     assert rev["values"]["max_num_seqs"] == 4 and rev["values"]["max_model_len"] == 2048
     assert api.get("/api/settings").json()["revision"] == 2
     assert [r["revision"] for r in api.get("/api/settings/history").json()] == [2, 1]
@@ -82,7 +93,7 @@ def test_unknown_engine_action(api: TestClient) -> None:
 
 def test_gateway_refuses_with_503_and_retry_after_when_vllm_is_down(data_dir: Path) -> None:
     config = AppConfig(data_dir=data_dir, autostart=False, queue_timeout_s=0.2)
-    with TestClient(create_app(config)) as client:
+    with signed_in(create_app(config)) as client:
         resp = client.post("/v1/completions", json={"model": "demo", "prompt": "hi"})
         assert resp.status_code == 503
         assert resp.headers["retry-after"]
@@ -155,7 +166,7 @@ def test_an_internal_error_fails_the_engine_visibly_and_supervision_goes_on(data
 
     monkeypatch.setattr(engine.supervisor, "build_command", broken)
     config = AppConfig(data_dir=data_dir, autostart=True, backoff_max_s=3600)
-    with TestClient(create_app(config)) as client:
+    with signed_in(create_app(config)) as client:
         import time
 
         deadline = time.monotonic() + 10

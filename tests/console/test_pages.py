@@ -27,8 +27,10 @@ def console_env(engine: EngineHandle, monkeypatch: pytest.MonkeyPatch) -> Iterat
     st.cache_resource.clear()
 
 
-def page(name: str) -> AppTest:
+def page(name: str, token: str | None = None) -> AppTest:
     at = AppTest.from_file(f"../../pages/{name}.py", default_timeout=60)
+    if token:
+        at.session_state["token"] = token  # as the sign-in page leaves it
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
@@ -40,7 +42,7 @@ def texts(at: AppTest) -> str:
 
 
 def test_overview_shows_state_model_serving_and_the_host(console_env: EngineHandle) -> None:
-    at = page("overview")
+    at = page("overview", console_env.token)
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["State"] == "ready"
     assert "Requests running" in metrics and "KV-cache use" in metrics
@@ -50,7 +52,7 @@ def test_overview_shows_state_model_serving_and_the_host(console_env: EngineHand
 
 
 def test_gpu_health_is_honest_about_the_missing_gpu(console_env: EngineHandle) -> None:
-    at = page("gpu_health")
+    at = page("gpu_health", console_env.token)
     assert "NVML" in texts(at)
     assert len(at.get("plotly_chart")) == 2  # host CPU and memory over the window
     at.segmented_control(key="gpu_window").set_value("1 hour").run()
@@ -60,7 +62,7 @@ def test_gpu_health_is_honest_about_the_missing_gpu(console_env: EngineHandle) -
 
 def test_settings_preview_follows_the_form_and_writes_nothing(console_env: EngineHandle) -> None:
     before = console_env.client.settings()
-    at = page("settings")
+    at = page("settings", console_env.token)
     assert at.number_input(key="f_max_num_seqs").value == before.values["max_num_seqs"]
     at.number_input(key="f_max_num_seqs").set_value(before.values["max_num_seqs"] + 1).run()
     assert not at.exception
@@ -74,7 +76,7 @@ def test_settings_preview_follows_the_form_and_writes_nothing(console_env: Engin
 
 
 def test_playground_streams_a_reply_with_its_figures(console_env: EngineHandle) -> None:
-    at = page("playground")
+    at = page("playground", console_env.token)
     at.text_area(key="pg_prompt").set_value("Describe what this module does.")
     at.number_input(key="pg_a_max_tokens").set_value(16)
     next(b for b in at.button if b.label == "Run").click().run()
@@ -88,7 +90,7 @@ def test_playground_streams_a_reply_with_its_figures(console_env: EngineHandle) 
 def test_saved_prompts_can_be_loaded(console_env: EngineHandle) -> None:
     saved = console_env.client.save_prompt("json answer", "chat", "Answer in JSON.", "What is a module?",
                                            {"temperature": 0.2, "max_tokens": 32})
-    at = page("playground")
+    at = page("playground", console_env.token)
     choice = "json answer (chat)"
     assert choice in at.selectbox(key="saved_choice").options
     at.selectbox(key="saved_choice").set_value(choice).run()
@@ -99,7 +101,7 @@ def test_saved_prompts_can_be_loaded(console_env: EngineHandle) -> None:
 
 
 def test_events_and_log_tail(console_env: EngineHandle) -> None:
-    at = page("events")
+    at = page("events", console_env.token)
     assert len(at.dataframe) == 1
     assert any("non-default args" in c.value for c in at.code)
     at.multiselect(key="ev_groups").set_value(["Settings changes"]).run()
@@ -111,24 +113,44 @@ def test_metrics_page_shows_history_and_kpis(console_env: EngineHandle) -> None:
 
     httpx.post(f"{console_env.url}/v1/completions", json={"model": "demo", "prompt": "Return", "max_tokens": 4},
                timeout=60)
-    at = page("metrics")
+    at = page("metrics", console_env.token)
     assert len(at.get("plotly_chart")) == 6
     assert len(at.dataframe) == 1  # the KPI table: the request above is in it
-    assert "tokens/s" in at.metric[0].value
+    assert int(at.dataframe[0].value["requests"].sum()) >= 1
+    assert [m.label for m in at.metric] == ["Generation", "Prompt", "P95 inter-token latency", "Preemptions"]
 
 
 def test_benchmarks_page_offers_presets_sweeps_and_the_search(console_env: EngineHandle) -> None:
-    at = page("benchmarks")
+    at = page("benchmarks", console_env.token)
     assert at.selectbox(key="bm_preset").options == ["Short chat", "Long-prompt RAG", "Batch summarise"]
     assert at.multiselect(key="srch_cands").value == [1, 4, 16]
     assert any(b.label == "Run benchmark" for b in at.button)
 
 
+def test_audit_page_answers_who_changed_what(console_env: EngineHandle) -> None:
+    at = page("audit", console_env.token)
+    assert len(at.dataframe) == 1
+    at.text_input(key="au_text").set_value("max_num_seqs").run()
+    assert not at.exception
+    assert any("revision" in e.label for e in at.expander) or "No settings change" in texts(at)
+
+
+def test_access_page_creates_a_user_and_shows_a_token_once(console_env: EngineHandle) -> None:
+    at = page("access", console_env.token)
+    assert len(at.dataframe) == 2  # users, tokens
+    assert "admin" in [u["username"] for u in console_env.client.users()]
+
+
+def test_an_expired_sign_in_asks_to_sign_in_again(console_env: EngineHandle) -> None:
+    at = page("overview", "llmops_revoked-or-expired")
+    assert any("sign in again" in w.value for w in at.warning)
+
+
 @pytest.mark.parametrize("name", ["overview", "gpu_health", "settings", "playground", "events", "metrics",
-                                  "benchmarks"])
+                                  "benchmarks", "audit", "access"])
 def test_unreachable_engine_is_a_message_not_a_traceback(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMOPS_ENGINE_URL", "http://127.0.0.1:9")
     st.cache_resource.clear()
-    at = page(name)
+    at = page(name, "llmops_any")
     assert any("The engine is unreachable" in e.value for e in at.error)
     st.cache_resource.clear()

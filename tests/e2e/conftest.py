@@ -9,12 +9,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from engine.child import free_port
-from tests.engine_process import COLD_START_S, REPO, EngineHandle
+from tests.engine_process import ADMIN_PASSWORD, COLD_START_S, REPO, EngineHandle
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = REPO / "tests" / "artifacts"
@@ -65,11 +66,21 @@ def browser() -> Iterator[object]:
         b.close()
 
 
+def sign_in(pg: Any, console_url: str, user: str, password: str) -> None:
+    pg.goto(console_url)
+    pg.get_by_label("User").fill(user)
+    pg.get_by_label("Password").fill(password)
+    pg.get_by_role("button", name="Sign in").click()
+    pg.get_by_role("heading", name="Overview", level=1).wait_for()
+
+
 @pytest.fixture
 def page(browser: object, console_url: str) -> Iterator[object]:
+    """A browser page signed in as admin."""
     context = browser.new_context(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
     pg = context.new_page()
     pg.set_default_timeout(30_000)
+    sign_in(pg, console_url, "admin", ADMIN_PASSWORD)
     yield pg
     context.close()
 

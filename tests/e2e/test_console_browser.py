@@ -8,15 +8,23 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import shot
-from tests.engine_process import EngineHandle
+from tests.e2e.conftest import shot, sign_in
+from tests.engine_process import ADMIN_PASSWORD, EngineHandle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 # title, screenshot name, a text that is there once the page (and its live fragment) has rendered
 PAGES = [("Overview", "overview", "Requests running"), ("GPU health", "gpu-health", "NVML says"),
          ("Engine settings", "engine-settings", "Capacity preview"), ("Playground", "playground", "Saved prompts"),
          ("Metrics", "metrics", "KPIs per revision"), ("Benchmarks", "benchmarks", "Concurrency sweep"),
-         ("Events & logs", "events", "vLLM's log")]
+         ("Events & logs", "events", "vLLM's log"), ("Audit", "audit", "What happened next"),
+         ("Access", "access", "Tokens and gateway keys")]
+SEES = {  # what each role finds in the sidebar
+    "viewer": {"Overview", "GPU health", "Metrics", "Events & logs"},
+    "prompter": {"Overview", "GPU health", "Playground", "Metrics", "Events & logs"},
+    "operator": {"Overview", "GPU health", "Engine settings", "Playground", "Metrics", "Benchmarks",
+                 "Events & logs", "Audit"},
+    "admin": {title for title, _, _ in PAGES},
+}
 
 
 def no_error_on(pg: Any) -> None:
@@ -29,8 +37,13 @@ def wait_rendered(pg: Any, title: str) -> None:
     pg.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=30_000)
 
 
+def open_page(pg: Any, title: str) -> None:
+    """Through the sidebar: a new URL would be a new Streamlit session, signed out."""
+    pg.get_by_test_id("stSidebarNav").get_by_text(title, exact=True).click()
+    wait_rendered(pg, title)
+
+
 def test_every_page_opens_from_the_sidebar(page: Any, console_url: str) -> None:
-    page.goto(console_url)
     wait_rendered(page, "Overview")
     for title, slug, marker in PAGES:
         page.get_by_test_id("stSidebarNav").get_by_text(title, exact=True).click()
@@ -43,10 +56,35 @@ def test_every_page_opens_from_the_sidebar(page: Any, console_url: str) -> None:
     assert "READY" in page.inner_text("body")
 
 
+def test_sign_in_is_required_and_each_role_sees_its_pages(browser: Any, console_url: str,
+                                                         engine: EngineHandle) -> None:
+    existing = {u["username"] for u in engine.client.users()}
+    for role in ("viewer", "prompter", "operator"):
+        if f"{role}-user" not in existing:
+            engine.client.create_user(f"{role}-user", f"{role}-password-123", role)
+    for role, expected in SEES.items():
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        pg = context.new_page()
+        pg.goto(console_url)
+        pg.get_by_role("heading", name="Sign in", level=1).wait_for()
+        assert pg.get_by_test_id("stSidebarNav").count() == 0  # nothing before signing in
+        if role == "viewer":
+            pg.get_by_label("User").fill("viewer-user")
+            pg.get_by_label("Password").fill("wrong password")
+            pg.get_by_role("button", name="Sign in").click()
+            pg.get_by_text("Unknown user or wrong password").wait_for()
+        user, password = ("admin", ADMIN_PASSWORD) if role == "admin" else (f"{role}-user", f"{role}-password-123")
+        sign_in(pg, console_url, user, password)
+        links = set(pg.get_by_test_id("stSidebarNav").locator("a").all_inner_texts())
+        assert {link.strip() for link in links} == expected, role
+        shot(pg, f"sidebar-{role}")
+        context.close()
+
+
 def test_dark_theme_at_laptop_width(browser: Any, console_url: str) -> None:
     context = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="dark")
     pg = context.new_page()
-    pg.goto(console_url)
+    sign_in(pg, console_url, "admin", ADMIN_PASSWORD)
     wait_rendered(pg, "Overview")
     pg.get_by_text("Requests running").wait_for()
     pg.get_by_text("engine_started").first.wait_for()
@@ -59,8 +97,7 @@ def test_dark_theme_at_laptop_width(browser: Any, console_url: str) -> None:
 
 def test_apply_a_setting_and_watch_the_restart_finish(page: Any, console_url: str, engine: EngineHandle) -> None:
     before = engine.client.settings()
-    page.goto(f"{console_url}/settings")
-    wait_rendered(page, "Engine settings")
+    open_page(page, "Engine settings")
     seqs = page.get_by_label("max_num_seqs", exact=True)
     seqs.fill(str(before.values["max_num_seqs"] + 1))
     seqs.press("Tab")
@@ -83,8 +120,7 @@ def test_apply_a_setting_and_watch_the_restart_finish(page: Any, console_url: st
 
 
 def test_run_a_prompt_and_see_it_stream(page: Any, console_url: str) -> None:
-    page.goto(f"{console_url}/playground")
-    wait_rendered(page, "Playground")
+    open_page(page, "Playground")
     page.get_by_label("System prompt template").click()
     page.get_by_role("option", name="Concise JSON (under ~100 tokens)").click()
     expect(page.get_by_label("System prompt", exact=True)).to_have_value(re.compile("compact JSON"))

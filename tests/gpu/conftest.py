@@ -22,6 +22,7 @@ import pytest
 
 from console.client import EngineClient
 from engine.child import free_port
+from tests.engine_process import ADMIN_PASSWORD, make_token
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = os.environ.get("LLMOPS_GPU_MODEL", "/tmp/m8b")
@@ -58,11 +59,13 @@ class GpuEngine:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(DATA_DIR / "engine-stdout.log", "ab")  # noqa: SIM115 - lives as long as the engine
-        env = {**os.environ, "LLMOPS_AUTOSTART": "false", "LLMOPS_STARTUP_TIMEOUT_S": str(START_S)}
+        self.token = make_token(DATA_DIR)
+        env = {**os.environ, "LLMOPS_AUTOSTART": "false", "LLMOPS_STARTUP_TIMEOUT_S": str(START_S),
+               "LLMOPS_ADMIN_PASSWORD": ADMIN_PASSWORD, "LLMOPS_MODEL_ROOTS": json.dumps([str(Path(MODEL).parent)])}
         self.proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "engine", "--data-dir", str(DATA_DIR),
                                       "--port", str(self.port)], stdout=self.log, stderr=subprocess.STDOUT,
                                      cwd=REPO, env=env)
-        self.client = EngineClient(self.url, timeout=60)
+        self.client = EngineClient(self.url, timeout=60, token=self.token)
         deadline = time.monotonic() + 60
         while not self.client.healthz():
             assert self.proc.poll() is None and time.monotonic() < deadline, "engine did not come up"

@@ -8,6 +8,7 @@ import re
 import signal
 import sqlite3
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -15,7 +16,7 @@ import pytest
 
 from console.client import SettingsRejectedError
 from engine.child import group_members
-from tests.engine_process import COLD_START_S, EngineHandle
+from tests.engine_process import COLD_START_S, HF_TOKEN, EngineHandle
 from tests.integration.load import Load, summary
 
 pytestmark = pytest.mark.integration
@@ -63,10 +64,24 @@ def test_simple_generate_endpoint(engine: EngineHandle) -> None:
     assert isinstance(resp.json()["result"], str)
 
 
+def test_hub_token_reaches_vllm_through_its_environment_only(engine: EngineHandle) -> None:
+    pid = engine.client.status().pid
+    assert pid is not None
+    vllm = psutil.Process(pid)
+    assert f"HF_TOKEN={HF_TOKEN}" in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    assert not any(HF_TOKEN in arg for p in [vllm, *vllm.children(recursive=True)] for arg in p.cmdline())
+    places = {"vLLM's log": engine.vllm_log(),
+              "engine output": (engine.data_dir / "engine-stdout.log").read_text(errors="replace"),
+              "engine log": (engine.data_dir / "logs" / "engine.log").read_text(errors="replace"),
+              "events": str([e.model_dump() for e in engine.client.events(limit=5000)]),
+              "audit": str(engine.client.audit(limit=10_000)), "status": engine.client.status().model_dump_json()}
+    assert [where for where, text in places.items() if HF_TOKEN in text or engine.token in text] == []
+
+
 def test_bad_input_gets_422_and_no_revision(engine: EngineHandle) -> None:
     before = engine.client.settings().revision
-    resp = httpx.put(f"{engine.url}/api/settings", json={"base_revision": before,
-                                                         "values": {"max_num_seqs": 0, "dtype": "int4"}})
+    resp = httpx.put(f"{engine.url}/api/settings", headers=engine.auth,
+                     json={"base_revision": before, "values": {"max_num_seqs": 0, "dtype": "int4"}})
     assert resp.status_code == 422
     assert {e["loc"][-1] for e in resp.json()["detail"]} == {"max_num_seqs", "dtype"}
     assert engine.client.settings().revision == before

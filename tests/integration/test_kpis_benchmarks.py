@@ -68,7 +68,8 @@ def test_kpis_from_a_known_set_of_requests(engine: EngineHandle) -> None:
     assert 0 < k["latency_p50_s"] <= k["latency_p95_s"] <= k["latency_p99_s"]
     assert k["ttft_p95_s"] is not None and k["ttft_p95_s"] <= k["latency_p99_s"]
     assert k["output_tokens_per_s"] > 0
-    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{engine.url}/metrics").text)}
+    metrics = httpx.get(f"{engine.url}/metrics", headers=engine.auth).text
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
     ok = [s for s in families["llmops_requests"].samples
           if s.name == "llmops_requests_total" and s.labels["outcome"] == "ok"]
     assert sum(s.value for s in ok) >= 10

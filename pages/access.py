@@ -1,0 +1,86 @@
+"""Access (admins): console users and their roles, API tokens and gateway keys."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from console import fmt
+from console.client import ApiError, ClientError
+from console.widgets import client, unreachable
+
+st.title("Access")
+ROLES = ["viewer", "prompter", "operator", "admin"]
+st.caption("viewer: health, metrics, events · prompter: and the playground · operator: and settings, restarts, "
+           "rollbacks, benchmarks, the audit · admin: and users and tokens.")
+try:
+    users = client().users()
+    tokens = client().tokens()
+except ClientError as exc:
+    unreachable(exc)
+
+st.subheader("Users")
+st.dataframe([{"user": u["username"], "role": u["role"], "disabled": u["disabled"],
+               "last sign-in": fmt.clock(u["last_login"]) if u["last_login"] else "never",
+               "locked until": fmt.clock(u["locked_until"]) if u["locked_until"] else ""} for u in users],
+             hide_index=True, width="stretch")
+c1, c2 = st.columns(2)
+with c1.form("new_user", clear_on_submit=True):
+    st.markdown("**New user**")
+    name = st.text_input("User name")
+    password = st.text_input("Initial password (10+ characters)", type="password")
+    role = st.selectbox("Role", ROLES)
+    if st.form_submit_button("Create"):
+        try:
+            client().create_user(name, password, role)
+            st.toast(f"User {name} created")
+            st.rerun()
+        except ApiError as exc:
+            st.error(str(exc))
+with c2.form("edit_user"):
+    st.markdown("**Change a user**")
+    who = st.selectbox("User", [u["username"] for u in users])
+    new_role = st.selectbox("Role", ["(keep)", *ROLES])
+    new_password = st.text_input("New password (blank: keep)", type="password")
+    disabled = st.selectbox("Access", ["(keep)", "enabled", "disabled"])
+    if st.form_submit_button("Save"):
+        changes = {"role": None if new_role == "(keep)" else new_role, "password": new_password or None,
+                   "disabled": None if disabled == "(keep)" else disabled == "disabled"}
+        try:
+            client().update_user(who, **{k: v for k, v in changes.items() if v is not None})
+            st.toast(f"User {who} updated; their sessions ended")
+            st.rerun()
+        except ApiError as exc:
+            st.error(str(exc))
+
+st.subheader("Tokens and gateway keys")
+st.dataframe([{"id": t["id"], "name": t["name"], "starts with": t["prefix"] + "…", "role": t["role"],
+               "kind": t["kind"], "created by": t["created_by"], "created": fmt.clock(t["created_at"]),
+               "expires": fmt.clock(t["expires_at"]) if t["expires_at"] else "never",
+               "rate limit/min": t["rate_limit_per_min"], "revoked": fmt.clock(t["revoked_at"]) if t["revoked_at"]
+               else ""} for t in tokens], hide_index=True, width="stretch")
+c1, c2 = st.columns(2)
+with c1.form("new_token", clear_on_submit=True):
+    st.markdown("**New token**")
+    t_name = st.text_input("Name (what it is for)")
+    t_role = st.selectbox("Role", ROLES, key="t_role")
+    t_kind = st.selectbox("Kind", ["api", "gateway"], help="api: the engine's /api; gateway: an API key for /v1")
+    t_days = st.number_input("Expires after days (0: never)", 0.0, 3650.0, 90.0)
+    t_rate = st.number_input("Gateway rate limit per minute (0: none)", 0, 1_000_000, 0)
+    if st.form_submit_button("Create"):
+        try:
+            created = client().create_token(t_name, t_role, t_kind, t_days or None, int(t_rate) or None)
+        except ApiError as exc:
+            st.error(str(exc))
+        else:
+            st.session_state["new_token"] = created["token"]
+if token := st.session_state.pop("new_token", None):
+    st.success("Copy it now: it is shown this once.")
+    st.code(token, language=None)
+with c2.form("revoke"):
+    st.markdown("**Revoke a token**")
+    active = [t for t in tokens if not t["revoked_at"]]
+    which = st.selectbox("Token", active, format_func=lambda t: f"#{t['id']} {t['name']} ({t['prefix']}…)")
+    if st.form_submit_button("Revoke") and which:
+        client().revoke_token(which["id"])
+        st.toast(f"Token {which['id']} revoked")
+        st.rerun()

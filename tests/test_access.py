@@ -1,0 +1,203 @@
+"""Access control and the audit trail, on a real SQLite file with vLLM not started (autostart off)."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from engine.app import UnsafeConfigError, create_app
+from engine.config import AppConfig
+from engine.vllm_command import build_env
+from tests.engine_process import ADMIN_PASSWORD
+
+ROLES = ["viewer", "prompter", "operator", "admin"]
+# (method, path, body, the least role allowed)
+MATRIX: list[tuple[str, str, dict[str, Any] | None, str]] = [
+    ("GET", "/api/status", None, "viewer"),
+    ("GET", "/api/gpu", None, "viewer"),
+    ("GET", "/api/events", None, "viewer"),
+    ("GET", "/api/logs", None, "viewer"),
+    ("GET", "/api/kpis", None, "viewer"),
+    ("GET", "/api/settings", None, "viewer"),
+    ("GET", "/metrics", None, "viewer"),
+    ("GET", "/api/prompts", None, "prompter"),
+    ("POST", "/api/prompts", {"name": "p", "prompt": "hello"}, "prompter"),
+    ("PUT", "/api/settings", {"base_revision": 1, "values": {"max_num_seqs": 3}}, "operator"),
+    ("POST", "/api/settings/rollback", {"revision": 1}, "operator"),
+    ("POST", "/api/engine/restart", None, "operator"),
+    ("POST", "/api/benchmarks/99/cancel", None, "operator"),
+    ("GET", "/api/audit", None, "operator"),
+    ("GET", "/api/users", None, "admin"),
+    ("POST", "/api/users", {"username": "newbie", "password": "long-enough-password", "role": "viewer"}, "admin"),
+    ("GET", "/api/tokens", None, "admin"),
+    ("POST", "/api/tokens", {"name": "ci", "role": "viewer"}, "admin"),
+]
+
+
+@pytest.fixture
+def app_and_tokens(data_dir: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
+    app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD,
+                               login_lockout_s=1, gateway_keys="on"))
+    tokens = {role: app.state.auth.create_token(f"{role}-token", role)[0] for role in ROLES}
+    with TestClient(app) as client:
+        yield client, tokens
+
+
+def call(client: TestClient, method: str, path: str, body: dict[str, Any] | None, token: str | None) -> int:
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    return client.request(method, path, json=body, headers=headers).status_code
+
+
+@pytest.mark.parametrize(("method", "path", "body", "least"), MATRIX)
+def test_role_matrix(app_and_tokens: tuple[TestClient, dict[str, str]], method: str, path: str,
+                     body: dict[str, Any] | None, least: str) -> None:
+    client, tokens = app_and_tokens
+    assert call(client, method, path, body, None) == 401
+    assert call(client, method, path, body, "llmops_not-a-real-token") == 401
+    for role in ROLES:
+        status = call(client, method, path, body, tokens[role])
+        allowed = ROLES.index(role) >= ROLES.index(least)
+        assert (status == 403) != allowed, f"{role} {method} {path} → {status}"
+
+
+def test_health_is_open_and_nothing_edits_the_audit(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
+    client, tokens = app_and_tokens
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").status_code == 503  # vLLM stopped: answered, not refused
+    for method in ("PUT", "PATCH", "DELETE", "POST"):
+        assert call(client, method, "/api/audit", {}, tokens["admin"]) == 405  # no route edits the audit
+
+
+def test_every_mutating_call_leaves_an_audit_record(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
+    client, tokens = app_and_tokens
+    mutating = [(m, p, b) for m, p, b, _ in MATRIX if m != "GET"]
+    for method, path, body in mutating:
+        call(client, method, path, body, tokens["admin"])
+    call(client, "PUT", "/api/settings", {"base_revision": 2, "values": {"max_num_seqs": 4}}, tokens["viewer"])
+    trail = client.get("/api/audit", params={"limit": 100}, headers={"authorization": f"Bearer {tokens['admin']}"}
+                       ).json()
+    actions = {r["action"] for r in trail if r["actor"] == "admin-token"}
+    assert {"prompts.save", "settings.write", "settings.rollback", "engine.restart", "benchmarks.cancel",
+            "users.create", "tokens.create"} <= actions
+    write = next(r for r in trail if r["action"] == "settings.write" and r["actor"] == "admin-token")
+    assert write["before"] == {"max_num_seqs": 16} and write["after"] == {"max_num_seqs": 3}
+    assert write["result"] == 201 and write["source"] == "testclient" and write["target"] == "revision 2"
+    refused = next(r for r in trail if r["actor"] == "viewer-token")
+    assert (refused["action"], refused["result"]) == ("settings.write", 403)
+
+
+def test_audit_is_append_only(app_and_tokens: tuple[TestClient, dict[str, str]], data_dir: Path) -> None:
+    client, tokens = app_and_tokens
+    call(client, "POST", "/api/engine/stop", None, tokens["operator"])
+    conn = sqlite3.connect(data_dir / "llmops.db", isolation_level=None)
+    assert conn.execute("SELECT count(*) FROM audit").fetchone()[0] >= 1
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        conn.execute("UPDATE audit SET actor = 'someone else'")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        conn.execute("DELETE FROM audit")
+    conn.close()
+
+
+def test_login_lockout_and_secrets_kept_out_of_the_trail(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
+    client, tokens = app_and_tokens
+    ok = client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD})
+    assert ok.status_code == 200 and ok.json()["role"] == "admin"
+    session = ok.json()["token"]
+    assert client.get("/api/auth/me", headers={"authorization": f"Bearer {session}"}).json()["name"] == "admin"
+    for _ in range(5):
+        assert client.post("/api/auth/login", json={"username": "admin", "password": "wrong"}).status_code == 401
+    locked = client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD})
+    assert locked.status_code == 423 and "locked" in locked.json()["detail"]
+    time.sleep(1.1)  # login_lockout_s is 1 s here
+    assert client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).status_code == 200
+    trail = client.get("/api/audit", params={"action": "auth"},
+                       headers={"authorization": f"Bearer {tokens['admin']}"}).json()
+    assert trail and all(r["after"]["password"] == "[redacted]" for r in trail)
+    assert ADMIN_PASSWORD not in str(trail)
+
+
+def test_revoked_token_and_expired_session_are_refused(data_dir: Path) -> None:
+    app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD, session_ttl_s=1))
+    with TestClient(app) as client:
+        admin = {"authorization": f"Bearer {app.state.auth.create_token('a', 'admin')[0]}"}
+        created = client.post("/api/tokens", json={"name": "short-lived", "role": "viewer"}, headers=admin).json()
+        viewer = {"authorization": f"Bearer {created['token']}"}
+        assert client.get("/api/status", headers=viewer).status_code == 200
+        assert "token" not in client.get("/api/tokens", headers=admin).json()[0]  # never shown again
+        assert client.delete(f"/api/tokens/{created['id']}", headers=admin).status_code == 200
+        assert client.get("/api/status", headers=viewer).status_code == 401
+        session = client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).json()
+        time.sleep(1.1)
+        assert client.get("/api/status", headers={"authorization": f"Bearer {session['token']}"}).status_code == 401
+
+
+def test_disabling_a_user_ends_their_sessions(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
+    client, tokens = app_and_tokens
+    admin = {"authorization": f"Bearer {tokens['admin']}"}
+    client.post("/api/users", json={"username": "ana", "password": "ana-password-1", "role": "operator"},
+                headers=admin)
+    session = client.post("/api/auth/login", json={"username": "ana", "password": "ana-password-1"}).json()
+    mine = {"authorization": f"Bearer {session['token']}"}
+    assert client.get("/api/status", headers=mine).status_code == 200
+    assert client.patch("/api/users/ana", json={"disabled": True}, headers=admin).status_code == 200
+    assert client.get("/api/status", headers=mine).status_code == 401
+    assert client.post("/api/auth/login", json={"username": "ana", "password": "ana-password-1"}).status_code == 401
+
+
+def test_gateway_keys_and_rate_limits(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
+    client, tokens = app_and_tokens
+    admin = {"authorization": f"Bearer {tokens['admin']}"}
+    body = {"model": "demo", "prompt": "x"}
+    assert client.post("/v1/completions", json=body).status_code == 401
+    key = client.post("/api/tokens", json={"name": "app", "role": "viewer", "kind": "gateway",
+                                           "rate_limit_per_min": 2}, headers=admin).json()["token"]
+    with_key = {"authorization": f"Bearer {key}"}
+    assert client.get("/api/status", headers=with_key).status_code == 403  # a gateway key serves /v1 only
+    assert client.post("/v1/completions", json=body, headers=with_key).status_code == 503  # passed: vLLM is down
+    assert client.post("/v1/completions", json=body, headers=with_key).status_code == 503
+    limited = client.post("/v1/completions", json=body, headers=with_key)
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    assert client.post("/v1/completions", json=body, headers={"authorization": f"Bearer {tokens['viewer']}"}
+                       ).status_code == 401  # a viewer's API token is not a key; a prompter's is
+    assert client.post("/v1/completions", json=body, headers={"authorization": f"Bearer {tokens['prompter']}"}
+                       ).status_code == 503
+
+
+def test_engine_refuses_the_network_without_authentication(tmp_path: Path, data_dir: Path) -> None:
+    with pytest.raises(UnsafeConfigError, match=r"refusing to listen on 0\.0\.0\.0"):
+        create_app(AppConfig(data_dir=tmp_path / "fresh", host="0.0.0.0", autostart=False))
+    with pytest.raises(UnsafeConfigError):
+        create_app(AppConfig(data_dir=data_dir, host="0.0.0.0", autostart=False, admin_password=ADMIN_PASSWORD,
+                             gateway_keys="off"))
+    create_app(AppConfig(data_dir=data_dir, host="0.0.0.0", autostart=False, admin_password=ADMIN_PASSWORD))
+
+
+def test_hub_token_travels_in_the_environment_only() -> None:
+    env = build_env({"PATH": "/bin", "LLMOPS_HF_TOKEN": "hf_x", "LLMOPS_ADMIN_PASSWORD": "p"}, hf_token="hf_secret")
+    assert env["HF_TOKEN"] == "hf_secret"
+    assert "LLMOPS_HF_TOKEN" not in env and "LLMOPS_ADMIN_PASSWORD" not in env
+
+
+@pytest.mark.parametrize("model", ["../../etc", "models/../../../etc", "/etc", "org/..", "a/./b"])
+def test_model_paths_cannot_escape(app_and_tokens: tuple[TestClient, dict[str, str]], model: str) -> None:
+    client, tokens = app_and_tokens
+    resp = client.put("/api/settings", json={"base_revision": 1, "values": {"model": model}},
+                      headers={"authorization": f"Bearer {tokens['admin']}"})
+    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"][-1] == "model"
+
+
+def test_model_folder_outside_the_allowed_roots(app_and_tokens: tuple[TestClient, dict[str, str]],
+                                                tmp_path: Path) -> None:
+    client, tokens = app_and_tokens
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "config.json").write_text("{}")
+    resp = client.put("/api/settings", json={"base_revision": 1, "values": {"model": str(outside)}},
+                      headers={"authorization": f"Bearer {tokens['admin']}"})
+    assert resp.status_code == 422 and "outside the folders" in resp.json()["detail"][0]["msg"]
