@@ -2,7 +2,10 @@
 # One container runs the engine (which owns vLLM) and the console.
 #   CPU:  docker build --target cpu  -t llmops-console:cpu  .
 #   CUDA: docker build --target cuda -t llmops-console:cuda .
-#   docker run -p 8000:8000 -p 8501:8501 -v llmops-data:/data [--gpus all] llmops-console:<target>
+#   docker run -p 8000:8000 -p 8501:8501 -v llmops-data:/data -e LLMOPS_ADMIN_PASSWORD=... [--gpus all] \
+#       llmops-console:<target>
+# The engine listens on 0.0.0.0 here, so it refuses to start without an admin password (or existing users), and
+# /v1 needs API keys: create one with `docker exec <container> llmops token create --role prompter --kind gateway`.
 ARG VLLM_IMAGE=vllm/vllm-openai:v0.26.0
 
 # ---- shared: the project's own source ------------------------------------------------------------------------

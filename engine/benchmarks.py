@@ -9,7 +9,6 @@ P95 end-to-end latency meets a target, as a revision the operator can apply. Run
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ from typing import Any
 from sqlalchemy import JSON, Column
 from sqlmodel import Field, Session, SQLModel, col, select
 
+from engine.aio import cancel_and_wait
 from engine.bench_runner import RESULT_PREFIX
 from engine.ledger import Ledger
 from engine.migrate import add_missing_columns
@@ -134,16 +134,11 @@ class Benchmarks:
         run = self.get(run_id)
         if run is None or run.status != "running" or self._task is None:
             return False
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
         return True
 
     async def close(self) -> None:
-        if self.busy and self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _execute(self, run: BenchmarkRun) -> None:
         try:

@@ -176,7 +176,7 @@ class VllmChild:
             for proc in left:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()
-            end = time.monotonic() + 10
+            end = time.monotonic() + 30  # a loaded machine can take a while to reap a killed process
             while (left := self._members()) and time.monotonic() < end:
                 await asyncio.sleep(0.1)
             if left:

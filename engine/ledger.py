@@ -8,7 +8,6 @@ Rows are buffered and written once a second, off the event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import threading
@@ -21,6 +20,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, func
 from sqlmodel import Field, Session, SQLModel, col, select
 
+from engine.aio import cancel_and_wait
 from engine.exporter import RequestMetrics
 from engine.migrate import add_missing_columns
 from engine.store import Event
@@ -105,10 +105,7 @@ class Ledger:
         self._task = asyncio.create_task(self._run(), name="ledger")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         await asyncio.to_thread(self.flush)
 
     async def _run(self) -> None:

@@ -8,7 +8,6 @@ uses to the names it has had, newest first, in one place.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -18,6 +17,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.aio import cancel_and_wait
 from engine.series import SeriesStore
 
 # Our name → vLLM's names over releases (family names as prometheus_client reports them: counters lose _total).
@@ -168,10 +168,7 @@ class ServingMonitor:
         self._task = asyncio.create_task(self._run(), name="serving-monitor")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         """Scrape every ``interval_s``, and at once when a new child becomes ready."""

@@ -231,7 +231,7 @@ def merge_values(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any
 def initial_settings(data_dir: Path) -> dict[str, Any]:
     """Values of revision 1 on a fresh data dir: the demo model, sized for a small CPU or one GPU."""
     return {
-        "model": str((data_dir / "models" / "demo").resolve()),
+        "model": os.path.abspath(data_dir / "models" / "demo"),  # not resolved: a link placed there stays inside
         "served_model_name": "demo",
         "max_model_len": 2048,
         "max_num_seqs": 16,

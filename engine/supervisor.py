@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import psutil
 
+from engine.aio import cancel_and_wait
 from engine.audit import AuditLog
 from engine.calibration import parse_start
 from engine.child import ChildLog, VllmChild, free_port, reap_orphans
@@ -142,10 +143,7 @@ class Supervisor:
         self._task = asyncio.create_task(self._run(), name="supervisor")
 
     async def shutdown(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         if self.child is not None:
             await self.admission.close()
             await self._stop_child("engine shutting down")

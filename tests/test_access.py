@@ -30,7 +30,7 @@ MATRIX: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("POST", "/api/prompts", {"name": "p", "prompt": "hello"}, "prompter"),
     ("PUT", "/api/settings", {"base_revision": 1, "values": {"max_num_seqs": 3}}, "operator"),
     ("POST", "/api/settings/rollback", {"revision": 1}, "operator"),
-    ("POST", "/api/engine/restart", None, "operator"),
+    ("POST", "/api/engine/stop", None, "operator"),  # start/restart would launch vLLM on the stub model
     ("POST", "/api/benchmarks/99/cancel", None, "operator"),
     ("GET", "/api/audit", None, "operator"),
     ("GET", "/api/users", None, "admin"),
@@ -83,7 +83,7 @@ def test_every_mutating_call_leaves_an_audit_record(app_and_tokens: tuple[TestCl
     trail = client.get("/api/audit", params={"limit": 100}, headers={"authorization": f"Bearer {tokens['admin']}"}
                        ).json()
     actions = {r["action"] for r in trail if r["actor"] == "admin-token"}
-    assert {"prompts.save", "settings.write", "settings.rollback", "engine.restart", "benchmarks.cancel",
+    assert {"prompts.save", "settings.write", "settings.rollback", "engine.stop", "benchmarks.cancel",
             "users.create", "tokens.create"} <= actions
     write = next(r for r in trail if r["action"] == "settings.write" and r["actor"] == "admin-token")
     assert write["before"] == {"max_num_seqs": 16} and write["after"] == {"max_num_seqs": 3}

@@ -69,7 +69,7 @@ def browser() -> Iterator[object]:
 def sign_in(pg: Any, console_url: str, user: str, password: str) -> None:
     pg.goto(console_url)
     pg.get_by_label("User").fill(user)
-    pg.get_by_label("Password").fill(password)
+    pg.get_by_label("Password", exact=True).fill(password)
     pg.get_by_role("button", name="Sign in").click()
     pg.get_by_role("heading", name="Overview", level=1).wait_for()
 
