@@ -100,7 +100,9 @@ def build_router(benchmarks: Benchmarks) -> APIRouter:
 
     @router.post("/api/benchmarks/{run_id}/cancel")
     async def cancel(run_id: int = PathParam(ge=1, le=MAX_ID)) -> dict[str, Any]:
-        if not await benchmarks.cancel(run_id):
+        """Stop a run: it winds down in the background (a search restores the settings it started from).
+        Async: the run's task is cancelled from the event loop it runs on."""
+        if not benchmarks.cancel(run_id):
             raise HTTPException(409, detail=f"benchmark {run_id} is not running")
         found = benchmarks.get(run_id)
         return _out(found) if found else {}

@@ -95,7 +95,8 @@ def create_app(config: AppConfig) -> FastAPI:
     local = "127.0.0.1" if config.host in ("0.0.0.0", "::", "localhost") or loopback else config.host
     benchmarks = Benchmarks(store, supervisor, ledger, f"http://{local}:{config.port}", sampler.energy_now,
                             gateway_key=lambda: auth.create_token("benchmark", "prompter", "gateway", "engine",
-                                                                  ttl_s=6 * 3600)[0] if gateway_keys else None)
+                                                                  ttl_s=6 * 3600)[0] if gateway_keys else None,
+                            revoke=lambda key: auth.revoke(token=key))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

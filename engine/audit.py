@@ -163,12 +163,15 @@ class AuditMiddleware:
     def _write(self, scope: Scope, state: dict[str, Any], body: bytes, status: int) -> None:
         principal = state.get("principal")
         extra: dict[str, Any] = state.get("audit") or {}
+        login = scope["path"] == "/api/auth/login"
         try:
             payload = json.loads(body) if body else None
         except (json.JSONDecodeError, UnicodeDecodeError):
-            payload = {"raw": body[:200].decode("utf-8", "replace")}
-        actor = principal.name if principal else (
-            str(payload.get("username")) if isinstance(payload, dict) and payload.get("username") else "anonymous")
+            payload = {"body": f"{len(body)} bytes, not JSON"}  # never the bytes: they may hold a secret
+        if principal is None and not login:  # an unauthenticated caller does not get to write into the trail
+            payload = {"body": f"{len(body)} bytes"} if body else None
+        name = payload.get("username") if login and isinstance(payload, dict) else None
+        actor = principal.name if principal else (str(name)[:64] if isinstance(name, str) else "anonymous")
         client = scope.get("client")
         self.log.record(
             actor=actor, role=principal.role if principal else "", source=client[0] if client else "",

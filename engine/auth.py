@@ -167,32 +167,32 @@ class Auth:
     def login(self, username: str, password: str) -> tuple[str, ApiToken, User]:
         """A new session token for the user, or BadCredentialsError / LockedError."""
         now = time.time()
+        with self._session() as s:
+            found = s.exec(select(User).where(User.username == username)).first()
+        if found is None or found.disabled:
+            self.hasher.hash(password)  # same work whether or not the user exists
+            raise BadCredentialsError("unknown user or wrong password")
+        if found.locked_until and found.locked_until > now:
+            raise LockedError(found.locked_until)
+        try:  # argon2 takes tens of milliseconds: not while holding the database's write lock
+            self.hasher.verify(found.password_hash, password)
+            failed = False
+        except (VerificationError, InvalidHashError):
+            failed = True
         with self._session() as s, s.begin():
-            user = s.exec(select(User).where(User.username == username)).first()
-            if user is None or user.disabled:
-                self.hasher.hash(password)  # same work whether or not the user exists
-                raise BadCredentialsError("unknown user or wrong password")
-            if user.locked_until and user.locked_until > now:
-                raise LockedError(user.locked_until)
-            try:
-                self.hasher.verify(user.password_hash, password)
-                failed = False
-            except (VerificationError, InvalidHashError):
-                failed = True
+            user = s.exec(select(User).where(User.username == username)).one()
             if failed:  # counted and committed before refusing
                 user.failed_attempts += 1
                 if user.failed_attempts >= self.max_failures:
                     user.locked_until, user.failed_attempts = now + self.lockout_s, 0
-                s.add(user)
+            else:
+                user.failed_attempts, user.locked_until, user.last_login = 0, None, now
+                token, row = self._new_token(s, name=f"session {username}", role=user.role, kind="session",
+                                             user_id=user.id, created_by=username, ttl_s=self.session_ttl_s)
+            s.add(user)
         if failed:
             raise BadCredentialsError("unknown user or wrong password")
-        with self._session() as s, s.begin():
-            user = s.exec(select(User).where(User.username == username)).one()
-            user.failed_attempts, user.locked_until, user.last_login = 0, None, now
-            s.add(user)
-            token, row = self._new_token(s, name=f"session {username}", role=user.role, kind="session",
-                                         user_id=user.id, created_by=username, ttl_s=self.session_ttl_s)
-            return token, row, user
+        return token, row, user
 
     def session_for(self, username: str) -> tuple[str, ApiToken, User]:
         """A session for an existing, enabled user whom an identity provider has signed in (no password)."""

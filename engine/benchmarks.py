@@ -77,13 +77,17 @@ def lengths(preset: str, max_model_len: int) -> tuple[int, int]:
 
 class Benchmarks:
     def __init__(self, store: Store, supervisor: Supervisor, ledger: Ledger, gateway_url: str,
-                 energy: Callable[[], float | None], gateway_key: Callable[[], str | None] = lambda: None) -> None:
+                 energy: Callable[[], float | None], gateway_key: Callable[[], str | None] = lambda: None,
+                 revoke: Callable[[str], object] = lambda _: None) -> None:
         self.store = store
         self.supervisor = supervisor
         self.ledger = ledger
         self.gateway_url = gateway_url
         self.energy = energy
-        self.gateway_key = gateway_key
+        self.gateway_key = gateway_key  # mints a /v1 key for a run when the gateway requires keys
+        self._revoke = revoke
+        self._key: str | None = None
+        self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
         add_missing_columns(store.engine, BenchmarkRun.metadata)
@@ -130,14 +134,17 @@ class Benchmarks:
         self._task = asyncio.create_task(self._execute(run), name=f"benchmark-{run.id}")
         return run
 
-    async def cancel(self, run_id: int) -> bool:
+    def cancel(self, run_id: int) -> bool:
+        """Stop a running run; it winds down in the background (a search restores the original settings)."""
         run = self.get(run_id)
-        if run is None or run.status != "running" or self._task is None:
+        if run is None or run.status != "running" or not self.busy or self._task is None:
             return False
-        await cancel_and_wait(self._task)
+        self._task.cancel()
         return True
 
     async def close(self) -> None:
+        """At engine shutdown: a search's original settings are written back, without waiting for a start."""
+        self._closing = True
         await cancel_and_wait(self._task)
 
     async def _execute(self, run: BenchmarkRun) -> None:
@@ -148,18 +155,21 @@ class Benchmarks:
                 await self._sweep(run)
             run.status = "done"
         except asyncio.CancelledError:
-            run.status, run.error = "cancelled", "cancelled by an operator"
-            if self._proc is not None and self._proc.returncode is None:
-                self._proc.kill()
+            run.status, run.error = "cancelled", "cancelled" + (" by an engine shutdown" if self._closing else "")
             if run.kind == "search":
-                await asyncio.shield(self._restore(run))
+                await asyncio.shield(self._restore(run, wait=not self._closing))
             raise
-        except Exception as exc:
+        except Exception as exc:  # a background run: its failure is stored, evented and logged
             log.exception("benchmark %s failed", run.id)
             run.status, run.error = "failed", f"{type(exc).__name__}: {exc}"
             if run.kind == "search":
                 await self._restore(run)
         finally:
+            if self._proc is not None and self._proc.returncode is None:
+                self._proc.kill()  # no benchmark load left behind, whatever ended the run
+            if self._key is not None:
+                self._revoke(self._key)
+                self._key = None
             run.finished_at = time.time()
             run.progress = {**run.progress, "stage": run.status}
             self._save(run)
@@ -188,8 +198,10 @@ class Benchmarks:
                 "--header", f"x-llmops-client={tag}", "--seed", "0", "--label", tag]
         energy0, since = self.energy(), time.time()
         env = dict(os.environ)
-        if key := self.gateway_key():  # vLLM's benchmark sends OPENAI_API_KEY as its bearer token
-            env["OPENAI_API_KEY"] = key
+        if self._key is None:
+            self._key = self.gateway_key()  # one key per run, revoked when it ends
+        if self._key:  # vLLM's benchmark sends OPENAI_API_KEY as its bearer token
+            env["OPENAI_API_KEY"] = self._key
         self._proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
                                                           stderr=asyncio.subprocess.STDOUT, start_new_session=True,
                                                           cwd=str(Path(__file__).resolve().parent.parent), env=env)
@@ -252,11 +264,13 @@ class Benchmarks:
         run.proposal = propose(run.results, target)
         run.progress = {**run.progress, "done": len(candidates), "stage": "done"}
 
-    async def _apply(self, values: dict[str, Any], note: str) -> int | None:
+    async def _apply(self, values: dict[str, Any], note: str, wait: bool = True) -> int | None:
         """Write a revision and wait until it is ready (its id) or rolled back (None)."""
         rev = self.store.create_revision(values, base_revision=None, author="benchmark", note=note)
         assert rev.id is not None
         self.supervisor.wake()
+        if not wait:
+            return rev.id
         deadline = time.monotonic() + self.supervisor.config.startup_timeout_s + 120
         while time.monotonic() < deadline:
             running = self.supervisor.running
@@ -267,7 +281,7 @@ class Benchmarks:
             await asyncio.sleep(0.5)
         raise TimeoutError(f"revision {rev.id} did not become ready")
 
-    async def _restore(self, run: BenchmarkRun) -> None:
+    async def _restore(self, run: BenchmarkRun, wait: bool = True) -> None:
         origin_id = run.params.get("origin_revision")
         if origin_id is None:
             return
@@ -277,7 +291,7 @@ class Benchmarks:
             return
         run.progress = {**run.progress, "stage": "restoring the original settings"}
         self._save(run)
-        await self._apply(origin.values, f"guided search {run.id}: restore revision {origin_id}")
+        await self._apply(origin.values, f"guided search {run.id}: restore revision {origin_id}", wait)
 
 
 def propose(results: list[dict[str, Any]], target_p95_s: float) -> dict[str, Any] | None:

@@ -13,13 +13,16 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
+import anyio
 import httpx
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import Receive, Scope, Send
 
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.ledger import Ledger, Record
@@ -30,6 +33,7 @@ log = logging.getLogger("llmops.gateway")
 _HOP_HEADERS = {
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
     "proxy-authorization", "proxy-authenticate", "accept-encoding", "content-encoding",
+    "authorization",  # the gateway's own API key or token: vLLM has no business with it
 }
 # Errors that mean the request never produced an answer from vLLM: safe to send again to the next child.
 _RETRYABLE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
@@ -226,13 +230,12 @@ class Gateway:
                 self._done(rec, t0, upstream_resp.status_code, None)
                 return _Buffered(content, upstream_resp.status_code, resp_headers)
             meter = StreamMeter(t0, hide_usage=ask_usage is not None)
-            return StreamingResponse(self._relay(upstream_resp, meter, rec, t0), status_code=upstream_resp.status_code,
-                                     headers=resp_headers)
+            done = _Once(self._finish_stream(upstream_resp, meter, rec, t0))
+            return _TrackedStream(self._relay(upstream_resp, meter, done), done,
+                                  status_code=upstream_resp.status_code, headers=resp_headers)
 
-    async def _relay(self, upstream_resp: httpx.Response, meter: StreamMeter, rec: Record,
-                     t0: float) -> AsyncIterator[bytes]:
+    async def _relay(self, upstream_resp: httpx.Response, meter: StreamMeter, done: _Once) -> AsyncIterator[bytes]:
         """Pass a stream through event by event; the request leaves flight when the stream ends or breaks."""
-        error = None
         try:
             async for chunk in upstream_resp.aiter_raw():
                 out = meter.feed(chunk)
@@ -240,17 +243,21 @@ class Gateway:
                     yield out
             if rest := meter.rest():
                 yield rest
-        except _RETRYABLE as exc:
-            error = f"vLLM failed during the stream ({type(exc).__name__})"
-            event = {"error": {"message": error, "type": "upstream_error", "code": 502}}
+        except httpx.HTTPError as exc:  # vLLM died or timed out mid-stream: tell the client, count an error
+            meter.error = f"vLLM failed during the stream ({type(exc).__name__})"
+            event = {"error": {"message": meter.error, "type": "upstream_error", "code": 502}}
             yield f"data: {json.dumps(event)}\n\n".encode()
         finally:
-            await upstream_resp.aclose()
-            await self.admission.release()
-            rec.ttft_s = meter.ttft_s
-            rec.input_tokens = meter.input_tokens
-            rec.output_tokens = meter.output_tokens if meter.output_tokens is not None else meter.content_events
-            self._done(rec, t0, upstream_resp.status_code, error or meter.error)
+            await done()
+
+    async def _finish_stream(self, upstream_resp: httpx.Response, meter: StreamMeter, rec: Record,
+                             t0: float) -> None:
+        await upstream_resp.aclose()
+        await self.admission.release()
+        rec.ttft_s = meter.ttft_s
+        rec.input_tokens = meter.input_tokens
+        rec.output_tokens = meter.output_tokens if meter.output_tokens is not None else meter.content_events
+        self._done(rec, t0, upstream_resp.status_code, meter.error)
 
     def _refuse(self, rec: Record, t0: float, message: str) -> JSONResponse:
         self._done(rec, t0, 503, message)
@@ -266,6 +273,34 @@ class Gateway:
 def _client(request: Request) -> str:
     """Who sent it: the X-LLMOps-Client header if given (benchmarks tag themselves), else the peer address."""
     return request.headers.get("x-llmops-client") or (request.client.host if request.client else "")
+
+
+class _Once:
+    """Runs an awaitable at most once, however many paths reach it."""
+
+    def __init__(self, action: Awaitable[None]) -> None:
+        self._action: Awaitable[None] | None = action
+
+    async def __call__(self) -> None:
+        action, self._action = self._action, None
+        if action is not None:
+            await action
+
+
+class _TrackedStream(StreamingResponse):
+    """A stream whose in-flight slot is released even when the client left before the body began (Starlette
+    then never starts the body iterator, so its finally would not run)."""
+
+    def __init__(self, body: AsyncIterator[bytes], done: _Once, **kwargs: Any) -> None:
+        super().__init__(body, **kwargs)
+        self._finish = done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._finish()
 
 
 class _Buffered(Response):

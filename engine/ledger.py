@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import Engine, delete, func
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from engine.aio import cancel_and_wait
@@ -26,6 +27,7 @@ from engine.migrate import add_missing_columns
 from engine.store import Event
 
 log = logging.getLogger("llmops.ledger")
+MAX_BUFFER = 100_000  # records kept in memory while the database cannot be written
 
 
 class RequestLog(SQLModel, table=True):
@@ -112,7 +114,10 @@ class Ledger:
         while True:
             await asyncio.sleep(self.flush_interval_s)
             if self._buffer:
-                await asyncio.to_thread(self.flush)
+                try:
+                    await asyncio.to_thread(self.flush)
+                except SQLAlchemyError:  # a locked or full database: keep the records (bounded), retry later
+                    log.exception("request ledger: could not write; keeping the records for the next try")
 
     def flush(self) -> int:
         """Write buffered records (and, once an hour, drop rows older than the retention)."""
@@ -121,11 +126,17 @@ class Ledger:
         prune = time.time() - self._pruned > 3600
         if not batch and not prune:
             return 0
-        with Session(self.engine) as s, s.begin():
-            s.add_all([RequestLog(**asdict(r)) for r in batch])
-            if prune:
-                self._pruned = time.time()
-                s.exec(delete(RequestLog).where(col(RequestLog.ts) < time.time() - self.retention_s))
+        try:
+            with Session(self.engine) as s, s.begin():
+                s.add_all([RequestLog(**asdict(r)) for r in batch])
+                if prune:
+                    s.exec(delete(RequestLog).where(col(RequestLog.ts) < time.time() - self.retention_s))
+        except SQLAlchemyError:
+            with self._lock:  # put the batch back in front, keeping at most MAX_BUFFER records
+                self._buffer = (batch + self._buffer)[-MAX_BUFFER:]
+            raise
+        if prune:
+            self._pruned = time.time()
         return len(batch)
 
     # --- reading ----------------------------------------------------------------------------------------------

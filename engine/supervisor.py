@@ -73,6 +73,7 @@ class Supervisor:
         self._last_health = 0.0
         self._task: asyncio.Task[None] | None = None
         self._pids: tuple[int | None, float, set[int]] = (None, 0.0, set())
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- what the API sees and asks ---------------------------------------------------------------------------
 
@@ -118,21 +119,25 @@ class Supervisor:
         self.halted = None
         self.recovery.reset()
         self._next_attempt = 0.0
-        self._wake.set()
+        self.wake()
 
     def request_stop(self) -> None:
         self.enabled = False
-        self._wake.set()
+        self.wake()
 
     def request_restart(self) -> None:
         self.enabled = True
         self.halted = None
         self.restart_requested = True
         self._next_attempt = 0.0
-        self._wake.set()
+        self.wake()
 
     def wake(self) -> None:
-        self._wake.set()
+        """Run the reconcile loop now. Callable from any thread (sync API handlers run in a thread pool)."""
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._wake.set)
+        else:
+            self._wake.set()
 
     # --- lifecycle --------------------------------------------------------------------------------------------
 
@@ -140,6 +145,7 @@ class Supervisor:
         stray = reap_orphans(self.pidfile)
         if stray:
             self._event("stray_killed", f"stopped vLLM processes {stray} left by an engine that died", "warning")
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="supervisor")
 
     async def shutdown(self) -> None:
@@ -154,13 +160,22 @@ class Supervisor:
             try:
                 await self._reconcile()
             except SupervisorError as exc:
-                await self._loop_failed(str(exc))
-            except Exception as exc:
+                await self._survive(str(exc))
+            except Exception as exc:  # a bug must not stop supervision: logged, evented, retried
                 log.exception("supervisor: unexpected error")
-                await self._loop_failed(f"internal error {type(exc).__name__}: {exc}")
+                await self._survive(f"internal error {type(exc).__name__}: {exc}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.config.reconcile_interval_s)
             self._wake.clear()
+
+    async def _survive(self, reason: str) -> None:
+        """Record a failure of the loop itself; if even that fails (a full disk, a locked database), log it and
+        go on: the loop must outlive its own errors."""
+        try:
+            await self._loop_failed(reason)
+        except Exception:  # logged; supervision continues at the next tick
+            log.exception("supervisor: could not record the failure (%s)", reason)
+            self._next_attempt = time.monotonic() + self.config.backoff_max_s
 
     async def _loop_failed(self, reason: str) -> None:
         if self.child is not None and self.child.returncode is None:
@@ -213,6 +228,7 @@ class Supervisor:
 
     async def _start(self, revision: Revision) -> None:
         assert revision.id is not None
+        self.restart_requested = False  # this start is the restart that was asked for
         settings = EngineSettings.model_construct(**revision.values)
         data_dir = self.config.data_dir.resolve()
         args = build_command(settings, python=self.config.vllm_python, port=free_port(), data_dir=data_dir,

@@ -137,7 +137,7 @@ class Sampler:
         for consumer in self.consumers:
             try:
                 consumer(snap)
-            except Exception:
+            except Exception:  # a failing consumer must not stop sampling; it is logged
                 log.exception("telemetry consumer %r failed", consumer)
         self.tick_cpu_s.append(time.thread_time() - cpu0)
         self.tick_times.append(time.monotonic())

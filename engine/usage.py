@@ -40,8 +40,9 @@ class RequestInfo:
 
     def body_with_usage(self) -> bytes | None:
         """The request asking vLLM for a final usage chunk, or None if it already does or cannot."""
-        if self.data is None or not self.stream or self.include_usage:
-            return None
+        options = self.data.get("stream_options") if self.data is not None else None
+        if self.data is None or not self.stream or self.include_usage or not isinstance(options, dict | None):
+            return None  # a malformed stream_options is vLLM's to refuse
         return json.dumps({**self.data, "stream_options": {**(self.data.get("stream_options") or {}),
                                                            "include_usage": True}}).encode()
 

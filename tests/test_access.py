@@ -201,3 +201,16 @@ def test_model_folder_outside_the_allowed_roots(app_and_tokens: tuple[TestClient
     resp = client.put("/api/settings", json={"base_revision": 1, "values": {"model": str(outside)}},
                       headers={"authorization": f"Bearer {tokens['admin']}"})
     assert resp.status_code == 422 and "outside the folders" in resp.json()["detail"][0]["msg"]
+
+
+def test_anonymous_calls_cannot_write_into_the_audit(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
+    client, tokens = app_and_tokens
+    assert client.put("/api/settings", json={"base_revision": 1, "values": {"note": "x" * 5000},
+                                             "author": "alice"}).status_code == 401
+    assert client.post("/api/auth/login", content=b"username=admin&password=hunter22",
+                       headers={"content-type": "application/x-www-form-urlencoded"}).status_code == 422
+    trail = client.get("/api/audit", headers={"authorization": f"Bearer {tokens['admin']}"}).json()
+    refused = next(r for r in trail if r["action"] == "settings.write")
+    assert refused["actor"] == "anonymous" and refused["result"] == 401
+    assert refused["after"] == {"body": refused["after"]["body"]} and "bytes" in refused["after"]["body"]
+    assert "hunter22" not in str(trail)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import pytest
@@ -106,5 +106,39 @@ def test_refusal_turns_waiting_into_an_immediate_503() -> None:
         await gate.open("http://x")
         assert gate.refusal is None
         assert (await gate.acquire(time.monotonic() + 1)).url == "http://x"
+
+    run(go())
+
+
+def test_stream_slot_is_released_when_the_client_is_gone() -> None:
+    """However the stream ends (even if its body never starts, as when the client left while queued), the slot
+    is released exactly once."""
+    from starlette.types import Message
+
+    from engine.gateway import _Once, _TrackedStream
+
+    async def go() -> None:
+        gate = Admission(queue_size=5, queue_timeout_s=1)
+        await gate.open("http://x")
+        await gate.acquire(time.monotonic() + 1)
+
+        async def body() -> AsyncIterator[bytes]:
+            while True:
+                yield b"data: {}\n\n"
+                await asyncio.sleep(0.01)
+
+        done = _Once(gate.release())
+        response = _TrackedStream(body(), done, status_code=200)
+
+        async def receive() -> Message:
+            return {"type": "http.disconnect"}
+
+        async def send(message: Message) -> None:
+            return None
+
+        await response({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send)
+        assert gate.in_flight == 0
+        await done()  # a second path to the same release does nothing
+        assert gate.in_flight == 0
 
     run(go())
