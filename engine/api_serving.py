@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
+from pydantic import Field
 
-from engine.api_telemetry import parse_duration
+from engine.api_telemetry import parse_duration, step_of
 from engine.errors import MAX_ID
 from engine.ledger import Ledger
 from engine.series import SeriesStore
@@ -32,11 +33,11 @@ def build_router(serving: ServingMonitor, history: SeriesStore, ledger: Ledger) 
 
     @router.get("/api/serving/history")
     def serving_history(window: str = Query("1h"), step: str | None = Query(None),
-                        revision: list[int] | None = Query(None),  # bounded below
+                        revision: list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None = Query(None),
                         metric: list[str] | None = Query(None)) -> dict[str, Any]:
         """Serving metrics over time, one series per revision that served (raw for an hour, per minute for 7 d)."""
         seconds = window_of(window, history.minute_retention_s)
-        return history.history(seconds, parse_duration(step, "step") if step else None, revision, metric)
+        return history.history(seconds, step_of(step, seconds), revision, metric)
 
     @router.get("/api/kpis")
     def kpis(window: str = Query("1h", description="e.g. 15m, 1h, 7d"),

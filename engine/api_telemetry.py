@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
+from pydantic import Field
 
 from engine.alerts import AlertEngine
 from engine.nvml_reader import GpuReading
@@ -13,6 +14,7 @@ from engine.telemetry import Sampler
 from engine.telemetry_store import TelemetryStore
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+GpuIndex = Annotated[int, Field(ge=-1, le=1023)]  # -1 is the host; bounded so SQLite never sees an overflow
 
 
 def parse_duration(text: str, field: str) -> float:
@@ -21,6 +23,17 @@ def parse_duration(text: str, field: str) -> float:
         raise HTTPException(422, detail=[{"loc": ["query", field], "type": "value_error",
                                           "msg": f"{text!r} is not a duration such as 300, 5m, 1h or 7d"}])
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def step_of(text: str | None, window_s: float) -> float | None:
+    """The bucket size asked for, which must lie within (0, window]; None lets the store pick one."""
+    if not text:
+        return None
+    step_s = parse_duration(text, "step")
+    if step_s <= 0 or step_s > window_s:
+        raise HTTPException(422, detail=[{"loc": ["query", "step"], "type": "value_error",
+                                          "msg": f"step must be within (0, {window_s:.0f}] s, the window"}])
+    return step_s
 
 
 def gpu_view(g: GpuReading) -> dict[str, Any]:
@@ -65,13 +78,12 @@ def build_router(sampler: Sampler, history: TelemetryStore, alerts: AlertEngine)
     @router.get("/api/gpu/history")
     def gpu_history(window: str = Query("1h", description="e.g. 300, 5m, 1h, 7d"),
                     step: str | None = Query(None, description="bucket size; at most ~1,000 points per series"),
-                    device: list[int] | None = Query(None, description="GPU index; -1 is the host"),
+                    device: list[GpuIndex] | None = Query(None, description="GPU index; -1 is the host"),
                     metric: list[str] | None = Query(None)) -> dict[str, Any]:
         window_s = parse_duration(window, "window")
         if window_s <= 0 or window_s > history.minute_retention_s:
             raise HTTPException(422, detail=[{"loc": ["query", "window"], "type": "value_error",
                                               "msg": f"window must be within (0, {history.minute_retention_s:.0f}] s"}])
-        step_s = parse_duration(step, "step") if step else None
-        return history.history(window_s, step_s, device, metric)
+        return history.history(window_s, step_of(step, window_s), device, metric)
 
     return router

@@ -4,6 +4,7 @@ a request is refused. The engine's background loops are not started: the routes 
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,8 @@ def counts() -> dict[str, int]:
 
 
 @schema.parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+# CI runs 25 cases per operation; LLMOPS_FUZZ_EXAMPLES=500 digs deeper before a release.
+@settings(max_examples=int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "25")), deadline=None, suppress_health_check=list(HealthCheck))
 def test_api_survives_generated_input(case: Any) -> None:
     before = counts()
     response = case.call(headers={"authorization": f"Bearer {APP.state.fuzz_token}"})
