@@ -53,9 +53,12 @@ def counts() -> dict[str, int]:
         conn.close()
 
 
+# CI runs 25 cases per operation; LLMOPS_FUZZ_EXAMPLES=400 digs deeper before a release.
+EXAMPLES = int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "25"))
+
+
 @schema.parametrize()
-# CI runs 25 cases per operation; LLMOPS_FUZZ_EXAMPLES=500 digs deeper before a release.
-@settings(max_examples=int(os.environ.get("LLMOPS_FUZZ_EXAMPLES", "25")), deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 def test_api_survives_generated_input(case: Any) -> None:
     before = counts()
     response = case.call(headers={"authorization": f"Bearer {APP.state.fuzz_token}"})
