@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from pydantic import Field
 
-from engine.api_telemetry import parse_duration, step_of
+from engine.api_telemetry import step_of, window_of
 from engine.errors import MAX_ID
 from engine.ledger import Ledger
 from engine.series import SeriesStore
@@ -16,13 +16,6 @@ from engine.serving import ServingMonitor
 
 def build_router(serving: ServingMonitor, history: SeriesStore, ledger: Ledger) -> APIRouter:
     router = APIRouter(tags=["serving"])
-
-    def window_of(text: str, limit: float) -> float:
-        seconds = parse_duration(text, "window")
-        if seconds <= 0 or seconds > limit:
-            raise HTTPException(422, detail=[{"loc": ["query", "window"], "type": "value_error",
-                                              "msg": f"window must be within (0, {limit:.0f}] s"}])
-        return seconds
 
     @router.get("/api/serving")
     def serving_now() -> dict[str, Any]:

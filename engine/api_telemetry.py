@@ -25,6 +25,15 @@ def parse_duration(text: str, field: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
+def window_of(text: str, limit_s: float) -> float:
+    """The window asked for, in seconds, which must lie within (0, limit_s] (the history kept)."""
+    seconds = parse_duration(text, "window")
+    if seconds <= 0 or seconds > limit_s:
+        raise HTTPException(422, detail=[{"loc": ["query", "window"], "type": "value_error",
+                                          "msg": f"window must be within (0, {limit_s:.0f}] s"}])
+    return seconds
+
+
 def step_of(text: str | None, window_s: float) -> float | None:
     """The bucket size asked for, which must lie within (0, window]; None lets the store pick one."""
     if not text:
@@ -80,10 +89,7 @@ def build_router(sampler: Sampler, history: TelemetryStore, alerts: AlertEngine)
                     step: str | None = Query(None, description="bucket size; at most ~1,000 points per series"),
                     device: list[GpuIndex] | None = Query(None, description="GPU index; -1 is the host"),
                     metric: list[str] | None = Query(None)) -> dict[str, Any]:
-        window_s = parse_duration(window, "window")
-        if window_s <= 0 or window_s > history.minute_retention_s:
-            raise HTTPException(422, detail=[{"loc": ["query", "window"], "type": "value_error",
-                                              "msg": f"window must be within (0, {history.minute_retention_s:.0f}] s"}])
+        window_s = window_of(window, history.minute_retention_s)
         return history.history(window_s, step_of(step, window_s), device, metric)
 
     return router
