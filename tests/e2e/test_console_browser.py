@@ -75,6 +75,7 @@ def test_sign_in_is_required_and_each_role_sees_its_pages(browser: Any, console_
             pg.get_by_text("Unknown user or wrong password").wait_for()
         user, password = ("admin", ADMIN_PASSWORD) if role == "admin" else (f"{role}-user", f"{role}-password-123")
         sign_in(pg, console_url, user, password)
+        expect(pg.get_by_test_id("stSidebarNav").locator("a")).to_have_count(len(expected))  # then read once
         links = set(pg.get_by_test_id("stSidebarNav").locator("a").all_inner_texts())
         assert {link.strip().splitlines()[-1] for link in links} == expected, role  # text after the icon
         shot(pg, f"sidebar-{role}")
