@@ -11,19 +11,26 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
+import anyio.to_thread
 from sqlalchemy import JSON, Column, String, cast, text
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Field, Session, SQLModel, col, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.migrate import add_missing_columns
 from engine.store import Store
 
-SECRET_KEYS = re.compile(r"pass(word)?|token|secret|key|authorization", re.I)
+# a key that names a secret (password, hf_token, api_key, …), not one that merely contains the word
+# (max_num_batched_tokens, max_tokens and password_changed are kept)
+log = logging.getLogger("llmops.audit")
+SECRET_KEYS = re.compile(r"(?:^|[_-])(?:pass(?:word)?|token|secret|(?:api)?key|authorization)$", re.I)
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 # (method, path pattern) → action name; the first match wins
 ACTIONS: list[tuple[str, re.Pattern[str], str]] = [
@@ -129,7 +136,9 @@ def to_csv(rows: Sequence[AuditRecord]) -> str:
 
 
 class AuditMiddleware:
-    """Records every mutating /api request once its response has started (pure ASGI: /v1 streams pass untouched)."""
+    """Records every mutating /api request before its response's last bytes leave, so a client that has its answer
+    finds the record (pure ASGI: /v1 streams pass untouched). The write runs on a thread: a busy database must not
+    stall the event loop that also carries the gateway's streams."""
 
     def __init__(self, app: ASGIApp, log: AuditLog) -> None:
         self.app = app
@@ -142,6 +151,18 @@ class AuditMiddleware:
         state = scope.setdefault("state", {})
         body = bytearray()
         status = 0
+        recorded = False
+
+        async def record() -> None:
+            nonlocal recorded
+            if recorded:
+                return
+            recorded = True
+            with anyio.CancelScope(shield=True):  # a client that hangs up still leaves its action on record
+                try:
+                    await anyio.to_thread.run_sync(self._write, scope, state, bytes(body), status or 500)
+                except SQLAlchemyError:  # the action itself is done: say loudly that its record is missing
+                    log.exception("audit: could not record %s %s", scope["method"], scope["path"])
 
         async def receive_() -> Message:
             message = await receive()
@@ -153,12 +174,14 @@ class AuditMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                await record()
             await send(message)
 
         try:
             await self.app(scope, receive_, send_)
         finally:
-            self._write(scope, state, bytes(body), status or 500)
+            await record()  # the app failed before it answered
 
     def _write(self, scope: Scope, state: dict[str, Any], body: bytes, status: int) -> None:
         principal = state.get("principal")

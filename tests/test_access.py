@@ -12,11 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine.app import UnsafeConfigError, create_app
+from engine.auth import ROLES, BadCredentialsError, LockedError
 from engine.config import AppConfig
 from engine.vllm_command import build_env
 from tests.engine_process import ADMIN_PASSWORD
 
-ROLES = ["viewer", "prompter", "operator", "admin"]
 # (method, path, body, the least role allowed)
 MATRIX: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("GET", "/api/status", None, "viewer"),
@@ -44,7 +44,7 @@ MATRIX: list[tuple[str, str, dict[str, Any] | None, str]] = [
 def app_and_tokens(data_dir: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
     app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD,
                                login_lockout_s=1, gateway_keys="on"))
-    tokens = {role: app.state.auth.create_token(f"{role}-token", role)[0] for role in ROLES}
+    tokens: dict[str, str] = {role: app.state.auth.create_token(f"{role}-token", role)[0] for role in ROLES}
     with TestClient(app) as client:
         yield client, tokens
 
@@ -114,12 +114,62 @@ def test_login_lockout_and_secrets_kept_out_of_the_trail(app_and_tokens: tuple[T
         assert client.post("/api/auth/login", json={"username": "admin", "password": "wrong"}).status_code == 401
     locked = client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD})
     assert locked.status_code == 423 and "locked" in locked.json()["detail"]
-    time.sleep(1.1)  # login_lockout_s is 1 s here
-    assert client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).status_code == 200
+    deadline = time.monotonic() + 10  # login_lockout_s is 1 s here; a locked attempt is not counted
+    while (status := client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD})
+           .status_code) == 423:
+        assert time.monotonic() < deadline, "still locked long after login_lockout_s"
+        time.sleep(0.1)
+    assert status == 200
     trail = client.get("/api/audit", params={"action": "auth"},
                        headers={"authorization": f"Bearer {tokens['admin']}"}).json()
     assert trail and all(r["after"]["password"] == "[redacted]" for r in trail)
     assert ADMIN_PASSWORD not in str(trail)
+
+
+def test_a_right_password_racing_a_lockout_is_refused(data_dir: Path) -> None:
+    """Parallel wrong guesses lock the account while a right one is being verified: it must not sign in."""
+    app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD))
+    auth = app.state.auth
+    real = auth.hasher
+
+    class GuessesMeanwhile:  # argon2 verification is slow; other sign-ins run while it does
+        def hash(self, password: str) -> str:
+            return str(real.hash(password))
+
+        def verify(self, hash_: str, password: str) -> bool:
+            auth.hasher = real
+            for _ in range(auth.max_failures):
+                with pytest.raises(BadCredentialsError):
+                    auth.login("admin", "wrong guess")
+            return bool(real.verify(hash_, password))
+
+    auth.hasher = GuessesMeanwhile()
+    with pytest.raises(LockedError):
+        auth.login("admin", ADMIN_PASSWORD)
+
+
+def test_setting_names_that_mention_tokens_stay_in_the_trail(
+        app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
+    client, tokens = app_and_tokens
+    operator = {"authorization": f"Bearer {tokens['operator']}"}
+    written = client.put("/api/settings", json={"base_revision": 1, "values": {"max_num_batched_tokens": 8192}},
+                         headers=operator)
+    assert written.status_code == 201, written.text
+    trail = client.get("/api/audit", params={"action": "settings.write"}, headers=operator).json()
+    assert trail and trail[0]["after"] == {"max_num_batched_tokens": 8192}  # recorded before the answer came
+
+
+def test_a_data_dir_reached_through_a_link_accepts_settings_writes(data_dir: Path, tmp_path_factory:
+                                                                  pytest.TempPathFactory) -> None:
+    """LLMOPS_DATA_DIR=/link/to/data: revision 1's model and the allowed model folders must agree on the path."""
+    link = tmp_path_factory.mktemp("elsewhere") / "data"
+    link.symlink_to(data_dir, target_is_directory=True)
+    app = create_app(AppConfig(data_dir=link, autostart=False, admin_password=ADMIN_PASSWORD))
+    operator = {"authorization": f"Bearer {app.state.auth.create_token('op', 'operator')[0]}"}
+    with TestClient(app) as client:
+        written = client.put("/api/settings", json={"base_revision": 1, "values": {"max_num_seqs": 3}},
+                             headers=operator)
+    assert written.status_code == 201, written.text
 
 
 def test_revoked_token_and_expired_session_are_refused(data_dir: Path) -> None:
@@ -132,9 +182,13 @@ def test_revoked_token_and_expired_session_are_refused(data_dir: Path) -> None:
         assert "token" not in client.get("/api/tokens", headers=admin).json()[0]  # never shown again
         assert client.delete(f"/api/tokens/{created['id']}", headers=admin).status_code == 200
         assert client.get("/api/status", headers=viewer).status_code == 401
-        session = client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).json()
-        time.sleep(1.1)
-        assert client.get("/api/status", headers={"authorization": f"Bearer {session['token']}"}).status_code == 401
+        login = client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).json()
+        session = {"authorization": f"Bearer {login['token']}"}
+        deadline = time.monotonic() + 10  # session_ttl_s is 1 s here
+        while (status := client.get("/api/status", headers=session).status_code) == 200:
+            assert time.monotonic() < deadline, "the session outlived session_ttl_s"
+            time.sleep(0.1)
+        assert status == 401
 
 
 def test_disabling_a_user_ends_their_sessions(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
