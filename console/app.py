@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # streamlit puts console/ on the path, not the project root
@@ -18,12 +19,11 @@ if str(ROOT) not in sys.path:  # streamlit puts console/ on the path, not the pr
 
 import streamlit as st  # noqa: E402
 
-from console.client import ApiError, ClientError, EngineClient  # noqa: E402
+from console.client import ROLES, ApiError, ClientError, EngineClient  # noqa: E402
 from console.widgets import client, sign_out  # noqa: E402
 
 st.set_page_config(page_title="llmops console", page_icon=":material/memory:", layout="wide")
 PAGES = ROOT / "pages"
-ROLE_ORDER = ["viewer", "prompter", "operator", "admin"]
 
 
 def sso_configured() -> bool:
@@ -31,6 +31,12 @@ def sso_configured() -> bool:
         return "auth" in st.secrets
     except (FileNotFoundError, KeyError):
         return False
+
+
+def start_session(session: dict[str, Any]) -> NoReturn:
+    """Keep the engine's session (token, user, role, expiry) in this browser session and open the console."""
+    st.session_state.update({k: session[k] for k in ("token", "username", "role", "expires_at")})
+    st.rerun()
 
 
 def sign_in() -> None:
@@ -49,9 +55,7 @@ def sign_in() -> None:
         except ClientError as exc:
             st.error(str(exc))
         else:
-            st.session_state.update(token=result["token"], username=result["username"], role=result["role"],
-                                    expires_at=result["expires_at"])
-            st.rerun()
+            start_session(result)
     if sso_configured():
         st.divider()
         if not st.user.is_logged_in:
@@ -64,9 +68,7 @@ def sign_in() -> None:
             except ClientError as exc:
                 st.error(f"Signed in as {st.user.get('email')}, but the engine has no such user: {exc}")
             else:
-                st.session_state.update(token=result["token"], username=result["username"], role=result["role"],
-                                        expires_at=result["expires_at"])
-                st.rerun()
+                start_session(result)
 
 
 if not st.session_state.get("token"):
@@ -77,7 +79,7 @@ role = st.session_state.get("role", "viewer")
 
 
 def allowed(needed: str) -> bool:
-    return ROLE_ORDER.index(role) >= ROLE_ORDER.index(needed)
+    return ROLES.index(role) >= ROLES.index(needed)
 
 
 sections: dict[str, list[st.Page]] = {

@@ -14,6 +14,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 DEFAULT_ENGINE_URL = "http://127.0.0.1:8000"
+ROLES = ("viewer", "prompter", "operator", "admin")  # each may do what the ones before it may (engine/auth.py)
 
 
 class ClientError(Exception):
@@ -170,6 +171,12 @@ class EngineClient:
         self.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The JSON answer of an API call (None when it has no body)."""
+        resp = self._send(method, path, **kwargs)
+        return resp.json() if resp.content else None
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """A successful response, or the ClientError that says why there is none."""
         try:
             resp = self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
@@ -177,7 +184,7 @@ class EngineClient:
                 f"cannot reach the engine at {self.base_url} ({type(exc).__name__}); is `llmops engine` running?"
             ) from exc
         if resp.status_code < 400:
-            return resp.json() if resp.content else None
+            return resp
         try:
             detail = resp.json().get("detail", resp.text)
         except ValueError:
@@ -192,27 +199,22 @@ class EngineClient:
 
     def login(self, username: str, password: str) -> dict[str, Any]:
         """Sign in: a session token (the client uses it from now on), the user's role and its expiry."""
-        result: dict[str, Any] = self._request("POST", "/api/auth/login",
-                                               json={"username": username, "password": password})
-        self.token = result["token"]
-        self._http.headers["authorization"] = f"Bearer {self.token}"
-        return result
+        return self._adopt(self._request("POST", "/api/auth/login", json={"username": username, "password": password}))
 
     def sso_session(self, username: str) -> dict[str, Any]:
         """With the console's service token (admin): a session for a user the identity provider signed in."""
-        result: dict[str, Any] = self._request("POST", "/api/auth/sso", json={"username": username})
-        self.token = result["token"]
+        return self._adopt(self._request("POST", "/api/auth/sso", json={"username": username}))
+
+    def _adopt(self, session: dict[str, Any]) -> dict[str, Any]:
+        """Use a new session's token from now on."""
+        self.token = session["token"]
         self._http.headers["authorization"] = f"Bearer {self.token}"
-        return result
+        return session
 
     def logout(self) -> None:
         self._request("POST", "/api/auth/logout")
         self.token = None
         self._http.headers.pop("authorization", None)
-
-    def me(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", "/api/auth/me")
-        return result
 
     def users(self) -> list[dict[str, Any]]:
         return list(self._request("GET", "/api/users"))
@@ -245,13 +247,7 @@ class EngineClient:
 
     def audit_export(self, fmt: str, **filters: Any) -> bytes:
         params = {"format": fmt, **{k: v for k, v in filters.items() if v is not None}}
-        try:
-            resp = self._http.get("/api/audit/export", params=params)
-        except httpx.TransportError as exc:
-            raise EngineUnreachableError(f"cannot reach the engine at {self.base_url}") from exc
-        if resp.status_code >= 400:
-            raise ApiError(resp.status_code, resp.text)
-        return resp.content
+        return self._send("GET", "/api/audit/export", params=params).content
 
     def healthz(self) -> bool:
         try:
@@ -404,13 +400,7 @@ class EngineClient:
         return result
 
     def delete_prompt(self, prompt_id: int) -> None:
-        try:
-            resp = self._http.delete(f"/api/prompts/{prompt_id}")
-        except httpx.TransportError as exc:
-            raise EngineUnreachableError(f"cannot reach the engine at {self.base_url}") from exc
-        if resp.status_code >= 400:
-            raise ApiError(resp.status_code, resp.text)
-        # 204: no body to read
+        self._request("DELETE", f"/api/prompts/{prompt_id}")
 
     def stream(self, run: Run) -> Iterator[str]:
         """Send ``run`` through the engine's /v1 gateway and yield text as it streams; ``run`` collects the

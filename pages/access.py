@@ -5,11 +5,10 @@ from __future__ import annotations
 import streamlit as st
 
 from console import fmt
-from console.client import ApiError, ClientError
+from console.client import ROLES, ApiError, ClientError
 from console.widgets import client, unreachable
 
 st.title("Access")
-ROLES = ["viewer", "prompter", "operator", "admin"]
 st.caption("viewer: health, metrics, events · prompter: and the playground · operator: and settings, restarts, "
            "rollbacks, benchmarks, the audit · admin: and users and tokens.")
 try:

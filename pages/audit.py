@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -38,14 +37,20 @@ st.dataframe([{"time": fmt.clock(r["ts"]), "actor": r["actor"], "role": r["role"
                "result": r["result"] or "—", "from": r["source"], "detail": r["detail"]} for r in rows],
              hide_index=True, width="stretch")
 c1, c2, _ = st.columns([1, 1, 4])
-c1.download_button("Export CSV", client().audit_export("csv", **filters), file_name="audit.csv", mime="text/csv")
-c2.download_button("Export JSON", client().audit_export("json", **filters), file_name="audit.json",
+engine = client()  # the exports are fetched when clicked (on another thread), not on every rerun
+c1.download_button("Export CSV", lambda: engine.audit_export("csv", **filters), file_name="audit.csv",
+                   mime="text/csv")
+c2.download_button("Export JSON", lambda: engine.audit_export("json", **filters), file_name="audit.json",
                    mime="application/json")
 
 st.subheader("What happened next")
 writes = [r for r in rows if r["action"] in ("settings.write", "settings.rollback") and r["target"]]
 if not writes:
     st.caption("No settings change in this selection.")
+try:
+    events = client().events(limit=200) if writes else []
+except ClientError as exc:
+    unreachable(exc)
 for r in writes[:10]:
     revision = int(r["target"].split()[-1])
     with st.expander(f"{fmt.clock(r['ts'])} · {r['actor']} · {r['action']} → revision {revision}"):
@@ -57,7 +62,6 @@ for r in writes[:10]:
         st.markdown(f"Revision **{revision}** is now **{rev.status}**"
                     + (f": {rev.status_reason}" if rev.status_reason else "")
                     + (f" · {rev.oom_count} OOM failure(s)" if rev.oom_count else ""))
-        later = [e for e in client().events(limit=200) if e.revision == revision
-                 and e.ts.timestamp() >= r["ts"] - 1 and e.ts.timestamp() <= time.time()]
+        later = [e for e in events if e.revision == revision and e.ts.timestamp() >= r["ts"] - 1]
         for e in later[:15]:
             st.markdown(f"- `{e.ts:%H:%M:%S}` **{e.kind}** {e.message}")
