@@ -179,9 +179,12 @@ class Auth:
             failed = False
         except (VerificationError, InvalidHashError):
             failed = True
+        locked_until: float | None = None
         with self._session() as s, s.begin():
             user = s.exec(select(User).where(User.username == username)).one()
-            if failed:  # counted and committed before refusing
+            if user.locked_until and user.locked_until > now:  # a parallel attempt locked it while we verified
+                locked_until = user.locked_until
+            elif failed:  # counted and committed before refusing
                 user.failed_attempts += 1
                 if user.failed_attempts >= self.max_failures:
                     user.locked_until, user.failed_attempts = now + self.lockout_s, 0
@@ -190,6 +193,8 @@ class Auth:
                 token, row = self._new_token(s, name=f"session {username}", role=user.role, kind="session",
                                              user_id=user.id, created_by=username, ttl_s=self.session_ttl_s)
             s.add(user)
+        if locked_until is not None:
+            raise LockedError(locked_until)
         if failed:
             raise BadCredentialsError("unknown user or wrong password")
         return token, row, user
