@@ -52,7 +52,7 @@ def is_loopback(host: str) -> bool:
 def create_app(config: AppConfig) -> FastAPI:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(config.db_path)
-    if store.ensure_initial(EngineSettings.model_construct(**initial_settings(config.data_dir)).model_dump()):
+    if store.ensure_initial(EngineSettings.model_construct(**initial_settings(config.data_dir.resolve())).model_dump()):
         store.add_event("settings_changed", "revision 1: initial settings (the demo model)", revision_id=1)
     auth = Auth(store, config.session_ttl_s, config.login_max_failures, config.login_lockout_s)
     audit = AuditLog(store)
