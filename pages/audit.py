@@ -48,7 +48,8 @@ writes = [r for r in rows if r["action"] in ("settings.write", "settings.rollbac
 if not writes:
     st.caption("No settings change in this selection.")
 try:
-    events = client().events(limit=200) if writes else []
+    # the newest events, in time order (the oldest 200 of a long-lived engine say nothing of recent writes)
+    events = sorted(client().events(limit=1000, newest_first=True), key=lambda e: e.ts) if writes else []
 except ClientError as exc:
     unreachable(exc)
 for r in writes[:10]:
