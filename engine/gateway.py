@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -223,6 +224,15 @@ class Gateway:
                 self._done(rec, t0, 504, "timeout")
                 return JSONResponse({"error": {"message": "vLLM did not answer within upstream_timeout_s",
                                                "type": "timeout", "code": 504}}, status_code=504)
+            except httpx.HTTPError as exc:  # an answer vLLM began but that cannot be read
+                await self.admission.release()
+                self._done(rec, t0, 502, type(exc).__name__)
+                return JSONResponse({"error": {"message": f"vLLM's answer could not be read ({type(exc).__name__})",
+                                               "type": "upstream_error", "code": 502}}, status_code=502)
+            except BaseException:  # cancelled (the client left): the slot must not stay taken
+                with anyio.CancelScope(shield=True):
+                    await self.admission.release()
+                raise
             resp_headers = {k: v for k, v in upstream_resp.headers.items() if k.lower() not in _HOP_HEADERS}
             if not info.stream:
                 await self.admission.release()
@@ -230,12 +240,12 @@ class Gateway:
                 self._done(rec, t0, upstream_resp.status_code, None)
                 return _Buffered(content, upstream_resp.status_code, resp_headers)
             meter = StreamMeter(t0, hide_usage=ask_usage is not None)
-            done = _Once(self._finish_stream(upstream_resp, meter, rec, t0))
-            return _TrackedStream(self._relay(upstream_resp, meter, done), done,
+            return _TrackedStream(self._relay(upstream_resp, meter),
+                                  functools.partial(self._finish_stream, upstream_resp, meter, rec, t0),
                                   status_code=upstream_resp.status_code, headers=resp_headers)
 
-    async def _relay(self, upstream_resp: httpx.Response, meter: StreamMeter, done: _Once) -> AsyncIterator[bytes]:
-        """Pass a stream through event by event; the request leaves flight when the stream ends or breaks."""
+    async def _relay(self, upstream_resp: httpx.Response, meter: StreamMeter) -> AsyncIterator[bytes]:
+        """Pass a stream through event by event (the response, _TrackedStream, ends the request)."""
         try:
             async for chunk in upstream_resp.aiter_raw():
                 out = meter.feed(chunk)
@@ -247,8 +257,6 @@ class Gateway:
             meter.error = f"vLLM failed during the stream ({type(exc).__name__})"
             event = {"error": {"message": meter.error, "type": "upstream_error", "code": 502}}
             yield f"data: {json.dumps(event)}\n\n".encode()
-        finally:
-            await done()
 
     async def _finish_stream(self, upstream_resp: httpx.Response, meter: StreamMeter, rec: Record,
                              t0: float) -> None:
@@ -275,25 +283,14 @@ def _client(request: Request) -> str:
     return request.headers.get("x-llmops-client") or (request.client.host if request.client else "")
 
 
-class _Once:
-    """Runs an awaitable at most once, however many paths reach it."""
-
-    def __init__(self, action: Awaitable[None]) -> None:
-        self._action: Awaitable[None] | None = action
-
-    async def __call__(self) -> None:
-        action, self._action = self._action, None
-        if action is not None:
-            await action
-
-
 class _TrackedStream(StreamingResponse):
-    """A stream whose in-flight slot is released even when the client left before the body began (Starlette
-    then never starts the body iterator, so its finally would not run)."""
+    """A stream that ends its request exactly once, shielded, however it ends: finished, broken, or the client
+    gone (even before the body began, when Starlette never starts the body iterator). The body iterator itself
+    must not do it: a client's departure cancels it, and cleanup awaited in a cancelled scope can be lost."""
 
-    def __init__(self, body: AsyncIterator[bytes], done: _Once, **kwargs: Any) -> None:
+    def __init__(self, body: AsyncIterator[bytes], finish: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
         super().__init__(body, **kwargs)
-        self._finish = done
+        self._finish = finish
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

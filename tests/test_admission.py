@@ -115,7 +115,7 @@ def test_stream_slot_is_released_when_the_client_is_gone() -> None:
     is released exactly once."""
     from starlette.types import Message
 
-    from engine.gateway import _Once, _TrackedStream
+    from engine.gateway import _TrackedStream
 
     async def go() -> None:
         gate = Admission(queue_size=5, queue_timeout_s=1)
@@ -127,8 +127,7 @@ def test_stream_slot_is_released_when_the_client_is_gone() -> None:
                 yield b"data: {}\n\n"
                 await asyncio.sleep(0.01)
 
-        done = _Once(gate.release())
-        response = _TrackedStream(body(), done, status_code=200)
+        response = _TrackedStream(body(), gate.release, status_code=200)
 
         async def receive() -> Message:
             return {"type": "http.disconnect"}
@@ -137,8 +136,29 @@ def test_stream_slot_is_released_when_the_client_is_gone() -> None:
             return None
 
         await response({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send)
-        assert gate.in_flight == 0
-        await done()  # a second path to the same release does nothing
+        assert gate.in_flight == 0  # released, and only once (twice would leave -1)
+
+    run(go())
+
+
+def test_an_unreadable_answer_is_a_502_and_frees_its_slot() -> None:
+    """Fault injection through a scripted upstream (not vLLM, which cannot garble its answer on demand): an error
+    that is neither a retry nor a timeout must still leave the request's slot free for the next drain."""
+    import httpx
+
+    from engine.gateway import Gateway
+
+    def garbled(request: httpx.Request) -> httpx.Response:
+        raise httpx.DecodingError("the answer's gzip is garbled", request=request)
+
+    async def go() -> None:
+        gate = Admission(queue_size=5, queue_timeout_s=1)
+        await gate.open("http://vllm", 1)
+        gateway = Gateway(gate, 5.0, lambda: "demo")
+        gateway.client = httpx.AsyncClient(transport=httpx.MockTransport(garbled))
+        resp = await gateway.forward("POST", "/v1/completions", {}, {}, b'{"prompt": "hi"}')
+        await gateway.client.aclose()
+        assert resp.status_code == 502 and b"DecodingError" in bytes(resp.body)
         assert gate.in_flight == 0
 
     run(go())
