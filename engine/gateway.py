@@ -193,7 +193,7 @@ class Gateway:
         fwd_headers = {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
         rec = Record(ts=ts, revision_id=None, model=info.model, endpoint=path, stream=info.stream, status=0,
                      latency_s=0.0, client=client,
-                     prompt=info.prompt if self.ledger is not None and self.ledger.sample_prompt() else None)
+                     prompt=info.prompt_text() if self.ledger is not None and self.ledger.sample_prompt() else None)
         while True:
             try:
                 upstream = await self.admission.acquire(deadline)

@@ -19,7 +19,6 @@ class RequestInfo:
     model: str = ""
     stream: bool = False
     include_usage: bool = False
-    prompt: str | None = None
     data: dict[str, Any] | None = None
 
     @classmethod
@@ -33,10 +32,13 @@ class RequestInfo:
         if not isinstance(data, dict):
             return cls()
         options = data.get("stream_options") or {}
-        prompt = data.get("messages", data.get("prompt"))
         return cls(model=str(data.get("model", "")), stream=data.get("stream") is True,
-                   include_usage=isinstance(options, dict) and bool(options.get("include_usage")),
-                   prompt=None if prompt is None else json.dumps(prompt)[:4000], data=data)
+                   include_usage=isinstance(options, dict) and bool(options.get("include_usage")), data=data)
+
+    def prompt_text(self) -> str | None:
+        """The prompt or messages as JSON, cut at 4,000 characters (only for sampled requests: it costs)."""
+        prompt = self.data.get("messages", self.data.get("prompt")) if self.data is not None else None
+        return None if prompt is None else json.dumps(prompt)[:4000]
 
     def body_with_usage(self) -> bytes | None:
         """The request asking vLLM for a final usage chunk, or None if it already does or cannot."""

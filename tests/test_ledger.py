@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -56,3 +57,13 @@ def test_percentile_matches_numpy_linear() -> None:
     assert percentile([1, 2, 3, 4], 0.5) == 2.5
     assert percentile([5.0], 0.95) == 5.0
     assert percentile([], 0.5) is None
+
+
+def test_sampled_prompt_text_is_the_messages_as_json_cut_at_4000_characters() -> None:
+    from engine.usage import RequestInfo
+
+    chat = RequestInfo.parse(json.dumps({"model": "demo", "messages": [{"role": "user", "content": "hi"}]}).encode())
+    assert chat.prompt_text() == '[{"role": "user", "content": "hi"}]'
+    long = RequestInfo.parse(json.dumps({"prompt": "x" * 10_000}).encode()).prompt_text()
+    assert long is not None and len(long) == 4000 and long.startswith('"xxx')
+    assert RequestInfo.parse(b"not json").prompt_text() is None
