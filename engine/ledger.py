@@ -90,7 +90,6 @@ class Ledger:
         self._pruned = 0.0
         self._task: asyncio.Task[None] | None = None
         add_missing_columns(engine, RequestLog.metadata)
-        self.recorded = 0
 
     def sample_prompt(self) -> bool:
         return self.sample_rate > 0 and random.random() < self.sample_rate
@@ -98,7 +97,6 @@ class Ledger:
     def record(self, rec: Record) -> None:
         with self._lock:
             self._buffer.append(rec)
-            self.recorded += 1
         if self.metrics is not None:
             self.metrics.observe(rec.revision_id, rec.status, rec.error, rec.latency_s, rec.ttft_s,
                                  rec.input_tokens, rec.output_tokens)

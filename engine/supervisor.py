@@ -218,7 +218,6 @@ class Supervisor:
         assert self.running is not None
         if self.running.id != desired.id or self.restart_requested:
             why = "restart requested" if self.running.id == desired.id else f"applying revision {desired.id}"
-            self.restart_requested = False
             await self._drain_and_stop(why)
             await self._start(desired)
         elif self.sm.state == S.READY:
