@@ -196,7 +196,8 @@ class Benchmarks:
                 "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--ignore-eos",
                 "--disable-tqdm", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
                 "--header", f"x-llmops-client={tag}", "--seed", "0", "--label", tag]
-        energy0, since = self.energy(), time.time()
+        # SQLite and NVML off the event loop while it carries the benchmark's own traffic
+        energy0, since = await asyncio.to_thread(self.energy), time.time()
         env = dict(os.environ)
         if self._key is None:
             self._key = self.gateway_key()  # one key per run, revoked when it ends
@@ -210,7 +211,7 @@ class Benchmarks:
         while not reader.done():
             done = await asyncio.to_thread(self.ledger.count, since, tag)
             run.progress = {**run.progress, "stage": stage, "level_done": done, "level_total": num_prompts}
-            self._save(run)
+            await asyncio.to_thread(self._save, run)
             await asyncio.wait({reader}, timeout=1.0)
         await self._proc.wait()
         text = reader.result().decode("utf-8", "replace")
@@ -219,7 +220,7 @@ class Benchmarks:
             raise RuntimeError(f"vLLM's benchmark gave no result (exit {self._proc.returncode}): {text[-600:]}")
         result = json.loads(line[len(RESULT_PREFIX):])
         run.progress = {**run.progress, "level_done": result.get("completed"), "level_total": num_prompts}
-        energy1 = self.energy()
+        energy1 = await asyncio.to_thread(self.energy)
         level = {"concurrency": concurrency, "revision": rev.id, "input_len": inp, "output_len": out,
                  **{k: result.get(k) for k in KEPT}}
         if energy0 is not None and energy1 is not None and energy1 > energy0:

@@ -253,7 +253,7 @@ class Sampler:
         if not self._initialised or not self._readers:
             return None
         total = 0.0
-        for reader in self._readers.values():
+        for reader in list(self._readers.values()):  # the sampler thread may add a GPU meanwhile
             try:
                 total += float(self.nvml.nvmlDeviceGetTotalEnergyConsumption(reader.handle)) / 1000
             except self.nvml.NVMLError:
