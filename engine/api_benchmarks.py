@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
@@ -11,12 +11,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from engine.benchmarks import PRESETS, BenchmarkBusyError, BenchmarkRun, Benchmarks
 from engine.errors import MAX_ID
 
+Concurrency = Annotated[int, Field(ge=1, le=4096)]
+
 
 class SweepRequest(BaseModel):
     model_config = ConfigDict(strict=True)  # a JSON 0 is not false, nor "1" a number
 
     preset: Literal["short_chat", "rag", "summarize"] = "short_chat"
-    concurrency: list[int] = Field(default_factory=lambda: [1, 4, 16], min_length=1, max_length=12)
+    concurrency: list[Concurrency] = Field(default_factory=lambda: [1, 4, 16], min_length=1, max_length=12)
     num_prompts: int | None = Field(None, ge=1, le=100_000)
 
 
@@ -25,7 +27,8 @@ class SearchRequest(BaseModel):
 
     preset: Literal["short_chat", "rag", "summarize"] = "short_chat"
     target_p95_s: float = Field(gt=0, le=3600, description="P95 end-to-end latency the result must meet")
-    candidates: list[int] = Field(default_factory=lambda: [1, 4, 16, 64], min_length=1, max_length=10)
+    candidates: list[Concurrency] = Field(default_factory=lambda: [1, 4, 16, 64], min_length=1, max_length=10,
+                                          description="max_num_seqs values to try")
     num_prompts: int | None = Field(None, ge=1, le=100_000)
 
 
@@ -41,10 +44,6 @@ def build_router(benchmarks: Benchmarks) -> APIRouter:
         return principal.name if principal is not None else "api"
 
     def start(kind: str, preset: str, params: dict[str, Any], request: Request) -> dict[str, Any]:
-        for value in params.get("concurrency", []) + params.get("candidates", []):
-            if not 1 <= value <= 4096:
-                raise HTTPException(422, detail=[{"loc": ["body", "concurrency" if kind == "sweep" else "candidates"],
-                                                  "type": "value_error", "msg": "values must be within 1..4096"}])
         try:
             return _out(benchmarks.start(kind, preset, params, author(request)))
         except BenchmarkBusyError as exc:

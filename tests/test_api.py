@@ -137,6 +137,17 @@ def test_history_refuses_numbers_out_of_range_with_422(api: TestClient, path: st
     assert field in str(response.json()["detail"][0]["loc"])
 
 
+@pytest.mark.parametrize(("path", "body", "loc"), [
+    ("/api/benchmarks", {"concurrency": [1, 5000]}, ["body", "concurrency", 1]),
+    ("/api/benchmarks/search", {"target_p95_s": 5, "candidates": [0]}, ["body", "candidates", 0]),
+])
+def test_benchmark_levels_out_of_range_get_422_naming_the_item_and_start_nothing(
+        api: TestClient, path: str, body: dict[str, object], loc: list[object]) -> None:
+    resp = api.post(path, json=body)
+    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"] == loc
+    assert api.get("/api/benchmarks").json() == []
+
+
 def test_preflight_refuses_a_kv_cache_too_small_for_max_model_len(api: TestClient) -> None:
     resp = api.put("/api/settings", json={"base_revision": 1, "values": {"cpu_kv_cache_gib": 0.001}})
     assert resp.status_code == 422
