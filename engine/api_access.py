@@ -8,6 +8,7 @@ route needs admin); /healthz, /readyz and sign-in are open. The /v1 gateway need
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections import defaultdict, deque
 from typing import Any, Literal
@@ -61,6 +62,7 @@ class Access:
         self.auth = auth
         self.gateway_keys = gateway_keys
         self._windows: dict[int, deque[float]] = defaultdict(deque)
+        self._windows_lock = threading.Lock()  # the dependency runs in FastAPI's thread pool
 
     def authorize(self, request: Request) -> Principal | None:
         """FastAPI dependency of the /api routes (and /metrics)."""
@@ -91,15 +93,18 @@ class Access:
                                 headers={"WWW-Authenticate": "Bearer"})
         limit = principal.rate_limit_per_min
         if limit and principal.token_id is not None:
-            window = self._windows[principal.token_id]
-            now = time.monotonic()
-            while window and now - window[0] > 60:
-                window.popleft()
-            if len(window) >= limit:
-                retry = max(1, int(60 - (now - window[0])) + 1)
+            with self._windows_lock:  # check and count as one step, or a burst slips past the limit
+                window = self._windows[principal.token_id]
+                now = time.monotonic()
+                while window and now - window[0] > 60:
+                    window.popleft()
+                full = len(window) >= limit
+                retry = max(1, int(60 - (now - window[0])) + 1) if full else 0
+                if not full:
+                    window.append(now)
+            if full:
                 raise HTTPException(429, detail=f"rate limit of {limit} requests per minute for this key",
                                     headers={"Retry-After": str(retry)})
-            window.append(now)
         return principal
 
 
