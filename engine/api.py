@@ -11,6 +11,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.api_access import actor
 from engine.errors import MAX_ID, InvalidSettingsError, PreflightError, RevisionNotFoundError, StaleRevisionError
 from engine.planner import Planner
 from engine.settings import EngineSettings, merge_values, validate_settings
@@ -50,7 +51,6 @@ class SettingsWrite(BaseModel):
     base_revision: int = Field(ge=1, le=MAX_ID, description="The revision these changes were made on; stale → 409.")
     values: dict[str, Any] = Field(description="Fields to change; omitted fields keep the base revision's values.")
     note: str = Field("", max_length=2000, description="Why: shown in the history.")
-    author: str | None = Field(None, max_length=200, description="Who; defaults to the X-LLMOps-User header.")
     force: bool = Field(False, description="Write despite pre-flight errors (recorded as forced; the automatic "
                         "rollback still guards the apply).")
 
@@ -60,7 +60,6 @@ class RollbackRequest(BaseModel):
 
     revision: int = Field(ge=1, le=MAX_ID, description="Revision whose values become a new desired revision.")
     note: str = Field("", max_length=2000)
-    author: str | None = Field(None, max_length=200)
     force: bool = False
 
 
@@ -78,12 +77,6 @@ class EventOut(BaseModel):
         assert ev.id is not None
         return cls(id=ev.id, ts=iso(ev.ts) or "", kind=ev.kind, severity=ev.severity, message=ev.message,
                    revision=ev.revision_id, data=ev.data)
-
-
-def _author(request: Request, given: str | None) -> str:
-    """Who acts: the authenticated principal (a body's "author" cannot override it)."""
-    principal = getattr(request.state, "principal", None)
-    return principal.name if principal is not None else (given or "api")
 
 
 def _preflight(planner: Planner, settings: EngineSettings, force: bool) -> tuple[bool, list[dict[str, Any]]]:
@@ -147,13 +140,10 @@ def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIR
         settings = validate_settings(merge_values(base.values, body.values), data_dir, roots)
         forced, findings = _preflight(planner, settings, body.force)
         rev = store.create_revision(settings.model_dump(), base_revision=body.base_revision,
-                                    author=_author(request, body.author), note=body.note, forced=forced,
+                                    author=actor(request), note=body.note, forced=forced,
                                     warnings=findings)
-        diff = _changed(store, rev, base.values)
-        request.state.audit = {"target": f"revision {rev.id}", "before": {k: d["from"] for k, d in diff.items()},
-                               "after": {k: d["to"] for k, d in diff.items()},
-                               "detail": f"base {body.base_revision}" + (" (forced)" if forced else "")
-                               + (f"; note: {body.note}" if body.note else "")}
+        detail = f"base {body.base_revision}" + (" (forced)" if forced else "")
+        request.state.audit = _changed(store, rev, base.values, detail + (f"; note: {body.note}" if body.note else ""))
         supervisor.wake()
         return out(rev)
 
@@ -191,13 +181,11 @@ def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIR
         current = store.desired_revision()
         settings = validate_settings(target.values, data_dir, roots)
         forced, findings = _preflight(planner, settings, body.force)
-        rev = store.create_revision(settings.model_dump(), base_revision=None, author=_author(request, body.author),
+        rev = store.create_revision(settings.model_dump(), base_revision=None, author=actor(request),
                                     note=body.note or f"rollback to revision {body.revision}", forced=forced,
                                     warnings=findings)
-        diff = _changed(store, rev, current.values if current else {})
-        request.state.audit = {"target": f"revision {rev.id}", "before": {k: d["from"] for k, d in diff.items()},
-                               "after": {k: d["to"] for k, d in diff.items()},
-                               "detail": f"rollback to revision {body.revision}" + (" (forced)" if forced else "")}
+        request.state.audit = _changed(store, rev, current.values if current else {},
+                                       f"rollback to revision {body.revision}" + (" (forced)" if forced else ""))
         supervisor.wake()
         return out(rev)
 
@@ -210,7 +198,7 @@ def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIR
             return JSONResponse({"detail": f"unknown action {action!r}: use start, stop or restart"}, 404)
         before = supervisor.sm.state.value
         actions[action]()
-        store.add_event(f"{action}_requested", f"{action} requested by {_author(request, None)}")
+        store.add_event(f"{action}_requested", f"{action} requested by {actor(request)}")
         request.state.audit = {"target": "vLLM", "before": {"state": before}}
         return JSONResponse({"accepted": action, **status()}, status_code=202)
 
@@ -227,12 +215,14 @@ def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIR
     return router
 
 
-def _changed(store: Store, rev: Revision, before: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _changed(store: Store, rev: Revision, before: dict[str, Any], detail: str) -> dict[str, Any]:
+    """Record a new revision's change as an event; return its audit entry (target, before, after, detail)."""
     diff = {k: {"from": before.get(k), "to": v} for k, v in rev.values.items() if before.get(k) != v}
     store.add_event("settings_changed", f"revision {rev.id} by {rev.author}: "
                     + (", ".join(f"{k}={d['to']}" for k, d in diff.items()) or "no change")
                     + (f" ({rev.note})" if rev.note else ""), revision_id=rev.id, data={"diff": diff})
-    return diff
+    return {"target": f"revision {rev.id}", "before": {k: d["from"] for k, d in diff.items()},
+            "after": {k: d["to"] for k, d in diff.items()}, "detail": detail}
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -57,6 +57,12 @@ def bearer(request: Request) -> str | None:
     return header[7:].strip() if header.lower().startswith("bearer ") else None
 
 
+def actor(request: Request) -> str:
+    """Who acts: the authenticated principal (no body field or header can claim another name)."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    return principal.name if principal is not None else "api"
+
+
 class Access:
     def __init__(self, auth: Auth, gateway_keys: bool) -> None:
         self.auth = auth

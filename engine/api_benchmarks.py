@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.api_access import actor
 from engine.benchmarks import PRESETS, BenchmarkBusyError, BenchmarkRun, Benchmarks
 from engine.errors import MAX_ID
 
@@ -39,13 +40,9 @@ def _out(run: BenchmarkRun) -> dict[str, Any]:
 def build_router(benchmarks: Benchmarks) -> APIRouter:
     router = APIRouter(tags=["benchmarks"])
 
-    def author(request: Request) -> str:
-        principal = getattr(request.state, "principal", None)
-        return principal.name if principal is not None else "api"
-
     def start(kind: str, preset: str, params: dict[str, Any], request: Request) -> dict[str, Any]:
         try:
-            return _out(benchmarks.start(kind, preset, params, author(request)))
+            return _out(benchmarks.start(kind, preset, params, actor(request)))
         except BenchmarkBusyError as exc:
             raise HTTPException(409, detail=str(exc)) from None
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.api_access import actor
 from engine.errors import MAX_ID
 from engine.store import SavedPrompt, Store
 
@@ -42,9 +43,7 @@ def build_router(store: Store) -> APIRouter:
 
     @router.post("/api/prompts", status_code=201)
     def save_prompt(body: PromptIn, request: Request) -> PromptOut:
-        principal = getattr(request.state, "principal", None)
-        author = principal.name if principal is not None else "api"
-        return out(store.save_prompt(SavedPrompt(**body.model_dump(), author=author)))
+        return out(store.save_prompt(SavedPrompt(**body.model_dump(), author=actor(request))))
 
     @router.delete("/api/prompts/{prompt_id}", status_code=204)
     def delete_prompt(prompt_id: int = PathParam(ge=1, le=MAX_ID)) -> None:
