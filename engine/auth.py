@@ -234,12 +234,10 @@ class Auth:
             return self._new_token(s, name=name, role=role, kind=kind, user_id=None, created_by=created_by,
                                    ttl_s=ttl_s, rate_limit_per_min=rate_limit_per_min)
 
-    def tokens(self, include_sessions: bool = False) -> Sequence[ApiToken]:
+    def tokens(self) -> Sequence[ApiToken]:
+        """API tokens and gateway keys (console sessions are not listed)."""
         with self._session() as s:
-            q = select(ApiToken).order_by(col(ApiToken.id))
-            if not include_sessions:
-                q = q.where(ApiToken.kind != "session")
-            return s.exec(q).all()
+            return s.exec(select(ApiToken).where(ApiToken.kind != "session").order_by(col(ApiToken.id))).all()
 
     def revoke(self, token_id: int | None = None, token: str | None = None, name: str | None = None) -> ApiToken:
         with self._session() as s, s.begin():
