@@ -71,8 +71,8 @@ with c1.form("new_token", clear_on_submit=True):
         except ApiError as exc:
             st.error(str(exc))
         else:
-            st.session_state["new_token"] = created["token"]
-if token := st.session_state.pop("new_token", None):
+            st.session_state["created_token"] = created["token"]  # not "new_token": that is the form's key
+if token := st.session_state.pop("created_token", None):
     st.success("Copy it now: it is shown this once.")
     st.code(token, language=None)
 with c2.form("revoke"):
