@@ -49,6 +49,27 @@ def timeseries(history: dict[str, Any], metric: str, names: dict[str, str] | Non
     return _layout(fig, title, unit)
 
 
+def by_revision(history: dict[str, Any], metric: str, title: str, unit: str, scale: float = 1.0) -> go.Figure:
+    """One line per settings revision (average per bucket) of a serving metric's history."""
+    fig = go.Figure()
+    for rev, series in sorted(history["series"].items(), key=lambda kv: int(kv[0]) if kv[0] != "None" else -1):
+        y = [None if v is None else v * scale for v in series[metric]["avg"]]
+        if any(v is not None for v in y):
+            t = [datetime.fromtimestamp(x, UTC) for x in series["t"]]
+            fig.add_trace(go.Scatter(x=t, y=y, mode="lines+markers", marker={"size": 4}, name=f"revision {rev}"))
+    return _layout(fig, title, unit, height=240)
+
+
+def compare_bars(levels: list[dict[str, Any]], key: str, title: str, names: tuple[str, str]) -> go.Figure:
+    """Two benchmark runs side by side at each concurrency level they share."""
+    fig = go.Figure()
+    x = [str(lv["concurrency"]) for lv in levels]
+    for side, name in zip(("a", "b"), names, strict=True):
+        fig.add_trace(go.Bar(x=x, y=[lv[key][side] for lv in levels], name=name))
+    fig.update_layout(barmode="group", xaxis_title="concurrency")
+    return _layout(fig, title, "")
+
+
 def memory_budget(prediction: dict[str, Any], device_total: float | None) -> go.Figure:
     """A stacked bar of the memory budget: weights, activation, runtime (non-torch), KV cache, headroom."""
     parts = [("Weights", prediction["weight_bytes"]), ("Activation", prediction["activation_bytes"]),

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import plotly.graph_objects as go
 import streamlit as st
 
-from console import fmt
+from console import charts, fmt
 from console.client import ApiError, ClientError
 from console.widgets import client, engine_status, restart_banner, unreachable
 
@@ -65,13 +64,15 @@ def label(run: dict[str, Any]) -> str:
             f"revision {run['revision_id']} · {run['status']} · {fmt.clock(run['started_at'])}")
 
 
+def seconds_of_ms(value: float | None) -> str | None:
+    return fmt.seconds(value / 1000) if value else None
+
+
 def results_table(run: dict[str, Any]) -> None:
     rows = [{"max_num_seqs": r.get("max_num_seqs"), "concurrency": r.get("concurrency"),
              "output tokens/s": round(r["output_throughput"], 1) if r.get("output_throughput") else None,
-             "P50 latency": fmt.seconds((r.get("p50_e2el_ms") or 0) / 1000) if r.get("p50_e2el_ms") else None,
-             "P95 latency": fmt.seconds((r.get("p95_e2el_ms") or 0) / 1000) if r.get("p95_e2el_ms") else None,
-             "P95 TTFT": fmt.seconds((r.get("p95_ttft_ms") or 0) / 1000) if r.get("p95_ttft_ms") else None,
-             "P95 ITL": fmt.seconds((r.get("p95_itl_ms") or 0) / 1000) if r.get("p95_itl_ms") else None,
+             "P50 latency": seconds_of_ms(r.get("p50_e2el_ms")), "P95 latency": seconds_of_ms(r.get("p95_e2el_ms")),
+             "P95 TTFT": seconds_of_ms(r.get("p95_ttft_ms")), "P95 ITL": seconds_of_ms(r.get("p95_itl_ms")),
              "tokens/J": r.get("tokens_per_joule"), "completed": r.get("completed"), "error": r.get("error")}
             for r in run["results"]]
     columns = [k for k in rows[0] if any(row[k] is not None for row in rows)] if rows else []
@@ -104,13 +105,8 @@ with tab_compare:
                    ("p95_itl_ms", "P95 inter-token latency (ms)"), ("p95_e2el_ms", "P95 latency (ms)")]
         cols = st.columns(2)
         for i, (key, title) in enumerate(metrics):
-            fig = go.Figure()
-            x = [str(lv["concurrency"]) for lv in cmp["levels"]]
-            fig.add_trace(go.Bar(x=x, y=[lv[key]["a"] for lv in cmp["levels"]], name=f"A #{a['id']}"))
-            fig.add_trace(go.Bar(x=x, y=[lv[key]["b"] for lv in cmp["levels"]], name=f"B #{b['id']}"))
-            fig.update_layout(title={"text": title, "font": {"size": 14}}, barmode="group", height=260,
-                              xaxis_title="concurrency", margin={"l": 10, "r": 10, "t": 40, "b": 10})
-            cols[i % 2].plotly_chart(fig, theme="streamlit")
+            names = (f"A #{a['id']}", f"B #{b['id']}")
+            cols[i % 2].plotly_chart(charts.compare_bars(cmp["levels"], key, title, names), theme="streamlit")
         st.dataframe([{"concurrency": lv["concurrency"],
                        **{f"{title} change": fmt.pct(lv[key]["change_pct"], 1) for key, title in metrics}}
                       for lv in cmp["levels"]], hide_index=True, width="stretch")

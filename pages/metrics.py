@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-from typing import Any
-
-import plotly.graph_objects as go
 import streamlit as st
 
-from console import fmt
+from console import charts, fmt
 from console.client import ClientError
 from console.widgets import client, engine_status, restart_banner, unreachable
 
@@ -23,18 +19,6 @@ CHARTS = [("generation_tokens_per_s", "Generation", "tokens/s", 1.0),
 
 restart_banner(engine_status())
 window = st.segmented_control("Window", list(WINDOWS), default="1 hour", key="metrics_window") or "1 hour"
-
-
-def chart(history: dict[str, Any], metric: str, title: str, unit: str, scale: float) -> go.Figure:
-    fig = go.Figure()
-    for rev, series in sorted(history["series"].items(), key=lambda kv: int(kv[0]) if kv[0] != "None" else -1):
-        y = [None if v is None else v * scale for v in series[metric]["avg"]]
-        if any(v is not None for v in y):
-            t = [datetime.fromtimestamp(x, UTC) for x in series["t"]]
-            fig.add_trace(go.Scatter(x=t, y=y, mode="lines+markers", marker={"size": 4}, name=f"revision {rev}"))
-    fig.update_layout(title={"text": title, "font": {"size": 14}}, height=240, yaxis_title=unit,
-                      margin={"l": 10, "r": 10, "t": 40, "b": 10}, legend={"orientation": "h", "y": -0.25})
-    return fig
 
 
 @st.fragment(run_every=5)
@@ -53,7 +37,7 @@ def live() -> None:
                     help="requests evicted from the KV cache and recomputed: a sign of too little KV cache")
     cols = st.columns(2)
     for i, (metric, title, unit, scale) in enumerate(CHARTS):
-        cols[i % 2].plotly_chart(chart(history, metric, title, unit, scale), theme="streamlit")
+        cols[i % 2].plotly_chart(charts.by_revision(history, metric, title, unit, scale), theme="streamlit")
     st.caption(f"vLLM's /metrics every {now['interval_s']:.0f} s; {history['source']} history, "
                f"{history['step_s']:.0f} s per point; one line per revision that served.")
 

@@ -139,6 +139,15 @@ else:
 note = st.text_input("Note (why)", key="apply_note", placeholder="e.g. fewer OOMs under long prompts")
 
 
+def watch(revision: int) -> None:
+    """Follow the restart that applies ``revision``: its events from now on, timed from now."""
+    marker = client().events(limit=1, newest_first=True)
+    st.session_state["applying"] = {"revision": revision, "since": marker[0].id - 1 if marker else 0,
+                                    "t0": time.time()}
+    st.session_state.pop("apply_outcome", None)
+    st.rerun()
+
+
 def expected_downtime() -> float | None:
     ready = [e for e in client().events(kinds=["ready"], limit=1, newest_first=True) if e.data.get("startup_s")]
     return float(ready[0].data["startup_s"]) if ready else None
@@ -165,11 +174,7 @@ def confirm(changes: dict[str, Any], errors: list[dict[str, Any]]) -> None:
         except SettingsRejectedError as exc:
             st.error(str(exc))
             return
-        marker = client().events(limit=1, newest_first=True)
-        st.session_state["applying"] = {"revision": rev.revision, "since": marker[0].id - 1 if marker else 0,
-                                        "t0": time.time()}
-        st.session_state.pop("apply_outcome", None)
-        st.rerun()
+        watch(rev.revision)
 
 
 c1, c2 = st.columns([1, 3])
@@ -189,12 +194,12 @@ def progress() -> None:
     events = client().events(since=applying["since"], kinds=PROGRESS_KINDS, limit=100)
     now = client().status()
     st.subheader(f"Applying revision {rev_id}")
-    for ev in events:
+    timeline = [f"+{max(0.0, e.ts.timestamp() - applying['t0']):.0f} s **{e.kind}** {e.message}" for e in events]
+    for ev, line in zip(events, timeline, strict=True):
         icon = {"ready": ":material/check_circle:", "failed": ":material/error:", "rollback": ":material/undo:",
                 "diagnosis": ":material/troubleshoot:"}.get(ev.kind, ":material/arrow_right:")
-        st.markdown(f"{icon} `+{max(0.0, ev.ts.timestamp() - applying['t0']):.0f} s` **{ev.kind}** {ev.message}")
+        st.markdown(f"{icon} {line}")
     rolled_back = any(e.kind == "rollback" and e.revision == rev_id for e in events)
-    timeline = [f"+{max(0.0, e.ts.timestamp() - applying['t0']):.0f} s **{e.kind}** {e.message}" for e in events]
     if now.state == "ready" and now.running_revision == rev_id:
         outcome = ("success", f"Revision {rev_id} is ready after {time.time() - applying['t0']:.0f} s.")
     elif rolled_back and now.state == "ready":
@@ -251,7 +256,4 @@ for rev in history:
             except ClientError as exc:
                 st.error(str(exc))
             else:
-                marker = client().events(limit=1, newest_first=True)
-                st.session_state["applying"] = {"revision": new.revision, "t0": time.time(),
-                                                "since": marker[0].id - 1 if marker else 0}
-                st.rerun()
+                watch(new.revision)
