@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import Engine, delete, func
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import defer
 from sqlmodel import Field, Session, SQLModel, col, select
 
 from engine.aio import cancel_and_wait
@@ -140,8 +141,10 @@ class Ledger:
     # --- reading ----------------------------------------------------------------------------------------------
 
     def rows(self, since: float, revision: int | None = None, client: str | None = None) -> Sequence[RequestLog]:
+        """The window's rows for the KPIs: sampled prompt texts are not read."""
         with Session(self.engine) as s:
-            q = select(RequestLog).where(RequestLog.ts >= since)
+            prompt: Any = RequestLog.prompt  # the mapped attribute (SQLModel types it as its value)
+            q = select(RequestLog).options(defer(prompt)).where(RequestLog.ts >= since)
             if revision is not None:
                 q = q.where(RequestLog.revision_id == revision)
             if client is not None:
