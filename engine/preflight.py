@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.capacity import GIB, Calibration, Device, ModelShape, Prediction, load_shape, predict, utilization_for
-from engine.settings import EngineSettings, resolve_local_model
+from engine.settings import EngineSettings, hf_hub_cache, resolve_local_model
 
 SAFE_UTILIZATION = (0.80, 0.85)
 
@@ -56,7 +56,7 @@ def find_model_config(model: str, data_dir: Path | None) -> Path | None:
     local = resolve_local_model(model, data_dir)
     if local is not None:
         return local
-    cache = Path.home() / ".cache" / "huggingface" / "hub" / f"models--{model.replace('/', '--')}" / "snapshots"
+    cache = hf_hub_cache() / f"models--{model.replace('/', '--')}" / "snapshots"
     configs = sorted(cache.glob("*/config.json"), key=lambda p: p.stat().st_mtime) if cache.is_dir() else []
     return configs[-1].parent if configs else None
 

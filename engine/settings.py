@@ -183,8 +183,21 @@ def resolve_local_model(value: str, data_dir: Path | str | None) -> Path | None:
     return None
 
 
+def hf_home() -> Path:
+    """Hugging Face's folder, found as huggingface_hub finds it: HF_HOME, else $XDG_CACHE_HOME/huggingface
+    (default ~/.cache/huggingface)."""
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface"
+    return Path(home).expanduser()
+
+
+def hf_hub_cache() -> Path:
+    """Where vLLM's hub downloads land: HF_HUB_CACHE, else HF_HOME/hub."""
+    cache = os.environ.get("HF_HUB_CACHE")
+    return Path(cache).expanduser() if cache else hf_home() / "hub"
+
+
 def default_model_roots(data_dir: Path | str | None) -> list[Path]:
-    roots = [Path(os.path.normpath(Path.home() / ".cache" / "huggingface"))]
+    roots = [Path(os.path.normpath(p.absolute())) for p in (hf_home(), hf_hub_cache())]
     if data_dir is not None:
         roots.insert(0, Path(os.path.normpath(Path(data_dir).absolute() / "models")))
     return roots

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from engine.app import UnsafeConfigError, create_app
 from engine.auth import ROLES, BadCredentialsError, LockedError
 from engine.config import AppConfig
 from engine.vllm_command import build_env
+from tests.conftest import DEMO_SHAPE
 from tests.engine_process import ADMIN_PASSWORD
 
 # (method, path, body, the least role allowed)
@@ -255,6 +257,18 @@ def test_model_folder_outside_the_allowed_roots(app_and_tokens: tuple[TestClient
     resp = client.put("/api/settings", json={"base_revision": 1, "values": {"model": str(outside)}},
                       headers={"authorization": f"Bearer {tokens['admin']}"})
     assert resp.status_code == 422 and "outside the folders" in resp.json()["detail"][0]["msg"]
+
+
+def test_a_hub_cache_moved_by_hf_hub_cache_is_an_allowed_root(app_and_tokens: tuple[TestClient, dict[str, str]],
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    client, tokens = app_and_tokens
+    model = tmp_path / "hub" / "my-model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(DEMO_SHAPE))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    resp = client.put("/api/settings", json={"base_revision": 1, "values": {"model": str(model)}},
+                      headers={"authorization": f"Bearer {tokens['admin']}"})
+    assert resp.status_code == 201, resp.text
 
 
 def test_anonymous_calls_cannot_write_into_the_audit(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
