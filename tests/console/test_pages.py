@@ -6,9 +6,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
+from console.client import EngineClient
 from tests.engine_process import COLD_START_S, EngineHandle
 
 pytestmark = pytest.mark.integration
@@ -17,14 +17,12 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def console_env(engine: EngineHandle, monkeypatch: pytest.MonkeyPatch) -> Iterator[EngineHandle]:
     monkeypatch.setenv("LLMOPS_ENGINE_URL", engine.url)
-    st.cache_resource.clear()
     engine.client.wait_for({"ready"}, COLD_START_S)
     deadline = time.monotonic() + 30
     while not engine.client.serving()["available"]:  # the first scrape of vLLM's /metrics after a start
         assert time.monotonic() < deadline, engine.client.serving()
         time.sleep(0.2)
     yield engine
-    st.cache_resource.clear()
 
 
 def page(name: str, token: str | None = None) -> AppTest:
@@ -128,17 +126,32 @@ def test_benchmarks_page_offers_presets_sweeps_and_the_search(console_env: Engin
 
 
 def test_audit_page_answers_who_changed_what(console_env: EngineHandle) -> None:
+    before = console_env.client.settings()  # a write of its own (vLLM restarts; the next test waits for it)
+    written = console_env.client.put_settings(before.revision, {"max_num_seqs": before.values["max_num_seqs"] + 1},
+                                              note="audit page test")
     at = page("audit", console_env.token)
     assert len(at.dataframe) == 1
     at.text_input(key="au_text").set_value("max_num_seqs").run()
     assert not at.exception
-    assert any("revision" in e.label for e in at.expander) or "No settings change" in texts(at)
+    assert "No settings change" not in texts(at)
+    latest = at.expander[0]  # newest first
+    assert latest.label.endswith(f"settings.write → revision {written.revision}")
+    assert f"Revision **{written.revision}** is now" in "\n".join(m.value for m in latest.markdown)
 
 
-def test_access_page_creates_a_user_and_shows_a_token_once(console_env: EngineHandle) -> None:
+def test_access_page_creates_a_token_and_shows_it_once(console_env: EngineHandle) -> None:
     at = page("access", console_env.token)
     assert len(at.dataframe) == 2  # users, tokens
-    assert "admin" in [u["username"] for u in console_env.client.users()]
+    next(t for t in at.text_input if t.label == "Name (what it is for)").set_value("page test")
+    next(b for b in at.button if b.label == "Create" and "new_token" in b.form_id).click().run()
+    assert not at.exception
+    shown = [c.value for c in at.code]
+    assert len(shown) == 1 and shown[0].startswith("llmops_")
+    with EngineClient(console_env.url, token=shown[0]) as viewer:
+        assert viewer.status().state  # a working token, of the role chosen (viewer by default)
+    at.run()
+    assert not at.code  # shown once
+    assert "page test" in [t["name"] for t in console_env.client.tokens()]
 
 
 def test_an_expired_sign_in_asks_to_sign_in_again(console_env: EngineHandle) -> None:
@@ -150,7 +163,5 @@ def test_an_expired_sign_in_asks_to_sign_in_again(console_env: EngineHandle) -> 
                                   "benchmarks", "audit", "access"])
 def test_unreachable_engine_is_a_message_not_a_traceback(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMOPS_ENGINE_URL", "http://127.0.0.1:9")
-    st.cache_resource.clear()
     at = page(name, "llmops_any")
     assert any("The engine is unreachable" in e.value for e in at.error)
-    st.cache_resource.clear()
