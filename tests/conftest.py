@@ -21,13 +21,17 @@ DEMO_SHAPE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hid
               "dtype": "bfloat16"}
 
 
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
+def make_data_dir(path: Path) -> Path:
     """A data dir whose models/demo holds a config.json, enough for settings validation."""
-    model = tmp_path / "models" / "demo"
+    model = path / "models" / "demo"
     model.mkdir(parents=True)
     (model / "config.json").write_text(json.dumps(DEMO_SHAPE))
-    return tmp_path
+    return path
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return make_data_dir(tmp_path)
 
 
 @pytest.fixture(scope="session")

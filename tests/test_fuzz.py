@@ -16,7 +16,7 @@ from schemathesis import checks
 
 from engine.app import create_app
 from engine.config import AppConfig
-from tests.conftest import DEMO_SHAPE
+from tests.conftest import make_data_dir
 from tests.engine_process import ADMIN_PASSWORD
 
 DATA = Path(__file__).resolve().parent / "artifacts" / "fuzz-data"
@@ -24,13 +24,11 @@ COUNTED = ("revision", "user", "api_token", "saved_prompt", "benchmark_run")
 
 
 def _app() -> FastAPI:
-    import json
     import shutil
 
     shutil.rmtree(DATA, ignore_errors=True)
-    (DATA / "models" / "demo").mkdir(parents=True)
-    (DATA / "models" / "demo" / "config.json").write_text(json.dumps(DEMO_SHAPE))
-    app = create_app(AppConfig(data_dir=DATA, autostart=False, admin_password=ADMIN_PASSWORD, queue_timeout_s=0.1))
+    app = create_app(AppConfig(data_dir=make_data_dir(DATA), autostart=False, admin_password=ADMIN_PASSWORD,
+                               queue_timeout_s=0.1))
     app.state.fuzz_token = app.state.auth.create_token("fuzz", "admin")[0]
     return app
 

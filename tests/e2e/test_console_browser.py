@@ -46,13 +46,11 @@ def open_page(pg: Any, title: str) -> None:
 def test_every_page_opens_from_the_sidebar(page: Any, console_url: str) -> None:
     wait_rendered(page, "Overview")
     for title, slug, marker in PAGES:
-        page.get_by_test_id("stSidebarNav").get_by_text(title, exact=True).click()
-        wait_rendered(page, title)
+        open_page(page, title)
         page.get_by_text(marker).first.wait_for()
         no_error_on(page)
         shot(page, f"page-{slug}")
-    page.get_by_test_id("stSidebarNav").get_by_text("Overview", exact=True).click()
-    wait_rendered(page, "Overview")
+    open_page(page, "Overview")
     expect(page.locator("body")).to_contain_text("READY")  # the state badge is in a live fragment: retry
 
 
