@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from engine.errors import PortBusyError, StrayProcessError
+from engine.startup import StartTracker
 
 log = logging.getLogger("llmops.child")
 
@@ -107,6 +108,7 @@ class VllmChild:
         self.stop_requested = False
         self._pump_task: asyncio.Task[None] | None = None
         self._known: set[int] = set()
+        self.tracker = StartTracker()  # the phases of this start, from its log lines
 
     @property
     def url(self) -> str:
@@ -133,6 +135,7 @@ class VllmChild:
             limit=1 << 20,
         )
         self.started_at = time.monotonic()
+        self.tracker = StartTracker(self.started_at)
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         self.pidfile.write_text(json.dumps({"pgid": self.proc.pid, "create_time": _create_time(self.proc.pid)}))
         self._pump_task = asyncio.create_task(self._pump(), name=f"vllm-log-{self.proc.pid}")
@@ -146,7 +149,9 @@ class VllmChild:
                 raw = await self.proc.stdout.read(1 << 16)
             if not raw:
                 break
-            self.log.write(raw.decode("utf-8", "replace").rstrip("\r\n"))
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            self.log.write(line)
+            self.tracker.feed(line)
 
     def remember_descendants(self) -> None:
         """Note the server's descendants, so that one that left the group is still stopped."""
