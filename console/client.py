@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -32,13 +32,15 @@ class ApiError(ClientError):
         super().__init__(f"engine answered {status}: {detail}")
 
 
-class SettingsRejectedError(ApiError):
-    """422: each entry of ``fields`` is (field, reason)."""
+class InvalidRequestError(ApiError):
+    """422: the engine refused the values; each entry of ``fields`` is (field, reason)."""
 
     @property
     def fields(self) -> list[tuple[str, str]]:
         out = []
         for err in self.detail if isinstance(self.detail, list) else []:
+            if not isinstance(err, dict):
+                continue
             loc = [str(p) for p in err.get("loc", []) if p not in ("body", "values")]
             fit = err.get("fit")
             hint = " (fits: " + ", ".join(f"{k}={v}" for k, v in fit.items()) + ")" if fit else ""
@@ -46,7 +48,10 @@ class SettingsRejectedError(ApiError):
         return out
 
     def __str__(self) -> str:
-        return "settings rejected: " + "; ".join(f"{f}: {m}" for f, m in self.fields)
+        return "; ".join(f"{f}: {m}" if f != "?" else m for f, m in self.fields) or str(self.detail)
+
+
+SettingsRejectedError = InvalidRequestError  # what a refused settings write raises
 
 
 class StaleRevisionError(ApiError):
@@ -71,6 +76,32 @@ class GatewayInfo(BaseModel):
     rejected: int
 
 
+class StartupPhase(BaseModel):
+    name: str
+    title: str
+    started_s: float
+    seconds: float
+    done: bool
+
+
+class StartupView(BaseModel):
+    """A vLLM start phase by phase (engine/startup.py), with the ETA from earlier starts and, once ready, its
+    error."""
+
+    revision: int | None = None
+    elapsed_s: float
+    phase: str
+    phase_title: str
+    phases: list[StartupPhase]
+    eta_s: float | None = None
+    eta_basis: str | None = None
+    remaining_s: float | None = None
+    ready_s: float | None = None
+    failed: str | None = None
+    error_s: float | None = None
+    error_pct: float | None = None
+
+
 class EngineStatus(BaseModel):
     state: str
     since: datetime
@@ -86,6 +117,7 @@ class EngineStatus(BaseModel):
     ready_since: datetime | None
     restarts: int
     gateway: GatewayInfo
+    startup: StartupView | None = None
 
 
 class RevisionInfo(BaseModel):
@@ -121,21 +153,28 @@ class Run:
     prompt: str
     system: str = ""
     params: dict[str, Any] = field(default_factory=dict)
+    history: list[dict[str, str]] = field(default_factory=list)  # earlier turns of a chat: role and content
     text: str = ""
     ttft_s: float | None = None
+    last_token_s: float | None = None  # from the request to its last token
     total_s: float | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
     finish_reason: str | None = None
     error: str | None = None
+    done: bool = False
 
     @property
     def tokens_per_s(self) -> float | None:
-        """Output tokens per second of generation (after the first token)."""
-        if not self.output_tokens or self.total_s is None or self.ttft_s is None:
+        """Output tokens over the generation time: from the request to the last token (prefill included, so a
+        burst of tokens that arrive together does not read as thousands per second)."""
+        if not self.output_tokens or not self.last_token_s:
             return None
-        decode = self.total_s - self.ttft_s
-        return (self.output_tokens - 1) / decode if decode > 0 and self.output_tokens > 1 else None
+        return self.output_tokens / self.last_token_s
+
+    def messages(self) -> list[dict[str, str]]:
+        return ([{"role": "system", "content": self.system}] if self.system else []) + self.history + [
+            {"role": "user", "content": self.prompt}]
 
 
 def _error_text(resp: httpx.Response) -> str:
@@ -189,7 +228,7 @@ class EngineClient:
             detail = resp.json().get("detail", resp.text)
         except ValueError:
             detail = resp.text
-        errors: dict[int, type[ApiError]] = {422: SettingsRejectedError, 409: StaleRevisionError, 404: NotFoundError,
+        errors: dict[int, type[ApiError]] = {422: InvalidRequestError, 409: StaleRevisionError, 404: NotFoundError,
                                              401: UnauthorizedError, 403: ForbiddenError}
         raise errors.get(resp.status_code, ApiError)(resp.status_code, detail)
 
@@ -210,6 +249,11 @@ class EngineClient:
         self.token = session["token"]
         self._http.headers["authorization"] = f"Bearer {self.token}"
         return session
+
+    def me(self) -> dict[str, Any]:
+        """Who this client's token stands for: name, role, kind, and the roles it includes."""
+        result: dict[str, Any] = self._request("GET", "/api/auth/me")
+        return result
 
     def logout(self) -> None:
         self._request("POST", "/api/auth/logout")
@@ -259,8 +303,9 @@ class EngineClient:
         return EngineStatus.model_validate(self._request("GET", "/api/status"))
 
     def wait_for(self, states: set[str], timeout: float, revision: int | None = None,
-                 poll: float = 0.5) -> EngineStatus:
-        """Poll until the engine is in one of ``states`` (and runs ``revision``, if given), or TimeoutError."""
+                 poll: float = 0.5, on_status: Callable[[EngineStatus], None] | None = None) -> EngineStatus:
+        """Poll until the engine is in one of ``states`` (and runs ``revision``, if given), or TimeoutError;
+        ``on_status`` sees each status read on the way (the CLI prints the start's phases from it)."""
         deadline = time.monotonic() + timeout
         last: EngineStatus | None = None
         while time.monotonic() < deadline:
@@ -268,6 +313,8 @@ class EngineClient:
                 last = self.status()
             except EngineUnreachableError:
                 last = None
+            if last is not None and on_status is not None:
+                on_status(last)
             if last and last.state in states and (revision is None or last.running_revision == revision):
                 return last
             time.sleep(poll)
@@ -318,8 +365,16 @@ class EngineClient:
             params["kind"] = kinds
         return _events.validate_python(self._request("GET", "/api/events", params=params))
 
-    def logs(self, tail: int = 200) -> list[str]:
-        return list(self._request("GET", "/api/logs", params={"tail": tail})["lines"])
+    def logs(self, tail: int = 200, *, hide_polling: bool = False, level: str = "debug",
+             contains: str | None = None) -> list[str]:
+        """The last ``tail`` lines of vLLM's log that pass the filters (level and above, text, no polling)."""
+        params: dict[str, Any] = {"tail": tail, "hide_polling": hide_polling, "level": level}
+        if contains:
+            params["contains"] = contains
+        return list(self._request("GET", "/api/logs", params=params)["lines"])
+
+    def logs_download(self) -> bytes:
+        return self._send("GET", "/api/logs/download").content
 
     # --- GPU health and serving -----------------------------------------------------------------------------
 
@@ -335,6 +390,11 @@ class EngineClient:
         if metrics:
             params["metric"] = metrics
         result: dict[str, Any] = self._request("GET", "/api/gpu/history", params=params)
+        return result
+
+    def gateway(self) -> dict[str, Any]:
+        """How clients reach the served model: /v1 base URL, whether keys are needed, the model's card."""
+        result: dict[str, Any] = self._request("GET", "/api/gateway")
         return result
 
     def serving(self) -> dict[str, Any]:
@@ -409,8 +469,7 @@ class EngineClient:
                                 **{k: v for k, v in run.params.items() if v not in (None, "", [])}}
         if run.mode == "chat":
             path = "/v1/chat/completions"
-            body["messages"] = ([{"role": "system", "content": run.system}] if run.system else []) + [
-                {"role": "user", "content": run.prompt}]
+            body["messages"] = run.messages()
         else:
             path = "/v1/completions"
             body["prompt"] = run.prompt
@@ -436,11 +495,13 @@ class EngineClient:
                         if choice.get("finish_reason"):
                             run.finish_reason = choice["finish_reason"]
                         if text:
+                            run.last_token_s = time.perf_counter() - t0
                             if run.ttft_s is None:
-                                run.ttft_s = time.perf_counter() - t0
+                                run.ttft_s = run.last_token_s
                             run.text += text
                             yield text
         except httpx.TransportError as exc:
             run.error = f"the engine stopped answering ({type(exc).__name__})"
         finally:
             run.total_s = time.perf_counter() - t0
+            run.done = True

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Query, Request, Response
 from fastapi import Path as PathParam
@@ -12,8 +14,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.api_access import actor
+from engine.capacity import kv_bytes_per_token, load_shape
 from engine.errors import MAX_ID, InvalidSettingsError, PreflightError, RevisionNotFoundError, StaleRevisionError
 from engine.planner import Planner
+from engine.preflight import find_model_config
 from engine.settings import EngineSettings, merge_values, validate_settings
 from engine.state import EngineState
 from engine.store import Event, Revision, Store
@@ -92,7 +96,43 @@ def _preflight(planner: Planner, settings: EngineSettings, force: bool) -> tuple
     return bool(errors), recorded
 
 
-def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIRouter:
+POLLING = re.compile(r'"(?:GET|HEAD) /(?:health|metrics|ping|load)(?:\?\S*)? HTTP/')
+LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
+_LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
+
+
+def filter_log(lines: list[str], *, hide_polling: bool, level: str, contains: str | None) -> list[str]:
+    """Lines at ``level`` or above (a line without a level, a traceback's say, has its predecessor's), without
+    health and metrics polling if asked, containing ``contains``."""
+    least, current, out = LEVELS[level], 1, []
+    needle = contains.lower() if contains else None
+    for line in lines:
+        if m := _LEVEL.search(line[:80]):
+            current = 3 if m[1] == "CRITICAL" else LEVELS[m[1].lower()]
+        if current < least or (hide_polling and POLLING.search(line)) or (needle and needle not in line.lower()):
+            continue
+        out.append(line)
+    return out
+
+
+def model_card(values: dict[str, Any], data_dir: Path) -> dict[str, Any] | None:
+    """What a client wants to know of the served model, from its config.json (None when it is not on this host)."""
+    folder = find_model_config(str(values.get("model") or ""), data_dir)
+    if folder is None:
+        return None
+    try:
+        shape = load_shape(folder)
+    except (KeyError, ValueError, TypeError, OSError):
+        return None
+    settings = EngineSettings.model_construct(**values)  # the defaults fill what an old revision lacks
+    return {"architecture": ", ".join(shape.architectures) or "unknown", "parameters": shape.parameters(),
+            "context_length": int(values.get("max_model_len") or shape.max_position_embeddings),
+            "model_max_length": shape.max_position_embeddings, "dtype": shape.dtype,
+            "kv_bytes_per_token": kv_bytes_per_token(shape, settings), "layers": shape.layers}
+
+
+def build_router(store: Store, supervisor: Supervisor, planner: Planner, public_url: str = "",
+                 keys_required: bool = False) -> APIRouter:
     router = APIRouter()
     data_dir = supervisor.config.data_dir.resolve()
     roots = supervisor.config.model_roots
@@ -160,7 +200,10 @@ def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIR
                                                              else raw[-1])
         settings = validate_settings(merge_values(base.values, changes), data_dir, roots)
         result = planner.check(settings).as_dict()
-        return {"base_revision": base.id, "values": settings.model_dump(), **result,
+        eta = supervisor.eta_for(settings.model_dump())
+        restart = None if eta is None else {"seconds": eta.total_s, "basis": eta.basis, "samples": eta.samples,
+                                            "text": eta.describe()}
+        return {"base_revision": base.id, "values": settings.model_dump(), **result, "restart_eta": restart,
                 "elapsed_ms": round(1e3 * (time.perf_counter() - t0), 2)}
 
     @router.get("/api/settings/history", tags=["settings"])
@@ -208,9 +251,34 @@ def build_router(store: Store, supervisor: Supervisor, planner: Planner) -> APIR
         return [EventOut.of(e) for e in store.events(since, limit, kind, newest_first)]
 
     @router.get("/api/logs", tags=["events"])
-    def logs(tail: int = Query(200, ge=0, le=5000)) -> dict[str, Any]:
-        """The last lines of vLLM's output (all runs since the engine started)."""
-        return {"lines": supervisor.log.tail(tail), "path": str(supervisor.log.path)}
+    def logs(tail: int = Query(200, ge=0, le=5000),
+             hide_polling: bool = Query(False, description="leave out /health and /metrics access lines"),
+             level: Literal["debug", "info", "warning", "error"] = Query("debug", description="the least level"),
+             contains: str | None = Query(None, max_length=200, description="only lines with this text "
+                                          "(case-insensitive)")) -> dict[str, Any]:
+        """The last ``tail`` lines of vLLM's output that pass the filters (all runs since the engine started)."""
+        lines = filter_log(supervisor.log.tail(5000), hide_polling=hide_polling, level=level, contains=contains)
+        return {"lines": lines[-tail:] if tail else [], "path": str(supervisor.log.path)}
+
+    @router.get("/api/logs/download", tags=["events"], response_class=Response, responses={200: {
+        "description": "vLLM's current log file", "content": {"text/plain": {}}}})
+    def logs_download() -> Response:
+        """vLLM's current log file, whole (it rotates at log_max_bytes)."""
+        try:
+            body = supervisor.log.path.read_bytes()[-supervisor.config.log_max_bytes:]
+        except FileNotFoundError:
+            body = b""
+        return Response(body, media_type="text/plain; charset=utf-8",
+                        headers={"Content-Disposition": 'attachment; filename="vllm.log"'})
+
+    @router.get("/api/gateway", tags=["engine"])
+    def gateway_info() -> dict[str, Any]:
+        """How clients reach the served model: the /v1 base URL, whether an API key is needed, and the model's
+        card (architecture, parameters, context length, dtype, KV-cache bytes per token)."""
+        rev = supervisor.running or store.desired_revision()
+        values = rev.values if rev is not None else {}
+        return {"base_url": public_url.rstrip("/") + "/v1", "keys_required": keys_required,
+                "served_model": values.get("served_model_name"), "model": model_card(values, data_dir)}
 
     return router
 

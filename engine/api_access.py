@@ -176,14 +176,16 @@ def build_router(auth: Auth, audit: AuditLog) -> APIRouter:
         return principal
 
     @router.post("/api/auth/login")
-    def login(body: LoginRequest) -> dict[str, Any]:
+    def login(body: LoginRequest, request: Request) -> dict[str, Any]:
         """A session token for the console (expires; repeated failures lock the user out for a while)."""
+        request.state.audit = {"target": f"user {body.username}"}
         try:
             token, row, user = auth.login(body.username, body.password)
         except LockedError as exc:
             raise HTTPException(423, detail=str(exc)) from None
         except BadCredentialsError as exc:
             raise HTTPException(401, detail=str(exc)) from None
+        request.state.audit["role"] = user.role
         return {"token": token, "username": user.username, "role": user.role, "expires_at": row.expires_at}
 
     @router.post("/api/auth/sso")

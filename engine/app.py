@@ -128,7 +128,8 @@ def create_app(config: AppConfig) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(AuditMiddleware, log=audit)
     guarded: dict[str, Any] = {"dependencies": [Depends(access.authorize)], "responses": api_access.RESPONSES}
-    app.include_router(build_router(store, supervisor, planner), **guarded)
+    public_url = config.public_url or f"http://{local}:{config.port}"
+    app.include_router(build_router(store, supervisor, planner, public_url, gateway_keys), **guarded)
     app.include_router(api_access.build_router(auth, audit), **guarded)
     app.include_router(api_serving.build_router(serving, serving_history, ledger), **guarded)
     app.include_router(api_benchmarks.build_router(benchmarks), **guarded)
@@ -161,5 +162,5 @@ def serve(config: AppConfig) -> None:
         # Printed once to the terminal, never logged: the only copy of the first admin's password.
         print(f"\n  Created the console user 'admin' with password: {app.state.generated_admin_password}\n"
               "  (shown once; change it on the console's Access page)\n", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info",
+    uvicorn.run(app, host=config.host, port=config.port, log_level="info", access_log=config.access_log,
                 timeout_graceful_shutdown=int(config.drain_timeout_s) or None)

@@ -48,6 +48,7 @@ ACTIONS: list[tuple[str, re.Pattern[str], str]] = [
     ("DELETE", re.compile(r"^/api/prompts/(\d+)$"), "prompts.delete"),
     ("POST", re.compile(r"^/api/auth/login$"), "auth.login"),
     ("POST", re.compile(r"^/api/auth/logout$"), "auth.logout"),
+    ("POST", re.compile(r"^/api/auth/sso$"), "auth.sso"),
 ]
 
 
@@ -197,7 +198,8 @@ class AuditMiddleware:
         actor = principal.name if principal else (str(name)[:64] if isinstance(name, str) else "anonymous")
         client = scope.get("client")
         self.log.record(
-            actor=actor, role=principal.role if principal else "", source=client[0] if client else "",
+            actor=actor, role=principal.role if principal else str(extra.get("role", "")),
+            source=client[0] if client else "",
             action=action_of(scope["method"], scope["path"]) or scope["path"], target=str(extra.get("target", "")),
             before=extra.get("before"), after=extra.get("after", payload if isinstance(payload, dict) else None),
             result=status, detail=str(extra.get("detail", "")))

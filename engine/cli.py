@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from console.client import ClientError, EngineClient, RevisionInfo
+from console.client import ClientError, EngineClient, EngineStatus, RevisionInfo
 from engine.config import AppConfig
 from engine.settings import FIELD_NAMES, field_help
 
@@ -91,29 +91,51 @@ def cmd_engine(args: argparse.Namespace) -> int:
     return 0
 
 
-def _console_command(port: int, engine_url: str) -> tuple[list[str], dict[str, str]]:
-    app = Path(__file__).resolve().parent.parent / "console" / "app.py"
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
+def _console_command(port: int, engine_url: str, host: str = "127.0.0.1") -> tuple[list[str], dict[str, str]]:
+    app = Path(__file__).resolve().parent.parent / "console" / "server.py"
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.address", host,
            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
     return cmd, {**os.environ, "LLMOPS_ENGINE_URL": engine_url}
 
 
 def cmd_console(args: argparse.Namespace) -> int:
     config = _config(args)
-    cmd, env = _console_command(config.console_port, args.engine_url or config.engine_url)
+    cmd, env = _console_command(config.console_port, args.engine_url or config.engine_url, config.console_host)
     os.execve(cmd[0], cmd, env)
 
 
+def ensure_admin(config: AppConfig) -> str | None:
+    """Create the console's first user, admin, on an empty database; return its generated password (else None)."""
+    from engine.auth import Auth
+    from engine.store import Store
+
+    password = config.admin_password.get_secret_value() if config.admin_password else None
+    return Auth(Store(config.db_path)).ensure_admin(password)
+
+
+def _banner(engine_url: str, console_url: str, password: str | None, state: str) -> str:
+    lines = [f"  engine (OpenAI API at /v1): {engine_url}", f"  console: {console_url}"]
+    if password:
+        lines.append(f"  console user: admin, password: {password}  (shown by this terminal only; change it on "
+                     "the Access page)")
+    lines.append(f"  vLLM: {state}. Ctrl-C stops everything.")
+    width = max(len(line) for line in lines) + 2
+    return "\n" + "=" * width + "\n" + "\n".join(lines) + "\n" + "=" * width + "\n"
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    """Engine and console as child processes; Ctrl-C stops both (the engine stops vLLM)."""
+    """Engine and console as child processes; Ctrl-C stops both (the engine stops vLLM). The URLs and a generated
+    admin password are printed last, once the engine answers and again once vLLM is ready, so they stay on screen."""
     config = _config(args)
     engine_url = f"http://127.0.0.1:{config.port}"
+    console_url = f"http://127.0.0.1:{config.console_port}"
     ensure_cli_token(config)
+    password = ensure_admin(config)  # before the engine starts: it would print a password of its own
     engine_cmd = [sys.executable, "-m", "engine.cli", "engine", "--host", config.host, "--port", str(config.port),
                   "--data-dir", str(config.data_dir)]
-    console_cmd, console_env = _console_command(config.console_port, engine_url)
+    console_cmd, console_env = _console_command(config.console_port, engine_url, config.console_host)
     procs = [subprocess.Popen(engine_cmd), subprocess.Popen(console_cmd, env=console_env,
-                                                            stdout=subprocess.DEVNULL)]
+                                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     stop = False
 
     def _on_signal(*_: object) -> None:
@@ -122,14 +144,21 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    client = EngineClient(engine_url)
+    client = EngineClient(engine_url, token=_cli_token_path(config).read_text().strip())
     deadline = time.monotonic() + 30
     while not stop and not client.healthz() and time.monotonic() < deadline:
         time.sleep(0.2)
-    print(f"\n  engine (OpenAI API at /v1): {engine_url}\n  console: http://127.0.0.1:{config.console_port}\n"
-          "  vLLM is starting; `llmops status` shows when it is ready. Ctrl-C stops everything.\n", flush=True)
+    print(_banner(engine_url, console_url, password, "starting; `llmops status --wait 600` follows it"), flush=True)
+    announced_ready = False
     while not stop and all(p.poll() is None for p in procs):
         time.sleep(0.5)
+        if not announced_ready:
+            try:
+                announced_ready = client.status().state == "ready"
+            except ClientError:
+                continue
+            if announced_ready:
+                print(_banner(engine_url, console_url, password, "ready"), flush=True)
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -168,9 +197,42 @@ def _print_revision(rev: RevisionInfo) -> None:
         print(f"  {key:<{width}}  {json.dumps(value)}")
 
 
+class PhasePrinter:
+    """Prints a start's phases as they begin, and how the start ended against its ETA (``status --wait``)."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[int | None, str]] = set()
+        self.reason: str | None = None
+
+    def __call__(self, st: EngineStatus) -> None:
+        view = st.startup
+        if st.state != "ready" and st.reason != self.reason and (view is None or view.ready_s is not None):
+            self.reason = st.reason
+            print(f"  {st.state}: {st.reason}", flush=True)
+        if view is None:
+            return
+        if (view.revision, "") not in self.seen:
+            self.seen.add((view.revision, ""))
+            eta = f"; expected {view.eta_s:.0f} s ({view.eta_basis})" if view.eta_s is not None else ""
+            print(f"revision {view.revision} starting{eta}", flush=True)
+        for phase in view.phases:
+            if (view.revision, phase.name) not in self.seen:
+                self.seen.add((view.revision, phase.name))
+                print(f"  +{phase.started_s:5.1f} s  {phase.title}", flush=True)
+        if view.ready_s is not None and (view.revision, "ready") not in self.seen:
+            self.seen.add((view.revision, "ready"))
+            error = f" (ETA error {view.error_s:+.0f} s, {view.error_pct:+.0f} %)" if view.error_s is not None \
+                and view.error_pct is not None else ""
+            print(f"  +{view.ready_s:5.1f} s  ready{error}", flush=True)
+        if view.failed and (view.revision, "failed") not in self.seen:
+            self.seen.add((view.revision, "failed"))
+            print(f"  +{view.elapsed_s:5.1f} s  failed: {view.failed}", flush=True)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        st = client.wait_for({"ready"}, args.wait) if args.wait else client.status()
+        st = client.wait_for({"ready"}, args.wait, on_status=None if args.json else PhasePrinter()) \
+            if args.wait else client.status()
     if args.json:
         print(st.model_dump_json(indent=2))
         return 0
@@ -254,13 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--data-dir", dest="data_dir", type=Path, default=None, help=_help("data_dir"))
 
     p = sub.add_parser("up", help="Run the engine and the console; print their URLs.")
-    server_opts(p, "host", "port", "console_port", "data_dir")
+    server_opts(p, "host", "port", "console_port", "console_host", "data_dir")
     p.set_defaults(func=cmd_up)
     p = sub.add_parser("engine", help="Run the engine (supervisor, /v1 gateway, /api).")
     server_opts(p, "host", "port", "data_dir")
     p.set_defaults(func=cmd_engine)
     p = sub.add_parser("console", help="Run the Streamlit console.")
-    server_opts(p, "console_port", "engine_url")
+    server_opts(p, "console_port", "console_host", "engine_url")
     p.set_defaults(func=cmd_console)
     p = sub.add_parser("demo-model", help="Train the tiny demo model (about 2 minutes on 2 cores, offline).")
     p.add_argument("--out", default=None, help="Folder to write (default: DATA_DIR/models/demo).")

@@ -23,6 +23,11 @@ class AppConfig(BaseSettings):
     host: str = Field("127.0.0.1", description="Address the engine's HTTP service listens on.")
     port: int = Field(8000, ge=1, le=65535, description="Port of the engine's HTTP service (/v1, /api).")
     console_port: int = Field(8501, ge=1, le=65535, description="Port of the Streamlit console.")
+    console_host: str = Field("127.0.0.1", description="Address the console listens on (0.0.0.0: every interface).")
+    public_url: str | None = Field(None, description="The engine's address as clients reach it (its /v1 base URL "
+                                   "on the console's Overview); default http://HOST:PORT.")
+    access_log: bool = Field(False, description="One log line per HTTP request (uvicorn's access log). Off by "
+                             "default: /v1 traffic would bury everything else the engine says.")
     engine_url: str = Field("http://127.0.0.1:8000", description="Where the console and the CLI reach the engine.")
     vllm_python: str = Field(sys.executable, description="Python interpreter that runs vLLM's API server.")
     autostart: bool = Field(True, description="Start vLLM with the desired revision when the engine starts.")

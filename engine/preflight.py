@@ -105,11 +105,10 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
         warnings.append(Finding("capacity_unknown", "gpu_memory_utilization",
                                 "memory not checked: no device reading yet"))
         return PreflightResult(errors, warnings, None, shape, device)
+    if errors:  # figures of a max_model_len or tensor_parallel_size that cannot start would describe nothing
+        return PreflightResult(errors, warnings, None, shape, device)
 
-    bounded = settings
-    if settings.max_model_len is not None and settings.max_model_len > shape.max_position_embeddings:
-        bounded = settings.model_copy(update={"max_model_len": shape.max_position_embeddings})
-    pred = predict(shape, bounded, device, calibration)
+    pred = predict(shape, settings, device, calibration)
     _memory_findings(settings, shape, device, calibration, pred, errors, warnings)
     if traffic_max_tokens and pred.max_model_len > 4 * traffic_max_tokens:
         suggestion = 1 << math.ceil(math.log2(max(16, 2 * traffic_max_tokens)))

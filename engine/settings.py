@@ -183,6 +183,11 @@ def resolve_local_model(value: str, data_dir: Path | str | None) -> Path | None:
     return None
 
 
+def names_local_path(value: str) -> bool:
+    """Whether a model value names a folder on this machine (absolute, or ./ ../ ~), not a hub id."""
+    return value.startswith(("/", "./", "../", "~"))
+
+
 def hf_home() -> Path:
     """Hugging Face's folder, found as huggingface_hub finds it: HF_HOME, else $XDG_CACHE_HOME/huggingface
     (default ~/.cache/huggingface)."""

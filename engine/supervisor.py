@@ -11,8 +11,11 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,13 +24,14 @@ import psutil
 from engine.aio import cancel_and_wait
 from engine.audit import AuditLog
 from engine.calibration import parse_start
-from engine.child import ChildLog, VllmChild, free_port, reap_orphans
+from engine.child import ChildLog, VllmChild, free_port, kill_group, reap_orphans
 from engine.config import AppConfig
 from engine.errors import SupervisorError
 from engine.gateway import Admission
 from engine.planner import Planner
 from engine.recovery import Decision, RecoveryPolicy
-from engine.settings import EngineSettings, resolve_local_model
+from engine.settings import EngineSettings, model_path, names_local_path, resolve_local_model
+from engine.startup import Eta, PastStart, compile_key, estimate, past_start
 from engine.state import EngineState, StateMachine
 from engine.store import Revision, Store
 from engine.vllm_command import build_command, build_env, vllm_distribution
@@ -69,6 +73,9 @@ class Supervisor:
         self._wake = asyncio.Event()
         self._next_attempt = 0.0
         self._predicted: dict[str, Any] | None = None
+        self._eta: Eta | None = None
+        self._missing_model: int | None = None  # the revision whose local model folder is missing, once said
+        self.last_start: dict[str, Any] | None = None  # the phases of the latest start, once it has ended
         self._health_failures = 0
         self._last_health = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -93,9 +100,26 @@ class Supervisor:
             "halted": self.halted,
             "ready_since": self.ready_at,
             "restarts": max(0, self.starts - 1),
+            "startup": self.startup_view(),
             "gateway": {"in_flight": self.admission.in_flight, "waiting": self.admission.waiting,
                         "rejected": self.admission.rejected},
         }
+
+    def startup_view(self) -> dict[str, Any] | None:
+        """The start in progress, phase by phase with its ETA; else the latest start's record."""
+        child = self.child
+        if child is not None and child.proc is not None and self.sm.state == S.STARTING:
+            return {"revision": child.revision_id, **child.tracker.view(self._eta)}
+        return self.last_start
+
+    def past_starts(self, limit: int = 100) -> list[PastStart]:
+        """Successful starts recorded by this engine's ready events, oldest first (SQLite: call off the loop)."""
+        events = self.store.events(kinds=["ready"], limit=limit, newest_first=True)
+        return [s for s in (past_start(e.data) for e in reversed(events)) if s is not None]
+
+    def eta_for(self, values: dict[str, Any]) -> Eta | None:
+        """How long a start with these values should take, from this engine's earlier starts."""
+        return estimate(compile_key(values), str(values.get("model")), self.past_starts())
 
     def served_model(self) -> str | None:
         return str(self.running.values.get("served_model_name")) if self.running else None
@@ -227,9 +251,11 @@ class Supervisor:
 
     async def _start(self, revision: Revision) -> None:
         assert revision.id is not None
-        self.restart_requested = False  # this start is the restart that was asked for
         settings = EngineSettings.model_construct(**revision.values)
         data_dir = self.config.data_dir.resolve()
+        if not await self._model_present(revision.id, settings.model, data_dir):
+            return
+        self.restart_requested = False  # this start is the restart that was asked for
         args = build_command(settings, python=self.config.vllm_python, port=free_port(), data_dir=data_dir,
                              build=self.build)
         env = build_env(offline=resolve_local_model(settings.model, data_dir) is not None,
@@ -240,11 +266,21 @@ class Supervisor:
         self.starts += 1
         self.ready_at = None
         self._predicted = await asyncio.to_thread(self.planner.predict_now, settings) if self.planner else None
+        self._eta = await asyncio.to_thread(self.eta_for, revision.values)
+        self.last_start = None
         await self._enter(S.STARTING, f"starting revision {revision.id}")
-        self._event("starting", f"starting vLLM with revision {revision.id}", revision_id=revision.id,
-                    data={"args": args[1:], "predicted": self._predicted})
+        self._event("starting", f"starting vLLM with revision {revision.id}"
+                    + (f"; expected ready in {self._eta.describe()}" if self._eta else ""), revision_id=revision.id,
+                    data={"args": args[1:], "predicted": self._predicted,
+                          "eta_s": self._eta.total_s if self._eta else None})
         await self.child.spawn()
         outcome = await self._wait_ready(self.child, revision)
+        tracker = self.child.tracker
+        if outcome.ready:
+            tracker.ready()
+        else:
+            tracker.fail(outcome.reason)
+        self.last_start = {"revision": revision.id, **tracker.view(self._eta)}
         if outcome.aborted:
             await self._stop_child(outcome.reason)
             return
@@ -259,10 +295,21 @@ class Supervisor:
         self.ready_at = time.time()
         await asyncio.to_thread(self.store.mark_applied, revision.id)
         await self.admission.open(self.child.url, revision.id)
-        await self._enter(S.READY, f"revision {revision.id} ready after {outcome.seconds:.1f} s")
-        self._event("ready", f"vLLM ready with revision {revision.id} after {outcome.seconds:.1f} s",
-                    revision_id=revision.id, data={"startup_s": round(outcome.seconds, 2), "pid": self.child.pid,
-                                                   **self._measure_start(settings, revision.id)})
+        seconds = tracker.ready_s or outcome.seconds
+        await self._enter(S.READY, f"revision {revision.id} ready after {seconds:.1f} s")
+        startup: dict[str, Any] = {"phases": tracker.durations(), "compile_key": compile_key(revision.values),
+                                   "model": settings.model}
+        eta_text = ""
+        if self._eta is not None:
+            error = seconds - self._eta.total_s
+            startup.update(eta_s=self._eta.total_s, eta_basis=self._eta.basis, error_s=round(error, 1),
+                           error_pct=round(100 * error / self._eta.total_s, 1) if self._eta.total_s else None)
+            eta_text = f" (expected {self._eta.total_s:.0f} s, {error:+.0f} s)"
+        self.last_start = {"revision": revision.id, **tracker.view(self._eta), **{
+            k: startup.get(k) for k in ("error_s", "error_pct")}}
+        self._event("ready", f"vLLM ready with revision {revision.id} after {seconds:.1f} s{eta_text}",
+                    revision_id=revision.id, data={"startup_s": round(seconds, 2), "pid": self.child.pid,
+                                                   "startup": startup, **self._measure_start(settings, revision.id)})
 
     def _measure_start(self, settings: EngineSettings, revision_id: int) -> dict[str, Any]:
         """What vLLM logged about memory at this start; calibrates the capacity model on GPUs."""
@@ -275,6 +322,51 @@ class Supervisor:
             if self.build == "cuda":
                 self.planner.calibrate(report, settings, _logged_batched_tokens(self.log.run_lines), revision_id)
         return out
+
+    async def _model_present(self, revision_id: int, model: str, data_dir: Path) -> bool:
+        """A revision whose model is a local folder that is not there does not start vLLM: the demo model is built
+        (the first run of a data dir), any other missing folder is said, and looked for again every few seconds."""
+        if not names_local_path(model) or resolve_local_model(model, data_dir) is not None:
+            self._missing_model = None
+            return True
+        where = model_path(model, data_dir)
+        if where == Path(os.path.abspath(self.config.demo_model_dir.resolve())) and await self._build_demo_model():
+            return True
+        message = (f"the model folder {where} has no config.json: copy the model there, or write settings that "
+                   f"name another model (`llmops demo-model --data-dir {self.config.data_dir}` builds the demo model)")
+        if self._missing_model != revision_id:
+            self._missing_model = revision_id
+            self._event("model_missing", message, "error", revision_id, data={"model": model, "path": str(where)})
+        await self._enter(S.FAILED, message)
+        self._next_attempt = time.monotonic() + 5.0
+        return False
+
+    async def _build_demo_model(self) -> bool:
+        """Train the demo model into the data dir (about two minutes on two cores), its progress as the reason."""
+        await self._enter(S.STARTING, "building the demo model: the first run of this data dir (about 2 minutes)")
+        self._event("demo_model_building", "building the demo model for the first run of this data dir")
+        args = [self.config.vllm_python, "-m", "engine.cli", "demo-model", "--data-dir", str(self.config.data_dir)]
+        proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                                                    start_new_session=True, cwd=str(Path(__file__).parent.parent))
+        assert proc.stdout is not None
+        t0 = time.monotonic()
+        try:
+            async for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip()
+                self.log.write(f"[demo-model] {line}")
+                if "step" in line:
+                    self.sm.reason = f"building the demo model ({time.monotonic() - t0:.0f} s): {line.strip()}"
+            await proc.wait()
+        except asyncio.CancelledError:
+            kill_group(proc.pid, signal.SIGKILL)
+            raise
+        built = proc.returncode == 0 and (self.config.demo_model_dir / "config.json").is_file()
+        self._event("demo_model_built" if built else "demo_model_failed",
+                    f"demo model built in {time.monotonic() - t0:.0f} s" if built else
+                    f"building the demo model failed (exit {proc.returncode}); see vLLM's log",
+                    "info" if built else "error")
+        return built
 
     async def _wait_ready(self, child: VllmChild, revision: Revision) -> StartOutcome:
         """Ready = /health answers 200 and a real 1-token completion succeeds (/health alone can lie)."""
