@@ -1,8 +1,10 @@
-"""Entry of the Streamlit console: `streamlit run console/app.py` (or `llmops console`).
+"""The Streamlit console's frame: the signed-in user, the pages their role may see, sign-out.
 
-Nobody reaches a page anonymously: a sign-in against the engine comes first (local users, or single sign-on
-through Streamlit's st.login where an identity provider is configured), and the pages shown follow the user's
-role. Pages live in pages/ and reach the engine only through console/client.py.
+Nobody reaches a page anonymously. The sign-in happens on the console's server (console/server.py), which keeps the
+engine's session token in an HttpOnly cookie; this script reads it from the request, asks the engine who it is,
+and builds the navigation from the role. A reload or a deep link (``/settings``) keeps the session until it
+expires or the user signs out. Single sign-on goes through Streamlit's st.login where an identity provider is
+configured. Pages live in pages/ and reach the engine only through console/client.py.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ if str(ROOT) not in sys.path:  # streamlit puts console/ on the path, not the pr
 import streamlit as st  # noqa: E402
 
 from console.client import ROLES, ApiError, ClientError, EngineClient  # noqa: E402
-from console.widgets import client, sign_out  # noqa: E402
+from console.session import COOKIE  # noqa: E402
+from console.widgets import client, go_to, sign_in_url, sign_out  # noqa: E402
 
-st.set_page_config(page_title="llmops console", page_icon=":material/memory:", layout="wide")
+# A local icon: a material one is fetched from fonts.gstatic.com, and the console fetches nothing from the internet.
+st.set_page_config(page_title="llmops console", page_icon=str(ROOT / "console" / "assets" / "favicon.png"),
+                   layout="wide")
 PAGES = ROOT / "pages"
 
 
@@ -33,76 +38,103 @@ def sso_configured() -> bool:
         return False
 
 
-def start_session(session: dict[str, Any]) -> NoReturn:
-    """Keep the engine's session (token, user, role, expiry) in this browser session and open the console."""
-    st.session_state.update({k: session[k] for k in ("token", "username", "role", "expires_at")})
+def to_sign_in(why: str | None = None) -> NoReturn:
+    sign_out()
+    go_to(sign_in_url(why), "Sign in to use the console.")
+    st.stop()
+
+
+def sso_sign_in() -> None:
+    """Single sign-on: Streamlit's st.login, then the console's service token opens an engine session."""
+    st.title("Sign in")
+    if not st.user.is_logged_in:
+        st.button("Sign in with single sign-on", on_click=st.login)
+        return
+    service = os.environ.get("LLMOPS_CONSOLE_TOKEN")
+    try:
+        result = EngineClient(os.environ.get("LLMOPS_ENGINE_URL"), token=service or "").sso_session(
+            str(st.user.get("email") or st.user.get("preferred_username") or ""))
+    except ClientError as exc:
+        st.error(f"Signed in as {st.user.get('email')}, but the engine has no such user: {exc}")
+        return
+    st.session_state["token"] = result["token"]
     st.rerun()
 
 
-def sign_in() -> None:
-    st.title("Sign in")
-    st.caption("llmops console: operations for a vLLM server. Ask an admin for an account.")
-    with st.form("login"):
-        username = st.text_input("User")
-        password = st.text_input("Password", type="password")
-        submitted = st.form_submit_button("Sign in", type="primary")
-    if submitted:
-        try:
-            result = EngineClient(os.environ.get("LLMOPS_ENGINE_URL"), token="").login(username, password)
-        except ApiError as exc:
-            st.error("Locked out for a while after repeated failures." if exc.status == 423
-                     else "Unknown user or wrong password." if exc.status == 401 else str(exc))
-        except ClientError as exc:
-            st.error(str(exc))
-        else:
-            start_session(result)
-    if sso_configured():
-        st.divider()
-        if not st.user.is_logged_in:
-            st.button("Sign in with single sign-on", on_click=st.login)
-        else:
-            service = os.environ.get("LLMOPS_CONSOLE_TOKEN")
-            try:
-                result = EngineClient(os.environ.get("LLMOPS_ENGINE_URL"), token=service or "").sso_session(
-                    str(st.user.get("email") or st.user.get("preferred_username") or ""))
-            except ClientError as exc:
-                st.error(f"Signed in as {st.user.get('email')}, but the engine has no such user: {exc}")
-            else:
-                start_session(result)
+def who(token: str) -> dict[str, Any]:
+    """The engine's answer to who this token is, once per Streamlit session and token."""
+    cached: dict[str, Any] | None = st.session_state.get("_me")
+    if cached is not None and cached.get("_token") == token:
+        return cached
+    me = {**client().me(), "_token": token}
+    st.session_state["_me"] = me
+    st.session_state["username"], st.session_state["role"] = me["name"], me["role"]
+    return me
 
 
-if not st.session_state.get("token"):
-    st.navigation([st.Page(sign_in, title="Sign in", icon=":material/lock:")]).run()
+token = st.session_state.get("token") or st.context.cookies.get(COOKIE)
+if not token:
+    if sso_configured() and (st.query_params.get("sso") == "1" or st.user.is_logged_in):
+        st.navigation([st.Page(sso_sign_in, title="Sign in", icon=":material/lock:")]).run()
+        st.stop()
+    to_sign_in()
+st.session_state["token"] = token
+try:
+    me = who(token)
+except ApiError as exc:
+    if exc.status == 401:
+        to_sign_in("expired")
+    st.error(f"**The engine refused the sign-in.** {exc}", icon=":material/error:")
     st.stop()
-
-role = st.session_state.get("role", "viewer")
+except ClientError as exc:
+    st.error(f"**The engine is unreachable.** {exc}\n\nStart it with `make run` (or `llmops engine`); this page "
+             "retries when you reload it.", icon=":material/cloud_off:")
+    st.stop()
+role = str(me["role"])
 
 
 def allowed(needed: str) -> bool:
     return ROLES.index(role) >= ROLES.index(needed)
 
 
-sections: dict[str, list[st.Page]] = {
-    "Operate": [st.Page(PAGES / "overview.py", title="Overview", icon=":material/dashboard:", default=True),
-                st.Page(PAGES / "gpu_health.py", title="GPU health", icon=":material/memory:")]
-                + ([st.Page(PAGES / "settings.py", title="Engine settings", icon=":material/tune:")]
-                   if allowed("operator") else []),
-    "Use": [st.Page(PAGES / "playground.py", title="Playground", icon=":material/chat:")]
-    if allowed("prompter") else [],
-    "Measure": [st.Page(PAGES / "metrics.py", title="Metrics", icon=":material/monitoring:")]
-               + ([st.Page(PAGES / "benchmarks.py", title="Benchmarks", icon=":material/speed:")]
-                  if allowed("operator") else []),
-    "Investigate": [st.Page(PAGES / "events.py", title="Events & logs", icon=":material/history:")]
-                   + ([st.Page(PAGES / "audit.py", title="Audit", icon=":material/policy:")]
-                      if allowed("operator") else []),
-    "Administer": [st.Page(PAGES / "access.py", title="Access", icon=":material/group:")]
-    if allowed("admin") else [],
-}
-nav = st.navigation({name: pages for name, pages in sections.items() if pages})
+# (section, page script, title, icon, the least role that sees it)
+PAGE_TABLE = [
+    ("Operate", "overview", "Overview", ":material/dashboard:", "viewer"),
+    ("Operate", "gpu_health", "GPU health", ":material/memory:", "viewer"),
+    ("Operate", "settings", "Engine settings", ":material/tune:", "operator"),
+    ("Use", "playground", "Playground", ":material/chat:", "prompter"),
+    ("Measure", "metrics", "Metrics", ":material/monitoring:", "viewer"),
+    ("Measure", "benchmarks", "Benchmarks", ":material/speed:", "operator"),
+    ("Investigate", "events", "Events & logs", ":material/history:", "viewer"),
+    ("Investigate", "audit", "Audit", ":material/policy:", "operator"),
+    ("Administer", "access", "Access", ":material/group:", "admin"),
+]
+
+
+def forbidden(title: str, needed: str) -> st.Page:
+    """A page the role may not see: hidden from the menu, and a deep link to it says why instead of 'not found'."""
+    def explain() -> None:
+        st.title(title)
+        st.warning(f"**{title}** needs the {needed} role; you are signed in as {me['name']} ({role}). An admin can "
+                   "change your role on the Access page.", icon=":material/lock:")
+    return st.Page(explain, title=title, url_path=script_of[title], visibility="hidden")
+
+
+script_of = {title: script for _, script, title, _, _ in PAGE_TABLE}
+sections: dict[str, list[st.Page]] = {}
+for section, script, title, icon, needed in PAGE_TABLE:
+    page = st.Page(PAGES / f"{script}.py", title=title, icon=icon, default=script == "overview") \
+        if allowed(needed) else forbidden(title, needed)
+    sections.setdefault(section, []).append(page)
+nav = st.navigation(sections)
 with st.sidebar:
-    st.caption(f"Signed in as **{st.session_state.get('username')}** ({role})")
+    st.caption(f"Signed in as **{me['name']}** ({role})")
     if st.button("Sign out", icon=":material/logout:"):
-        with contextlib.suppress(ClientError):
+        if st.context.cookies.get(COOKIE):  # the console's server revokes the session and clears the cookie
+            sign_out()
+            go_to("/signout", "Signing out…")
+            st.stop()
+        with contextlib.suppress(ClientError):  # already expired or revoked, or the engine is down
             client().logout()
         sign_out()
         st.rerun()

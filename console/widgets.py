@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, NoReturn
+from urllib.parse import urlencode, urlsplit
 
 import streamlit as st
 
 from console import fmt
-from console.client import ClientError, EngineClient, EngineStatus, EngineUnreachableError, UnauthorizedError
+from console.client import ClientError, EngineClient, EngineStatus, EngineUnreachableError, EventInfo, UnauthorizedError
+from console.session import safe_next
 
 STATE_BADGE = {"ready": ("green", ":material/check_circle:"), "starting": ("orange", ":material/hourglass_top:"),
                "draining": ("orange", ":material/hourglass_bottom:"), "stopping": ("orange", ":material/pending:"),
@@ -25,15 +28,29 @@ def client() -> EngineClient:
 
 
 def sign_out() -> None:
-    for key in ("token", "_client", "username", "role", "expires_at"):
+    for key in ("token", "_client", "_me", "username", "role", "expires_at"):
         st.session_state.pop(key, None)
+
+
+def sign_in_url(why: str | None = None) -> str:
+    """The console server's sign-in page, coming back to the page this browser is on."""
+    parts = urlsplit(st.context.url or "/")
+    here = safe_next(parts.path + (f"?{parts.query}" if parts.query else ""))
+    return "/signin?" + urlencode({"next": here, **({"why": why} if why else {})})
+
+
+def go_to(url: str, message: str) -> None:
+    """Send the browser to another page of the console's server (the sign-in, the sign-out), with a link as well
+    in case scripts are off. ``url`` is built by the console, never taken from input."""
+    st.markdown(f"{message} [Continue]({url})")
+    st.html(f"<script>window.location.assign({json.dumps(url)});</script>", unsafe_allow_javascript=True)
 
 
 def unreachable(exc: ClientError) -> NoReturn:
     if isinstance(exc, UnauthorizedError):
         sign_out()
         st.warning("Your sign-in has expired or was revoked: sign in again.", icon=":material/lock:")
-        st.button("Sign in", on_click=lambda: None)
+        go_to(sign_in_url("expired"), "")
     elif isinstance(exc, EngineUnreachableError):
         st.error(f"**The engine is unreachable.** {exc}\n\nStart it with `make run` (or `llmops engine`); this "
                  "page retries when you reload it.", icon=":material/cloud_off:")
@@ -48,6 +65,14 @@ def engine_status() -> EngineStatus:
         return client().status()
     except ClientError as exc:
         unreachable(exc)
+
+
+SEVERITY_ICON = {"error": ":material/error:", "critical": ":material/dangerous:", "warning": ":material/warning:"}
+
+
+def event_line(ev: EventInfo) -> str:
+    """One event as a line of the on-call views: its severity, time, kind and message."""
+    return f"{SEVERITY_ICON.get(ev.severity, ':material/info:')} `{ev.ts:%H:%M:%S}` **{ev.kind}** {ev.message}"
 
 
 def state_badge(status: EngineStatus) -> None:
