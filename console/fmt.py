@@ -12,10 +12,14 @@ def gib(n: float | None, digits: int = 1) -> str:
 
 
 def size(n: float | None) -> str:
-    """Bytes in GiB, or MiB below a tenth of a GiB."""
+    """Bytes in GiB, or MiB below a tenth of a GiB, KiB below a MiB."""
     if n is None:
         return "n/a"
-    return f"{n / GIB:.2f} GiB" if abs(n) >= 0.1 * GIB else f"{n / (1 << 20):.1f} MiB"
+    if abs(n) >= 0.1 * GIB:
+        return f"{n / GIB:.2f} GiB"
+    if abs(n) >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / 1024:.1f} KiB" if abs(n) >= 1024 else f"{n:.0f} B"
 
 
 def used_of(used: float | None, total: float | None) -> str:
@@ -33,6 +37,13 @@ def count(n: float | None) -> str:
         if abs(n) >= div:
             return f"{n / div:.3g}{suffix}"
     return f"{n:.0f}"
+
+
+def times(n: float | None) -> str:
+    """A multiple, compact: 0.6x, 256.0x, 12.3kx."""
+    if n is None:
+        return "n/a"
+    return f"{n:.1f}x" if abs(n) < 1000 else f"{count(n)}x"
 
 
 def watts(n: float | None) -> str:

@@ -1,25 +1,27 @@
 """Engine settings: change the three memory knobs (and the rest), see the capacity before applying, apply with a
-safe restart and watch it, and browse or roll back the history of revisions."""
+safe restart and watch it, and browse or roll back the history of revisions.
+
+The form always starts from the desired revision: on the first visit, on every return to the page (Streamlit
+drops a page's widget state when another page is shown) and whenever the desired revision changes. "Changes"
+lists only what the user edited in it."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import streamlit as st
 
 from console import charts, fmt
 from console.client import ClientError, RevisionInfo, SettingsRejectedError, StaleRevisionError
+from console.restart import last_outcome, progress, watch
 from console.widgets import client, engine_status, restart_banner, unreachable
 
 st.title("Engine settings")
-PRIMARY = ("gpu_memory_utilization", "max_model_len", "max_num_seqs")
 CHOICES = {"dtype": ["auto", "bfloat16", "float16", "float32"],
            "kv_cache_dtype": ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"],
            "load_format": ["auto", "safetensors", "pt", "dummy", "gguf", "bitsandbytes", "fastsafetensors",
                            "sharded_state", "runai_streamer"]}
-PROGRESS_KINDS = ["settings_changed", "drained", "stopped", "starting", "ready", "failed", "diagnosis", "rollback",
-                  "restart_scheduled", "crash_loop"]
+OPTIONAL = ("max_model_len", "max_num_batched_tokens")  # empty (None) is 0 in the form
 
 try:
     status = engine_status()
@@ -34,73 +36,124 @@ def help_of(name: str) -> str:
     return str(schema.get(name, {}).get("description", ""))
 
 
-# Widgets start from the desired revision; when it changes (an apply, a rollback, another operator), they reset.
-if st.session_state.get("form_revision") != desired.revision:
-    for name, value in desired.values.items():
-        st.session_state[f"f_{name}"] = "\n".join(value) if name == "extra_args" else (
-            0 if value is None and name in ("max_model_len", "max_num_batched_tokens") else value)
-    st.session_state["form_revision"] = desired.revision
+FLOATS = ("gpu_memory_utilization", "cpu_kv_cache_gib")  # a widget wants its bounds' type (JSON may hold 1 for 1.0)
+INTS = ("max_num_seqs", "tensor_parallel_size")
 
 
-def edited_values() -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for name in desired.values:
-        value = st.session_state.get(f"f_{name}")
-        if name == "extra_args":
-            value = [a.strip() for a in str(value or "").splitlines() if a.strip()]
-        elif name in ("max_model_len", "max_num_batched_tokens") and not value:
-            value = None
-        values[name] = value
-    return values
+def to_widget(name: str, value: Any) -> Any:
+    if name == "extra_args":
+        return "\n".join(value or [])
+    if name in OPTIONAL:
+        return int(value or 0)
+    if name in FLOATS:
+        return float(value)
+    return int(value) if name in INTS else value
+
+
+def from_widget(name: str, value: Any) -> Any:
+    if name == "extra_args":
+        return [a.strip() for a in str(value or "").splitlines() if a.strip()]
+    if name in OPTIONAL:
+        return int(value) if value else None
+    if isinstance(value, float):
+        return round(value, 6)  # a slider's step arithmetic (0.05 + 80 x 0.01) is not an edit
+    return value
+
+
+# Each widget is created with its starting value as its default (no flash of a widget's minimum before the value
+# arrives, as seeding Session State gives). Its key names the desired revision and a per-field generation: a new
+# revision, "use this value" or "discard" makes a new widget, so the form starts from the desired revision again.
+form = st.session_state.setdefault("settings_form", {"revision": None, "gens": {}, "overrides": {}})
+if form["revision"] != desired.revision:
+    form.update(revision=desired.revision, gens={}, overrides={})
+if st.session_state.pop("clear_note", False):
+    st.session_state["apply_note"] = ""
+
+
+def key(name: str) -> str:
+    return f"f_{name}_{form['revision']}_{form['gens'].get(name, 0)}"
+
+
+def start(name: str) -> Any:
+    """The value a field's widget starts from: the desired revision's, or a suggestion the user took."""
+    return to_widget(name, form["overrides"].get(name, desired.values.get(name)))
+
+
+def use_value(field: str, value: Any) -> None:
+    """A suggestion's "use this value": that field's widget is made again, starting from it."""
+    form["overrides"][field] = value
+    form["gens"][field] = form["gens"].get(field, 0) + 1
+
+
+def discard() -> None:
+    form["overrides"] = {}
+    form["gens"] = {name: form["gens"].get(name, 0) + 1 for name in desired.values}
 
 
 left, right = st.columns([3, 2], gap="large")
+cpu = status.vllm_build == "cpu"
 with left:
     st.caption(f"Desired revision **{desired.revision}** ({desired.status}) by {desired.author}, "
-               f"{fmt.since(desired.created_at)}; running revision **{status.running_revision or '—'}**.")
-    cpu = status.vllm_build == "cpu"
+               f"{fmt.since(desired.created_at)}; vLLM runs revision **{status.running_revision or '—'}**.")
     if cpu:
-        st.number_input("cpu_kv_cache_gib (memory for the KV cache)", 0.001, 4096.0, step=0.25, format="%.3f",
-                        key="f_cpu_kv_cache_gib", help=help_of("cpu_kv_cache_gib"))
-    st.slider("gpu_memory_utilization", 0.05, 1.0, step=0.01, key="f_gpu_memory_utilization",
-              help=help_of("gpu_memory_utilization"), disabled=cpu)
+        st.number_input("cpu_kv_cache_gib (memory for the KV cache)", 0.001, 4096.0, start("cpu_kv_cache_gib"),
+                        step=0.25, format="%.3f", key=key("cpu_kv_cache_gib"), help=help_of("cpu_kv_cache_gib"))
+    st.slider("gpu_memory_utilization", 0.05, 1.0, start("gpu_memory_utilization"), step=0.01,
+              key=key("gpu_memory_utilization"), help=help_of("gpu_memory_utilization"), disabled=cpu)
     if cpu:
         st.caption("This engine runs the CPU build of vLLM: gpu_memory_utilization applies on GPU hosts only.")
     c1, c2 = st.columns(2)
-    c1.number_input("max_model_len (0 = the model's maximum)", 0, 10_000_000, step=256, key="f_max_model_len",
-                    help=help_of("max_model_len"))
-    c2.number_input("max_num_seqs", 1, 4096, step=1, key="f_max_num_seqs", help=help_of("max_num_seqs"))
+    c1.number_input("max_model_len (0 = the model's maximum)", 0, 10_000_000, start("max_model_len"), step=256,
+                    key=key("max_model_len"), help=help_of("max_model_len"))
+    c2.number_input("max_num_seqs", 1, 4096, start("max_num_seqs"), step=1, key=key("max_num_seqs"),
+                    help=help_of("max_num_seqs"))
     with st.expander("Advanced"):
-        st.text_input("model", key="f_model", help=help_of("model"))
-        st.text_input("served_model_name", key="f_served_model_name", help=help_of("served_model_name"))
+        st.text_input("model", start("model"), key=key("model"), help=help_of("model"))
+        st.text_input("served_model_name", start("served_model_name"), key=key("served_model_name"),
+                      help=help_of("served_model_name"))
         c1, c2 = st.columns(2)
-        c1.number_input("tensor_parallel_size", 1, 64, key="f_tensor_parallel_size",
-                        help=help_of("tensor_parallel_size"))
-        c2.number_input("max_num_batched_tokens (0 = vLLM's default)", 0, 10_000_000, step=1024,
-                        key="f_max_num_batched_tokens", help=help_of("max_num_batched_tokens"))
+        c1.number_input("tensor_parallel_size", 1, 64, start("tensor_parallel_size"),
+                        key=key("tensor_parallel_size"), help=help_of("tensor_parallel_size"))
+        c2.number_input("max_num_batched_tokens (0 = vLLM's default)", 0, 10_000_000,
+                        start("max_num_batched_tokens"), step=1024, key=key("max_num_batched_tokens"),
+                        help=help_of("max_num_batched_tokens"))
         for name, options in CHOICES.items():
-            st.selectbox(name, options, key=f"f_{name}", help=help_of(name))
+            value = start(name)
+            st.selectbox(name, options, options.index(value) if value in options else 0, key=key(name),
+                         help=help_of(name))
         c1, c2, c3 = st.columns(3)
-        c1.toggle("enforce_eager", key="f_enforce_eager", help=help_of("enforce_eager"))
-        c2.toggle("enable_prefix_caching", key="f_enable_prefix_caching", help=help_of("enable_prefix_caching"))
-        c3.toggle("trust_remote_code", key="f_trust_remote_code", help=help_of("trust_remote_code"))
+        for col, name in zip((c1, c2, c3), ("enforce_eager", "enable_prefix_caching", "trust_remote_code"),
+                             strict=True):
+            col.toggle(name, bool(start(name)), key=key(name), help=help_of(name))
         if not cpu:
-            st.number_input("cpu_kv_cache_gib", 0.001, 4096.0, step=0.25, format="%.3f", key="f_cpu_kv_cache_gib",
-                            help=help_of("cpu_kv_cache_gib"))
-        st.text_area("extra_args (one flag per line)", key="f_extra_args", help=help_of("extra_args"), height=80)
+            st.number_input("cpu_kv_cache_gib", 0.001, 4096.0, start("cpu_kv_cache_gib"), step=0.25, format="%.3f",
+                            key=key("cpu_kv_cache_gib"), help=help_of("cpu_kv_cache_gib"))
+        st.text_area("extra_args (one flag per line)", start("extra_args"), key=key("extra_args"),
+                     help=help_of("extra_args"), height=80)
 
-values = edited_values()
+values = {name: from_widget(name, st.session_state.get(key(name), start(name))) for name in desired.values}
 changes = {k: v for k, v in values.items() if v != desired.values.get(k)}
 
-capacity: dict[str, Any] | None
+
+def finding(kind: str, i: int, f: dict[str, Any]) -> None:
+    box = st.error if kind == "errors" else st.warning
+    fit = f.get("fit") or {}
+    box(f"**{f['field']}**: {f['message']}", icon=":material/block:" if kind == "errors" else ":material/warning:")
+    for field, value in fit.items():
+        if field in values and values[field] != value:
+            st.button(f"Use {field} = {value}", key=f"use_{kind}_{i}_{field}", on_click=use_value,
+                      args=(field, value), icon=":material/auto_fix_high:")
+
+
+capacity: dict[str, Any] | None = None
 with right:
     st.subheader("Capacity preview")
     try:
         capacity = client().capacity(changes)
     except SettingsRejectedError as exc:
-        capacity = None
         for field, reason in exc.fields:
-            st.error(f"**{field}**: {reason}")
+            st.error(f"**{field}**: {reason}", icon=":material/block:")
+        st.caption("No figures: these values cannot be saved, so nothing is computed from them.")
     except ClientError as exc:
         unreachable(exc)
     if capacity is not None:
@@ -112,54 +165,44 @@ with right:
             c[0].metric("KV tokens", fmt.count(pred["kv_tokens"]),
                         help=f"{pred['kv_tokens']:,} tokens in {fmt.size(pred['kv_bytes'])}, "
                         f"{pred['kv_bytes_per_token']:,} bytes per token")
-            c[1].metric("Concurrency", f"{pred['max_concurrency']:.1f}x",
+            c[1].metric("Concurrency", fmt.times(pred["max_concurrency"]),
                         help=f"requests of max_model_len ({pred['max_model_len']:,} tokens) that fit in the KV "
                         "cache at once")
             c[2].metric("Weights", fmt.size(pred["weight_bytes"]))
             st.caption(("calibrated from earlier starts on this host" if pred["calibrated"] else
                         "estimated (the first start on this host calibrates it)") if pred["device"] == "cuda" else
                        "CPU build: the KV cache is cpu_kv_cache_gib")
-        for finding in capacity["errors"]:
-            fit = ", ".join(f"{k} = {v}" for k, v in finding["fit"].items())
-            st.error(f"**{finding['field']}**: {finding['message']}" + (f"  \nWould fit: **{fit}**" if fit else ""),
-                     icon=":material/block:")
-        for finding in capacity["warnings"]:
-            fit = ", ".join(f"{k} = {v}" for k, v in finding["fit"].items())
-            st.warning(f"**{finding['field']}**: {finding['message']}" + (f"  \nSuggested: {fit}" if fit else ""),
-                       icon=":material/warning:")
+        elif capacity["errors"]:
+            st.caption("No figures until the errors below are fixed: they would describe settings that cannot "
+                       "start.")
+        for kind in ("errors", "warnings"):
+            for i, f in enumerate(capacity[kind]):
+                finding(kind, i, f)
 
 st.subheader("Changes")
-running_values = client().revision(status.running_revision).values if status.running_revision else {}
-diff = [{"field": k, "running": running_values.get(k), "new": v} for k, v in values.items()
-        if v != running_values.get(k)]
-if diff:
-    st.dataframe([{k: str(v) for k, v in row.items()} for row in diff], hide_index=True)
+if changes:
+    st.dataframe([{"field": k, f"revision {desired.revision}": str(desired.values.get(k)), "new": str(v)}
+                  for k, v in changes.items()], hide_index=True)
 else:
-    st.caption("Same values as the running revision.")
+    st.caption(f"No edits: the form shows desired revision {desired.revision}.")
+if status.running_revision and status.running_revision != desired.revision:
+    st.caption(f"vLLM still runs revision {status.running_revision}; revision {desired.revision} is being applied.")
 note = st.text_input("Note (why)", key="apply_note", placeholder="e.g. fewer OOMs under long prompts")
+eta = capacity.get("restart_eta") if capacity else None
 
 
-def watch(revision: int) -> None:
-    """Follow the restart that applies ``revision``: its events from now on, timed from now."""
-    marker = client().events(limit=1, newest_first=True)
-    st.session_state["applying"] = {"revision": revision, "since": marker[0].id - 1 if marker else 0,
-                                    "t0": time.time()}
-    st.session_state.pop("apply_outcome", None)
-    st.rerun()
-
-
-def expected_downtime() -> float | None:
-    ready = [e for e in client().events(kinds=["ready"], limit=1, newest_first=True) if e.data.get("startup_s")]
-    return float(ready[0].data["startup_s"]) if ready else None
+def eta_text() -> str:
+    return f"about **{fmt.seconds(eta['seconds'])}**" if eta else "an unknown time (no earlier start to go by)"
 
 
 @st.dialog("Apply and restart vLLM?")
-def confirm(changes: dict[str, Any], errors: list[dict[str, Any]]) -> None:
-    downtime = expected_downtime()
+def confirm_apply(changes: dict[str, Any], errors: list[dict[str, Any]]) -> None:
     st.markdown("vLLM restarts with the new values: in-flight requests finish first, new ones wait in the "
-                f"gateway's queue and are served when it is ready, in about **{fmt.seconds(downtime)}** (the last "
-                "start). If it cannot start, the engine rolls back to the last revision that was ready.")
-    st.json(changes)
+                f"gateway's queue and are served when it is ready, in {eta_text()}"
+                + (f" ({eta['text']})" if eta else "") + ". If it cannot start, the engine rolls back to the last "
+                "revision that was ready.")
+    st.dataframe([{"field": k, "now": str(desired.values.get(k)), "new": str(v)} for k, v in changes.items()],
+                 hide_index=True)
     force = False
     if errors:
         st.error(f"Pre-flight found {len(errors)} error(s): this revision is unlikely to start.")
@@ -168,61 +211,41 @@ def confirm(changes: dict[str, Any], errors: list[dict[str, Any]]) -> None:
         try:
             rev = client().put_settings(desired.revision, changes, note, force=force)
         except StaleRevisionError:
-            st.error("Someone else changed the settings meanwhile: the form now shows their revision.")
-            st.session_state.pop("form_revision", None)
+            st.error("Someone else changed the settings meanwhile: close this and review their revision first.")
             return
         except SettingsRejectedError as exc:
             st.error(str(exc))
             return
-        watch(rev.revision)
+        watch(rev.revision, "Applying")
 
 
-c1, c2 = st.columns([1, 3])
-if c1.button("Apply & restart", type="primary", disabled=not changes, icon=":material/restart_alt:"):
-    confirm(changes, capacity["errors"] if capacity else [])
-if changes and c2.button("Discard changes"):
-    st.session_state.pop("form_revision", None)
-    st.rerun()
-
-
-@st.fragment(run_every=1)
-def progress() -> None:
-    applying = st.session_state.get("applying")
-    if not applying:
-        return
-    rev_id = applying["revision"]
-    events = client().events(since=applying["since"], kinds=PROGRESS_KINDS, limit=100)
-    now = client().status()
-    st.subheader(f"Applying revision {rev_id}")
-    timeline = [f"+{max(0.0, e.ts.timestamp() - applying['t0']):.0f} s **{e.kind}** {e.message}" for e in events]
-    for ev, line in zip(events, timeline, strict=True):
-        icon = {"ready": ":material/check_circle:", "failed": ":material/error:", "rollback": ":material/undo:",
-                "diagnosis": ":material/troubleshoot:"}.get(ev.kind, ":material/arrow_right:")
-        st.markdown(f"{icon} {line}")
-    rolled_back = any(e.kind == "rollback" and e.revision == rev_id for e in events)
-    if now.state == "ready" and now.running_revision == rev_id:
-        outcome = ("success", f"Revision {rev_id} is ready after {time.time() - applying['t0']:.0f} s.")
-    elif rolled_back and now.state == "ready":
-        diagnosis = next((e for e in events if e.kind == "diagnosis" and e.revision == rev_id), None)
-        outcome = ("error", f"Revision {rev_id} did not start and was rolled back to revision "
-                   f"{now.running_revision}." + (f"  \n**{diagnosis.data.get('kind')}**: "
-                                                  f"{diagnosis.data.get('explanation')}  \nFix: "
-                                                  f"{diagnosis.data.get('fix')}" if diagnosis else ""))
+@st.dialog("Roll back?")
+def confirm_rollback(target: RevisionInfo) -> None:
+    diff = [{"field": k, "now": str(desired.values.get(k)), "after": str(v)} for k, v in target.values.items()
+            if desired.values.get(k) != v]
+    st.markdown(f"A new revision with the values of revision **{target.revision}** becomes the desired one, and "
+                "vLLM restarts with it (in-flight requests finish first; new ones wait in the gateway's queue).")
+    if diff:
+        st.dataframe(diff, hide_index=True)
     else:
-        st.info(f"vLLM is {now.state}: {now.reason}", icon=":material/autorenew:")
-        return
-    st.session_state.pop("applying")
-    st.session_state["apply_outcome"] = (*outcome, timeline)
-    st.rerun(scope="app")  # the whole page: state banner, form and history follow the new revision
+        st.caption(f"Revision {target.revision} has the same values as desired revision {desired.revision}.")
+    if st.button(f"Roll back to revision {target.revision}", type="primary"):
+        try:
+            new = client().rollback(target.revision, f"rollback to revision {target.revision} from the console")
+        except ClientError as exc:
+            st.error(str(exc))
+            return
+        watch(new.revision, "Rolling back to")
 
+
+c1, c2, c3 = st.columns([1, 1, 3], vertical_alignment="center")
+if c1.button("Apply & restart", type="primary", disabled=not changes, icon=":material/restart_alt:"):
+    confirm_apply(changes, capacity["errors"] if capacity else [])
+c2.button("Discard changes", disabled=not changes, on_click=discard)
+c3.caption(f"A restart with these values takes {eta_text()}." if changes else "")
 
 progress()
-if outcome := st.session_state.get("apply_outcome"):
-    kind, message, timeline = outcome
-    (st.success if kind == "success" else st.error)(message, icon=":material/check:" if kind == "success"
-                                                     else ":material/undo:")
-    with st.expander("Timeline of the restart"):
-        st.markdown("\n".join(f"- {line}" for line in timeline))
+last_outcome()
 
 st.subheader("History")
 
@@ -251,9 +274,4 @@ for rev in history:
             st.caption(f"{w.get('severity', 'warning')}: {w.get('message')}")
         if rev.revision != desired.revision and st.button(f"Roll back to revision {rev.revision}",
                                                           key=f"rollback_{rev.revision}"):
-            try:
-                new = client().rollback(rev.revision, f"rollback to revision {rev.revision} from the console")
-            except ClientError as exc:
-                st.error(str(exc))
-            else:
-                watch(new.revision)
+            confirm_rollback(rev)
