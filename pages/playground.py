@@ -1,13 +1,19 @@
-"""Playground: try prompts on the served model, streamed, with what each run cost; compare two parameter sets."""
+"""Playground: try prompts on the served model (a multi-turn chat, or a completion), streamed, with what each run
+cost; ask for JSON through vLLM's structured outputs and see it checked; compare two parameter sets side by side,
+run at the same time; keep prompts the team shares."""
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from typing import Any
 
+import jsonschema
 import streamlit as st
 
 from console import fmt
-from console.client import ClientError, Run
+from console.client import ClientError, EngineClient, Run
 from console.widgets import client, engine_status, restart_banner, unreachable
 
 st.title("Playground")
@@ -18,26 +24,87 @@ TEMPLATES = {
     'for example {"answer": "...", "confidence": 0.0}. No prose outside the JSON.',
     "Summarizer": "Summarize the user's text in three short bullet points.",
 }
+FORMATS = ["Text", "JSON object", "JSON schema"]
+DEFAULT_SCHEMA = json.dumps({"type": "object", "properties": {"answer": {"type": "string"},
+                                                              "confidence": {"type": "number"}},
+                             "required": ["answer"]}, indent=1)
+DEFAULTS: dict[str, Any] = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 128, "stop": ""}
 
 status = engine_status()
 restart_banner(status)
 model = status.model or "demo"
+for tag in ("a", "b"):  # parameter widgets keep their values across pages and reruns
+    for name, value in DEFAULTS.items():
+        st.session_state.setdefault(f"pg_{tag}_{name}", value)
+st.session_state.setdefault("pg_messages", [])
+st.session_state.setdefault("pg_schema", DEFAULT_SCHEMA)
+
+
+def load_prompt(p: dict[str, Any]) -> None:
+    """Put a saved prompt into the form (a callback: it runs before the widgets are drawn)."""
+    params = p.get("params") or {}
+    st.session_state.update(pg_mode=p["mode"], pg_system=p.get("system") or "", pg_prompt=p.get("prompt") or "")
+    for name, default in DEFAULTS.items():
+        value = params.get(name, default)
+        if name == "stop":
+            value = ", ".join(value) if isinstance(value, list) else str(value or "")
+        st.session_state[f"pg_a_{name}"] = value if value is not None else default
+    fmt_ = params.get("format")
+    st.session_state["pg_format"] = fmt_ if fmt_ in FORMATS else "Text"
+    if params.get("schema"):
+        st.session_state["pg_schema"] = str(params["schema"])
+    st.session_state["pg_flash"] = f"Loaded “{p['name']}”."
+
+
+def delete_prompt(p: dict[str, Any]) -> None:
+    try:
+        client().delete_prompt(p["id"])
+    except ClientError as exc:
+        st.session_state["pg_flash"] = f"Could not delete “{p['name']}”: {exc}"
+        return
+    st.session_state["saved_choice"] = "—"
+    st.session_state["pg_flash"] = f"Deleted “{p['name']}”."
+
+
+def save_prompt() -> None:
+    name = str(st.session_state.get("pg_save_name", "")).strip()
+    mode = st.session_state.get("pg_mode") or "chat"
+    params = params_of("a")
+    params.update(format=st.session_state.get("pg_format", "Text"))
+    if params["format"] == "JSON schema":
+        params["schema"] = st.session_state.get("pg_schema", "")
+    try:
+        client().save_prompt(name, mode, st.session_state.get("pg_system", "") if mode == "chat" else "",
+                             st.session_state.get("pg_prompt", ""), params)
+    except ClientError as exc:
+        st.session_state["pg_flash"] = f"Not saved: {exc}"
+        return
+    st.session_state["saved_choice"] = f"{name} ({mode})"
+    st.session_state["pg_flash"] = f"Saved “{name}”."
+
+
+def params_of(tag: str) -> dict[str, Any]:
+    stop = [s for s in (x.strip() for x in str(st.session_state.get(f"pg_{tag}_stop") or "").split(",")) if s]
+    return {"temperature": float(st.session_state[f"pg_{tag}_temperature"]),
+            "top_p": float(st.session_state[f"pg_{tag}_top_p"]),
+            "max_tokens": int(st.session_state[f"pg_{tag}_max_tokens"]), "stop": stop or None}
+
 
 try:
     saved = client().prompts()
 except ClientError as exc:
     unreachable(exc)
 names = {f"{p['name']} ({p['mode']})": p for p in saved}
+if st.session_state.get("saved_choice") not in (None, "—", *names):
+    st.session_state["saved_choice"] = "—"
 top = st.columns([3, 1, 1], vertical_alignment="bottom")
 chosen = top[0].selectbox("Saved prompts", ["—", *names], key="saved_choice")
-if top[1].button("Load", disabled=chosen == "—", width="stretch"):
-    p = names[chosen]
-    st.session_state.update(pg_mode=p["mode"], pg_system=p["system"], pg_prompt=p["prompt"],
-                            **{f"pg_a_{k}": v for k, v in p["params"].items()})
-    st.rerun()
-if top[2].button("Delete", disabled=chosen == "—", width="stretch"):
-    client().delete_prompt(names[chosen]["id"])
-    st.rerun()
+top[1].button("Load", disabled=chosen == "—", width="stretch", on_click=load_prompt,
+              args=(names.get(chosen, {}),))
+top[2].button("Delete", disabled=chosen == "—", width="stretch", on_click=delete_prompt,
+              args=(names.get(chosen, {}),))
+if flash := st.session_state.pop("pg_flash", None):
+    st.toast(flash)
 
 mode = st.segmented_control("Mode", ["chat", "completion"], default="chat", key="pg_mode") or "chat"
 
@@ -49,60 +116,178 @@ def apply_template() -> None:
 if mode == "chat":
     st.selectbox("System prompt template", list(TEMPLATES), key="pg_template", on_change=apply_template)
     st.text_area("System prompt", key="pg_system", height=80)
+    conversation = st.session_state["pg_messages"]
+    if conversation:
+        with st.container(border=True):
+            for turn in conversation:
+                with st.chat_message(turn["role"]):
+                    st.markdown(turn["content"] or "*(no text)*")
+        st.button("New conversation", icon=":material/restart_alt:",
+                  on_click=lambda: st.session_state.update(pg_messages=[], pg_last=[]))
 st.text_area("Prompt" if mode == "chat" else "Text to continue", key="pg_prompt", height=120,
              placeholder="Describe what this module does.")
+c1, c2 = st.columns([1, 3])
+out_format = c1.selectbox("Output format", FORMATS, key="pg_format",
+                          help="JSON through vLLM's structured outputs: the reply is constrained to JSON, or to "
+                          "the schema; the playground checks what comes back.")
+schema_text = c2.text_area("JSON schema", key="pg_schema", height=110) if out_format == "JSON schema" else None
 compare = st.toggle("Compare two parameter sets side by side", key="pg_compare")
 
 
-def params_form(tag: str, container: Any) -> dict[str, Any]:
-    with container:
-        c = st.columns(4)
-        temperature = c[0].slider("temperature", 0.0, 2.0, 0.7, 0.05, key=f"pg_{tag}_temperature")
-        top_p = c[1].slider("top_p", 0.05, 1.0, 1.0, 0.05, key=f"pg_{tag}_top_p")
-        max_tokens = c[2].number_input("max_tokens", 1, 32_768, 128, key=f"pg_{tag}_max_tokens")
-        stop = c[3].text_input("stop (comma-separated)", key=f"pg_{tag}_stop")
-    return {"temperature": temperature, "top_p": top_p, "max_tokens": int(max_tokens),
-            "stop": [s for s in (x.strip() for x in stop.split(",")) if s] or None}
+def params_form(tag: str) -> None:
+    c = st.columns(4)
+    c[0].slider("temperature", 0.0, 2.0, step=0.05, key=f"pg_{tag}_temperature")
+    c[1].slider("top_p", 0.05, 1.0, step=0.05, key=f"pg_{tag}_top_p")
+    c[2].number_input("max_tokens", 1, 32_768, key=f"pg_{tag}_max_tokens")
+    c[3].text_input("stop (comma-separated)", key=f"pg_{tag}_stop")
 
 
-sets = {"A": params_form("a", st.container(border=True) if compare else st.container())}
+def label(tag: str, params: dict[str, Any]) -> str:
+    return (f"**{tag}** · temperature {params['temperature']:g} · top_p {params['top_p']:g} · "
+            f"max_tokens {params['max_tokens']}" + (f" · stop {params['stop']}" if params["stop"] else ""))
+
+
 if compare:
-    sets["B"] = params_form("b", st.container(border=True))
+    cols = st.columns(2)
+    for col, tag in zip(cols, ("a", "b"), strict=True):
+        with col.container(border=True):
+            st.markdown(label(tag.upper(), params_of(tag)))
+            params_form(tag)
+else:
+    params_form("a")
+
+schema: dict[str, Any] | None = None
+if schema_text is not None:
+    try:
+        schema = json.loads(schema_text)
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except (ValueError, jsonschema.SchemaError) as exc:
+        st.error(f"The JSON schema is not valid: {getattr(exc, 'message', exc)}", icon=":material/data_object:")
+        schema = None
 
 
-def show_stats(run: Run) -> None:
+def response_format() -> dict[str, Any] | None:
+    if out_format == "JSON object":
+        return {"type": "json_object"}
+    if out_format == "JSON schema" and schema is not None:
+        return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    return None
+
+
+def check_json(run: Run) -> tuple[bool, str] | None:
+    """Whether a JSON-mode reply is JSON (and matches the schema it was asked for); None when JSON was not asked
+    for."""
+    asked = run.params.get("response_format")
+    if not isinstance(asked, dict) or run.error:
+        return None
+    try:
+        data = json.loads(run.text)
+    except ValueError as exc:
+        cut = " The reply was cut off at max_tokens: raise it." if run.finish_reason == "length" else ""
+        return False, f"not valid JSON: {exc}.{cut}"
+    wanted = (asked.get("json_schema") or {}).get("schema") if asked.get("type") == "json_schema" else None
+    if wanted is None:
+        return True, "valid JSON"
+    errors = sorted(jsonschema.Draft202012Validator(wanted).iter_errors(data), key=lambda e: list(e.path))
+    if errors:
+        where = "/".join(str(p) for p in errors[0].path) or "the top level"
+        return False, f"valid JSON, but not the schema: at {where}, {errors[0].message}"
+    return True, "valid JSON that matches the schema"
+
+
+def show_stats(run: Run, narrow: bool = False) -> None:
     if run.error:
         st.error(run.error, icon=":material/error:")
         return
-    c = st.columns(5)
-    c[0].metric("Time to first token", fmt.seconds(run.ttft_s))
-    c[1].metric("Tokens/s", fmt.rate(run.tokens_per_s, ""))
-    c[2].metric("Input tokens", run.input_tokens if run.input_tokens is not None else "n/a")
-    c[3].metric("Output tokens", run.output_tokens if run.output_tokens is not None else "n/a")
-    c[4].metric("Finish", run.finish_reason or "n/a", help="stop: the model ended; length: max_tokens reached")
+    rate = run.tokens_per_s
+    figures = [("Time to first token", fmt.seconds(run.ttft_s), None),
+               ("Tokens/s", "n/a" if rate is None else f"{rate:,.0f}" if rate >= 100 else f"{rate:.1f}",
+                "output tokens over the generation time, from the request to the last token"),
+               ("Finish", run.finish_reason or "n/a", "stop: the model ended; length: max_tokens reached"),
+               ("Input tokens", str(run.input_tokens) if run.input_tokens is not None else "n/a", None),
+               ("Output tokens", str(run.output_tokens) if run.output_tokens is not None else "n/a", None)]
+    rows = [figures[:3], figures[3:]] if narrow else [figures]  # side by side, five in a row do not fit
+    for row in rows:
+        for col, (label_, value, help_) in zip(st.columns(len(row)), row, strict=True):
+            col.metric(label_, value, help=help_)
+    if not run.text:
+        why = {"length": f"it reached max_tokens ({run.params.get('max_tokens')}) before any text",
+               "stop": "the model ended at once (an end-of-text token or a stop string came first)"}
+        st.warning(f"The model returned no text: {why.get(run.finish_reason or '', 'no reason given')} "
+                   f"(finish reason {run.finish_reason or 'none'}, {run.output_tokens or 0} output tokens).",
+                   icon=":material/block:")
+    if (checked := check_json(run)) is not None:
+        ok, message = checked
+        (st.success if ok else st.error)(f"JSON check: {message}", icon=":material/data_object:")
+
+
+def show_run(tag: str | None, run: Run, *, text: bool = True) -> None:
+    if tag:
+        st.markdown(label(tag, run.params))
+    if text:
+        with st.container(border=True):
+            st.markdown(run.text or "*(no text)*")
+    show_stats(run, narrow=tag is not None)
 
 
 prompt = st.session_state.get("pg_prompt", "")
 b1, b2 = st.columns([1, 4], vertical_alignment="bottom")
 run_clicked = b1.button("Run", type="primary", icon=":material/play_arrow:")
 with b2.popover("Save prompt"):
-    name = st.text_input("Name", key="pg_save_name")
-    if st.button("Save", disabled=not (name.strip() and prompt.strip())):
-        client().save_prompt(name.strip(), mode, st.session_state.get("pg_system", "") if mode == "chat" else "",
-                             prompt, sets["A"])
-        st.toast(f"Saved “{name.strip()}”")
+    st.text_input("Name", key="pg_save_name", max_chars=200)
+    st.button("Save", disabled=not (str(st.session_state.get("pg_save_name", "")).strip() and prompt.strip()),
+              on_click=save_prompt)
+
+
+def stream_all(runs: dict[str, Run]) -> None:
+    """Run every request at once (each on its own thread and connection) and show them as they stream."""
+    token = client().token
+
+    def go(run: Run) -> None:
+        with EngineClient(client().base_url, token=token) as own:
+            for _ in own.stream(run):
+                pass
+
+    columns = st.columns(len(runs))
+    boxes = {}
+    for col, (tag, run) in zip(columns, runs.items(), strict=True):
+        with col:
+            if len(runs) > 1:
+                st.markdown(label(tag, run.params))  # labelled before it runs
+            boxes[tag] = st.empty()
+    threads = [threading.Thread(target=go, args=(run,), daemon=True) for run in runs.values()]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        for tag, run in runs.items():
+            boxes[tag].markdown(run.text or "…")
+        time.sleep(0.05)
+    for box in boxes.values():
+        box.empty()
+
 
 if run_clicked and not prompt.strip():
     st.warning("Write a prompt first.")
 elif run_clicked:
-    columns = st.columns(len(sets))
-    for col, (tag, params) in zip(columns, sets.items(), strict=True):
-        with col:
-            if compare:
-                st.markdown(f"**{tag}**: temperature {params['temperature']}, top_p {params['top_p']}, "
-                            f"max_tokens {params['max_tokens']}")
-            run = Run(model=model, mode=mode, prompt=prompt,
-                      system=st.session_state.get("pg_system", "") if mode == "chat" else "", params=params)
-            with st.container(border=True):
-                st.write_stream(client().stream(run))
-            show_stats(run)
+    fmt_ = response_format()
+    history = [{"role": t["role"], "content": t["content"]} for t in st.session_state["pg_messages"]] \
+        if mode == "chat" else []
+    runs = {tag.upper(): Run(model=model, mode=mode, prompt=prompt, history=history,
+                             system=st.session_state.get("pg_system", "") if mode == "chat" else "",
+                             params={**params_of(tag), **({"response_format": fmt_} if fmt_ else {})})
+            for tag in (("a", "b") if compare else ("a",))}
+    stream_all(runs)
+    st.session_state["pg_last"] = list(runs.items())
+    first = next(iter(runs.values()))
+    if mode == "chat" and not first.error:
+        st.session_state["pg_messages"] = [*history, {"role": "user", "content": prompt},
+                                           {"role": "assistant", "content": first.text}]
+    st.rerun()  # the conversation and the results are drawn from the session, like on any other rerun
+
+last: list[tuple[str, Run]] = st.session_state.get("pg_last") or []
+if last:
+    columns = st.columns(len(last))
+    for col, (tag, run) in zip(columns, last, strict=True):
+        with col:  # a single chat reply is in the conversation above: its figures only
+            show_run(tag if len(last) > 1 else None, run,
+                     text=len(last) > 1 or run.mode != "chat" or bool(run.error))
