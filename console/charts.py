@@ -22,15 +22,25 @@ METRIC_LABELS: dict[str, tuple[str, str, float]] = {  # metric → (title, unit,
 def _layout(fig: go.Figure, title: str, unit: str, height: int = 260) -> go.Figure:
     fig.update_layout(title={"text": title, "font": {"size": 14}}, height=height,
                       margin={"l": 10, "r": 10, "t": 40, "b": 10}, yaxis_title=unit, hovermode="x unified",
-                      legend={"orientation": "h", "y": -0.2})
+                      legend={"orientation": "h", "y": -0.32})
     return fig
 
 
-def timeseries(history: dict[str, Any], metric: str, names: dict[str, str] | None = None) -> go.Figure:
-    """One line per device (average per bucket) with a band from its min to its max."""
+PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880")
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    r, g, b = (int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def timeseries(history: dict[str, Any], metric: str, names: dict[str, str] | None = None,
+               marks: list[tuple[datetime, str, str]] | None = None) -> go.Figure:
+    """One line per device (the average per bucket) in a band from its min to its max (when a bucket holds more
+    than one sample), with event markers; "no data yet" when the window holds nothing."""
     title, unit, scale = METRIC_LABELS.get(metric, (metric, "", 1.0))
     fig = go.Figure()
-    for device, series in sorted(history.get("devices", {}).items(), key=lambda kv: int(kv[0])):
+    for i, (device, series) in enumerate(sorted(history.get("devices", {}).items(), key=lambda kv: int(kv[0]))):
         if metric not in series:
             continue
         t = [datetime.fromtimestamp(x, UTC) for x in series["t"]]
@@ -38,15 +48,56 @@ def timeseries(history: dict[str, Any], metric: str, names: dict[str, str] | Non
         avg = [None if y is None else y * scale for y in series[metric]["avg"]]
         if not any(y is not None for y in avg):
             continue
+        color = PALETTE[i % len(PALETTE)]
         if history.get("step_s", 1) > 1:
             hi = [None if y is None else y * scale for y in series[metric]["max"]]
             lo = [None if y is None else y * scale for y in series[metric]["min"]]
-            fig.add_trace(go.Scatter(x=t, y=hi, mode="lines", line={"width": 0}, showlegend=False,
-                                     hoverinfo="skip"))
-            fig.add_trace(go.Scatter(x=t, y=lo, mode="lines", line={"width": 0}, fill="tonexty", opacity=0.2,
-                                     showlegend=False, hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=t, y=avg, mode="lines", name=label))
-    return _layout(fig, title, unit)
+            fig.add_trace(go.Scatter(x=t, y=hi, mode="lines", line={"width": 0, "color": color}, showlegend=False,
+                                     name=f"{label} max", hoverinfo="skip"))
+            fig.add_trace(go.Scatter(x=t, y=lo, mode="lines", line={"width": 0, "color": color}, fill="tonexty",
+                                     fillcolor=_rgba(color, 0.22), name=f"{label} min-max", hoverinfo="skip"))
+        fig.add_trace(go.Scatter(x=t, y=avg, mode="lines", name=f"{label} avg" if history.get("step_s", 1) > 1
+                                 else label, line={"color": color}))
+    fig = empty_note(_layout(fig, title, unit))
+    return with_markers(fig, marks or []) if fig.data else fig
+
+
+MARKER_KINDS = {"settings_changed": ("settings", "#1f77b4"), "ready": ("restart", "#2ca02c"),
+                "rollback": ("rollback", "#d62728"), "crash_loop": ("crash loop", "#d62728"),
+                "failed": ("failure", "#ff7f0e"), "alert_raised": ("alert", "#9467bd")}
+
+
+def markers(events: list[Any], since: float) -> list[tuple[datetime, str, str]]:
+    """Events worth a line on a time chart (settings changes, restarts, rollbacks, failures, alerts) since
+    ``since`` (Unix seconds): (when, label, colour)."""
+    out = []
+    for e in events:
+        if e.kind in MARKER_KINDS and e.ts.timestamp() >= since:
+            name, color = MARKER_KINDS[e.kind]
+            out.append((e.ts, name + (f" {e.revision}" if e.revision and e.kind != "alert_raised" else ""), color))
+    return out
+
+
+def with_markers(fig: go.Figure, marks: list[tuple[datetime, str, str]]) -> go.Figure:
+    """Dotted vertical lines at each marker, labelled at the top of the chart, named on hover."""
+    for when, label, color in marks:
+        fig.add_vline(x=when, line_dash="dot", line_width=1, line_color=color, opacity=0.7)
+        fig.add_trace(go.Scatter(x=[when], y=[1], yaxis="y2", mode="markers", marker={"size": 7, "color": color,
+                                 "symbol": "triangle-down"}, name=label, showlegend=False,
+                                 hovertemplate=f"{label}<br>%{{x}}<extra></extra>"))
+    if marks:
+        fig.update_layout(yaxis2={"overlaying": "y", "range": [0, 1.05], "visible": False, "fixedrange": True})
+    return fig
+
+
+def empty_note(fig: go.Figure, text: str = "no data yet") -> go.Figure:
+    """A chart without data says so, instead of drawing empty axes."""
+    if not any(len(getattr(t, "x", None) or []) for t in fig.data if getattr(t, "yaxis", "y") != "y2"):
+        fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5,
+                           font={"size": 15, "color": "gray"})
+        fig.update_xaxes(visible=False)
+        fig.update_yaxes(visible=False)
+    return fig
 
 
 def by_revision(history: dict[str, Any], metric: str, title: str, unit: str, scale: float = 1.0) -> go.Figure:
@@ -57,7 +108,7 @@ def by_revision(history: dict[str, Any], metric: str, title: str, unit: str, sca
         if any(v is not None for v in y):
             t = [datetime.fromtimestamp(x, UTC) for x in series["t"]]
             fig.add_trace(go.Scatter(x=t, y=y, mode="lines+markers", marker={"size": 4}, name=f"revision {rev}"))
-    return _layout(fig, title, unit, height=240)
+    return empty_note(_layout(fig, title, unit, height=240))
 
 
 def compare_bars(levels: list[dict[str, Any]], key: str, title: str, names: tuple[str, str]) -> go.Figure:
@@ -68,6 +119,28 @@ def compare_bars(levels: list[dict[str, Any]], key: str, title: str, names: tupl
         fig.add_trace(go.Bar(x=x, y=[lv[key][side] for lv in levels], name=name))
     fig.update_layout(barmode="group", xaxis_title="concurrency")
     return _layout(fig, title, "")
+
+
+def sweep_throughput(levels: list[dict[str, Any]]) -> go.Figure:
+    """A sweep's output tokens/s against the number of concurrent clients."""
+    rows = sorted((lv for lv in levels if lv.get("output_throughput")), key=lambda lv: lv["concurrency"])
+    fig = go.Figure(go.Scatter(x=[lv["concurrency"] for lv in rows], y=[lv["output_throughput"] for lv in rows],
+                               mode="lines+markers", name="output tokens/s"))
+    fig.update_layout(xaxis_title="concurrent clients", xaxis_type="log")
+    return _layout(fig, "Throughput against concurrency", "output tokens/s")
+
+
+def sweep_latency(levels: list[dict[str, Any]]) -> go.Figure:
+    """A sweep's latency percentiles (end-to-end P50/P95/P99, TTFT P95) against concurrency, in seconds."""
+    rows = sorted((lv for lv in levels if lv.get("p50_e2el_ms")), key=lambda lv: lv["concurrency"])
+    fig = go.Figure()
+    for key, name in (("p50_e2el_ms", "P50"), ("p95_e2el_ms", "P95"), ("p99_e2el_ms", "P99"),
+                      ("p95_ttft_ms", "TTFT P95")):
+        fig.add_trace(go.Scatter(x=[lv["concurrency"] for lv in rows],
+                                 y=[(lv.get(key) or 0) / 1000 for lv in rows], mode="lines+markers", name=name,
+                                 line={"dash": "dot"} if key.endswith("ttft_ms") else {}))
+    fig.update_layout(xaxis_title="concurrent clients", xaxis_type="log")
+    return _layout(fig, "Latency percentiles against concurrency", "s")
 
 
 def memory_budget(prediction: dict[str, Any], device_total: float | None) -> go.Figure:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from console import fmt
-from console.client import ROLES, ApiError, ClientError
+from console.client import ROLES, ApiError, ClientError, InvalidRequestError
 from console.widgets import client, unreachable
 
 st.title("Access")
@@ -22,19 +22,45 @@ st.dataframe([{"user": u["username"], "role": u["role"], "disabled": u["disabled
                "last sign-in": fmt.clock(u["last_login"]) if u["last_login"] else "never",
                "locked until": fmt.clock(u["locked_until"]) if u["locked_until"] else ""} for u in users],
              hide_index=True, width="stretch")
+LABELS = {"username": "User name", "password": "Password", "role": "Role", "name": "Name",
+          "expires_days": "Expires after days", "rate_limit_per_min": "Rate limit"}
+
+
+def problems(exc: ApiError, about: str) -> str:
+    """What the engine refused, in the words of the form: "User name: use 1-64 letters…"."""
+    if isinstance(exc, InvalidRequestError) and exc.fields:
+        lines = []
+        for field, reason in exc.fields:
+            name, _, rest = reason.partition(": ")
+            if field == "?" and name in LABELS:  # the engine's own checks say "username: ..."
+                field, reason = name, rest
+            lines.append(f"**{LABELS.get(field, field)}**: {reason}")
+        return f"The {about} was not saved.  \n" + "  \n".join(lines)
+    return f"The {about} was not saved: {exc.detail if isinstance(exc.detail, str) else exc}"
+
+
+def clear(*keys: str) -> None:
+    for key in keys:
+        st.session_state.pop(key, None)
+
+
+if st.session_state.pop("nu_clear", False):  # a user was created: an empty form for the next one
+    clear("nu_name", "nu_password", "nu_role")
 c1, c2 = st.columns(2)
-with c1.form("new_user", clear_on_submit=True):
+with c1.form("new_user"):  # not cleared on submit: a refused form keeps what was typed
     st.markdown("**New user**")
-    name = st.text_input("User name")
-    password = st.text_input("Initial password (10+ characters)", type="password")
-    role = st.selectbox("Role", ROLES)
+    name = st.text_input("User name", key="nu_name")
+    password = st.text_input("Initial password (10+ characters)", type="password", key="nu_password")
+    role = st.selectbox("Role", ROLES, key="nu_role")
     if st.form_submit_button("Create"):
         try:
             client().create_user(name, password, role)
-            st.toast(f"User {name} created")
-            st.rerun()
         except ApiError as exc:
-            st.error(str(exc))
+            st.error(problems(exc, "user"))
+        else:
+            st.toast(f"User {name} created")
+            st.session_state["nu_clear"] = True
+            st.rerun()
 with c2.form("edit_user"):
     st.markdown("**Change a user**")
     who = st.selectbox("User", [u["username"] for u in users])
@@ -49,7 +75,7 @@ with c2.form("edit_user"):
             st.toast(f"User {who} updated; their sessions ended")
             st.rerun()
         except ApiError as exc:
-            st.error(str(exc))
+            st.error(problems(exc, f"change to user {who}"))
 
 st.subheader("Tokens and gateway keys")
 st.dataframe([{"id": t["id"], "name": t["name"], "starts with": t["prefix"] + "…", "role": t["role"],
@@ -58,7 +84,7 @@ st.dataframe([{"id": t["id"], "name": t["name"], "starts with": t["prefix"] + "�
                "rate limit/min": t["rate_limit_per_min"], "revoked": fmt.clock(t["revoked_at"]) if t["revoked_at"]
                else ""} for t in tokens], hide_index=True, width="stretch")
 c1, c2 = st.columns(2)
-with c1.form("new_token", clear_on_submit=True):
+with c1.form("new_token"):
     st.markdown("**New token**")
     t_name = st.text_input("Name (what it is for)")
     t_role = st.selectbox("Role", ROLES, key="t_role")
@@ -69,7 +95,7 @@ with c1.form("new_token", clear_on_submit=True):
         try:
             created = client().create_token(t_name, t_role, t_kind, t_days or None, int(t_rate) or None)
         except ApiError as exc:
-            st.error(str(exc))
+            st.error(problems(exc, "token"))
         else:
             st.session_state["created_token"] = created["token"]  # not "new_token": that is the form's key
 if token := st.session_state.pop("created_token", None):

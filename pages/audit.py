@@ -1,4 +1,5 @@
-"""Audit: who changed what, when, from where, and what happened next (append-only; CSV and JSON export)."""
+"""Audit: who changed what, when, from where, and what happened next (append-only; CSV and JSON export). Each
+record reads as a sentence; sign-ins and sign-outs are counted apart unless asked for."""
 
 from __future__ import annotations
 
@@ -14,12 +15,64 @@ from console.widgets import client, unreachable
 st.title("Audit")
 st.caption("Every mutating action: settings writes and rollbacks, restarts, users, tokens, benchmarks, sign-ins, "
            "and the engine's own automatic rollbacks. Nobody can edit or delete it.")
-c1, c2, c3, c4 = st.columns(4)
+SIGN_INS = ("auth.login", "auth.logout", "auth.sso")
+VERBS = {"engine.start": "asked to start vLLM", "engine.stop": "asked to stop vLLM",
+         "engine.restart": "asked to restart vLLM", "prompts.save": "saved a prompt",
+         "prompts.delete": "deleted saved prompt", "benchmarks.sweep": "started a benchmark sweep",
+         "benchmarks.search": "started a guided search", "benchmarks.cancel": "cancelled benchmark"}
+
+
+def _changes(r: dict[str, Any]) -> str:
+    before, after = r.get("before") or {}, r.get("after") or {}
+    parts = [f"{k} {before.get(k)} → {v}" if k in before else f"{k} {v}" for k, v in after.items()
+             if before.get(k) != v]
+    return ", ".join(parts)
+
+
+def sentence(r: dict[str, Any]) -> str:
+    """An audit record as a sentence: "admin created user ops-1 (operator)", "revision 4: max_num_seqs 16 → 8"."""
+    actor, action, target, status = r["actor"], r["action"], r["target"] or "", int(r["result"] or 0)
+    after = r.get("after") or {}
+    name = target.removeprefix("user ").removeprefix("token ")
+    if action == "auth.login":
+        return {200: f"{actor} signed in", 423: f"sign-in as {actor} refused: locked out"}.get(
+            status, f"failed sign-in as {actor}")
+    if action == "auth.logout":
+        return f"{actor} signed out"
+    if action == "auth.sso":
+        return f"{name} signed in through single sign-on"
+    if action == "users.create":
+        text = f"{actor} created user {name}" + (f" ({after['role']})" if after.get("role") else "")
+    elif action == "users.update":
+        changed = _changes(r)
+        if after.get("password_changed"):
+            changed = ", ".join(x for x in (changed.replace("password_changed True", "").strip(", "),
+                                            "a new password") if x)
+        text = f"{actor} changed user {name}: {changed or 'nothing'}"
+    elif action == "tokens.create":
+        text = f"{actor} created token {name}" + (f" ({after.get('role')}, {after.get('kind')})" if after else "")
+    elif action == "tokens.revoke":
+        text = f"{actor} revoked token {name}"
+    elif action in ("settings.write", "settings.rollback"):
+        verb = "wrote" if action == "settings.write" else "rolled back, writing"
+        text = f"{actor} {verb} {target}" + (f": {_changes(r)}" if _changes(r) else "")
+    elif action == "settings.auto_rollback":
+        text = f"the engine rolled {target} back to revision {after.get('revision')}"
+    elif action == "engine.halt":
+        text = f"the engine halted restarts ({target})"
+    else:
+        text = f"{actor} {VERBS.get(action, action)}" + (f" {target}" if target else "")
+    return text + (f" — refused ({status})" if status >= 400 else "")
+
+
+c1, c2, c3, c4, c5 = st.columns([2, 2, 2, 3, 2], vertical_alignment="bottom")
 actor = c1.text_input("Actor", key="au_actor") or None
 action = c2.selectbox("Action", ["all", "settings", "engine", "benchmarks", "users", "tokens", "prompts", "auth"],
                       key="au_action")
 day = c3.date_input("Day (UTC)", value=None, key="au_day")
 contains = c4.text_input("Changed field or text", key="au_text", placeholder="e.g. max_num_seqs") or None
+show_sign_ins = c5.toggle("Sign-ins", value=action == "auth", key="au_sign_ins",
+                          help="show sign-ins and sign-outs (counted apart otherwise)")
 since = until = None
 if isinstance(day, date):
     start = datetime(day.year, day.month, day.day, tzinfo=UTC)
@@ -30,12 +83,18 @@ try:
     rows = client().audit(**filters, limit=500)
 except ClientError as exc:
     unreachable(exc)
-
-st.dataframe([{"time": fmt.clock(r["ts"]), "actor": r["actor"], "role": r["role"], "action": r["action"],
-               "target": r["target"], "change": ", ".join(f"{k}: {(r['before'] or {}).get(k)} → {v}"
-                                                          for k, v in (r["after"] or {}).items())[:200],
-               "result": r["result"] or "—", "from": r["source"], "detail": r["detail"]} for r in rows],
-             hide_index=True, width="stretch")
+sign_ins = [r for r in rows if r["action"] in SIGN_INS]
+shown = rows if show_sign_ins else [r for r in rows if r["action"] not in SIGN_INS]
+failed = sum(1 for r in sign_ins if r["action"] == "auth.login" and (r["result"] or 0) >= 400)
+if sign_ins and not show_sign_ins:
+    st.caption(f"{len(sign_ins)} sign-ins and sign-outs in this selection ({failed} failed) are not listed: turn on "
+               "*Sign-ins* to see them.")
+st.dataframe([{"time": fmt.clock(r["ts"]), "what": sentence(r), "actor": r["actor"], "role": r["role"] or "—",
+               "action": r["action"], "result": r["result"] or "—", "from": r["source"] or "—",
+               "detail": r["detail"]} for r in shown],
+             hide_index=True, width="stretch",
+             column_config={"what": st.column_config.TextColumn(width="large"),
+                            "time": st.column_config.TextColumn(width="medium")})
 c1, c2, _ = st.columns([1, 1, 4])
 engine = client()  # the exports are fetched when clicked (on another thread), not on every rerun
 c1.download_button("Export CSV", lambda: engine.audit_export("csv", **filters), file_name="audit.csv",

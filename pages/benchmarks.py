@@ -44,7 +44,10 @@ with tab_run:
 def progress() -> None:
     live = next((r for r in client().benchmarks() if r["status"] == "running"), None)
     if live is None:
+        if st.session_state.pop("bm_watching", None) is not None:
+            st.rerun(scope="app")  # a run just ended: the whole page shows its results
         return
+    st.session_state["bm_watching"] = live["id"]
     p = live["progress"]
     total = max(1, p.get("total") or 1)
     level = (p.get("level_done") or 0) / max(1, p.get("level_total") or 1)
@@ -87,6 +90,11 @@ with tab_run:
                 st.error(run["error"])
             if run["results"]:
                 results_table(run)
+                if len([r for r in run["results"] if r.get("output_throughput")]) >= 2:
+                    c1, c2 = st.columns(2)
+                    c1.plotly_chart(charts.sweep_throughput(run["results"]), theme="streamlit",
+                                    key=f"tput_{run['id']}")
+                    c2.plotly_chart(charts.sweep_latency(run["results"]), theme="streamlit", key=f"lat_{run['id']}")
                 if any(r.get("tokens_per_joule") is None for r in run["results"]):
                     st.caption("Tokens per joule need a GPU's energy counter; this host has none.")
 

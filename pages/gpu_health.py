@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import streamlit as st
 
 from console import charts, fmt
@@ -18,8 +20,10 @@ def health() -> None:
     try:
         gpu = client().gpu()
         history = client().gpu_history(WINDOWS[window])
+        events = client().events(kinds=list(charts.MARKER_KINDS), limit=500, newest_first=True)
     except ClientError as exc:
         unreachable(exc)
+    marks = charts.markers(events, time.time() - history["window_s"])
     sampler = gpu["sampler"]
     st.caption(f"Driver {gpu['driver'] or 'n/a'} · sampled every {sampler['interval_s']:.0f} s"
                f" ({sampler['samples_per_s'] or 'n/a'}/s held) · sampler CPU {fmt.pct(sampler['cpu_pct_of_core'], 2)}"
@@ -30,10 +34,11 @@ def health() -> None:
     if not gpu["available"]:
         host_card(gpu["host"], gpu["reason"])
         c1, c2 = st.columns(2)
-        c1.plotly_chart(charts.timeseries(history, "util_gpu", {"-1": "host CPU"}).update_layout(
+        c1.plotly_chart(charts.timeseries(history, "util_gpu", {"-1": "host CPU"}, marks).update_layout(
             title_text="Host CPU"), theme="streamlit")
-        c2.plotly_chart(charts.timeseries(history, "mem_used", {"-1": "host"}).update_layout(
+        c2.plotly_chart(charts.timeseries(history, "mem_used", {"-1": "host"}, marks).update_layout(
             title_text="Host memory used"), theme="streamlit")
+        st.caption("Dotted lines: settings changes, restarts, rollbacks, failures and alerts in this window.")
         return
     for g in gpu["gpus"]:
         gpu_card(g)
@@ -47,7 +52,9 @@ def health() -> None:
         c[2].metric("Utilization spread", fmt.pct(balance["util_spread_pct"]))
     c1, c2 = st.columns(2)
     for col, metric in ((c1, "mem_used"), (c2, "util_gpu"), (c1, "power_w"), (c2, "temp_c")):
-        col.plotly_chart(charts.timeseries(history, metric), theme="streamlit")
+        col.plotly_chart(charts.timeseries(history, metric, marks=marks), theme="streamlit")
+    st.caption("Dotted lines: settings changes, restarts, rollbacks, failures and alerts in this window; over long "
+               "windows each point is a bucket's average within its min-max band.")
 
 
 health()

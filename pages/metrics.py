@@ -52,12 +52,22 @@ except ClientError as exc:
 if not rows:
     st.caption("No requests through the gateway in this window yet.")
 else:
+    small = st.column_config.TextColumn(width="small")
     st.dataframe([{
-        "revision": r["revision"], "requests": r["requests"], "avg input tokens": r["avg_input_tokens"],
-        "avg output tokens": r["avg_output_tokens"], "P50 latency": fmt.seconds(r["latency_p50_s"]),
-        "P95 latency": fmt.seconds(r["latency_p95_s"]), "P99 latency": fmt.seconds(r["latency_p99_s"]),
+        "revision": r["revision"], "requests": r["requests"], "avg in": r["avg_input_tokens"],
+        "avg out": r["avg_output_tokens"], "P50": fmt.seconds(r["latency_p50_s"]),
+        "P95": fmt.seconds(r["latency_p95_s"]), "P99": fmt.seconds(r["latency_p99_s"]),
         "P95 TTFT": fmt.seconds(r["ttft_p95_s"]), "tokens/s": r["output_tokens_per_s"],
-        "error rate": fmt.pct(None if r["error_rate"] is None else 100 * r["error_rate"], 1),
-        "OOM failures": r["oom_failures"], "OOM per hour": r["oom_per_hour"]} for r in rows],
-        hide_index=True, width="stretch")
-    st.caption("From the gateway's request ledger: latency includes time queued in the gateway during restarts.")
+        "errors": fmt.pct(None if r["error_rate"] is None else 100 * r["error_rate"], 1),
+        "OOMs": r["oom_failures"], "OOM/h": r["oom_per_hour"]} for r in rows],
+        hide_index=True, width="stretch",
+        column_config={"revision": st.column_config.NumberColumn(width="small"),
+                       "requests": st.column_config.NumberColumn(width="small"),
+                       "avg in": st.column_config.NumberColumn("avg input tokens", width="small"),
+                       "avg out": st.column_config.NumberColumn("avg output tokens", width="small"),
+                       "P50": small, "P95": small, "P99": small, "P95 TTFT": small,
+                       "tokens/s": st.column_config.NumberColumn(width="small", format="%.1f"),
+                       "errors": small, "OOMs": st.column_config.NumberColumn(width="small"),
+                       "OOM/h": st.column_config.NumberColumn(width="small", format="%.3f")})
+    st.caption("From the gateway's request ledger: latency (P50, P95, P99 end-to-end) includes time queued in the "
+               "gateway during restarts.")
