@@ -53,10 +53,11 @@ def make_token(data_dir: Path, role: str = "admin", name: str = "tests", kind: s
     return out.stdout.strip()
 
 
-def start_engine(data_dir: Path, *extra_env: tuple[str, str]) -> EngineHandle:
+def start_engine(data_dir: Path, *extra_env: tuple[str, str], demo: bool = True) -> EngineHandle:
+    """``demo``: link the repository's demo model into the data dir (else the engine finds none: a first run)."""
     (data_dir / "models").mkdir(parents=True, exist_ok=True)
     link = data_dir / "models" / "demo"
-    if not link.exists():
+    if demo and not link.exists():
         link.symlink_to(ensure_demo_model(), target_is_directory=True)
     port = free_port()
     token = make_token(data_dir)

@@ -241,3 +241,27 @@ def test_grafana_dashboard_reads_only_metrics_the_engine_exports(api: TestClient
     used = {re.sub(r"_(total|bucket|count|sum)$", "", m)
             for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"llmops_[a-z_]+", t["expr"])}
     assert used and used <= exported, used - exported
+
+
+def test_log_filters_hide_polling_keep_levels_and_find_text() -> None:
+    from engine.api import filter_log
+
+    lines = ["(APIServer pid=1) INFO 12-01 [x.py:1] Starting vLLM server", 'INFO:     127.0.0.1:1 - "GET /health '
+             'HTTP/1.1" 200 OK', 'INFO:     127.0.0.1:1 - "GET /metrics HTTP/1.1" 200 OK',
+             "(EngineCore pid=2) WARNING 12-01 [y.py:2] Found ulimit", "(EngineCore pid=2) ERROR 12-01 [z.py:3] boom",
+             "Traceback (most recent call last):", '  File "a.py", line 1', 'INFO:     1.2.3.4:5 - "POST /v1/'
+             'completions HTTP/1.1" 200 OK']
+    assert len(filter_log(lines, hide_polling=True, level="debug", contains=None)) == len(lines) - 2
+    # a traceback's lines carry the level of the line before them
+    assert filter_log(lines, hide_polling=False, level="error", contains=None) == lines[4:7]
+    assert filter_log(lines, hide_polling=False, level="warning", contains=None) == lines[3:7]
+    assert filter_log(lines, hide_polling=False, level="debug", contains="ULIMIT") == [lines[3]]
+
+
+def test_gateway_card_names_the_address_keys_and_the_model(api: TestClient) -> None:
+    info = api.get("/api/gateway").json()
+    assert info["base_url"].endswith("/v1") and info["keys_required"] is False
+    assert info["served_model"] == "demo"
+    card = info["model"]
+    assert card["architecture"] == "LlamaForCausalLM" and card["context_length"] == 2048
+    assert card["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 2  # 2 x layers x KV heads x head_dim x bf16

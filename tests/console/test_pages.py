@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -58,18 +59,29 @@ def test_gpu_health_is_honest_about_the_missing_gpu(console_env: EngineHandle) -
     assert "4 s per point" in texts(at)  # an hour in at most ~1,000 points
 
 
+def number(at: AppTest, label: str) -> Any:
+    return next(n for n in at.number_input if n.label == label)
+
+
 def test_settings_preview_follows_the_form_and_writes_nothing(console_env: EngineHandle) -> None:
     before = console_env.client.settings()
     at = page("settings", console_env.token)
-    assert at.number_input(key="f_max_num_seqs").value == before.values["max_num_seqs"]
-    at.number_input(key="f_max_num_seqs").set_value(before.values["max_num_seqs"] + 1).run()
+    assert number(at, "max_num_seqs").value == before.values["max_num_seqs"]
+    assert any(c.value.startswith("No edits") for c in at.caption)
+    number(at, "max_num_seqs").set_value(before.values["max_num_seqs"] + 1).run()
     assert not at.exception
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Concurrency"].endswith("x") and metrics["KV tokens"][0].isdigit()
-    assert len(at.dataframe) == 1  # the diff against the running revision
-    at.number_input(key="f_cpu_kv_cache_gib").set_value(0.001).run()
+    assert len(at.dataframe) == 1  # the edits: max_num_seqs only
+    assert list(at.dataframe[0].value["field"]) == ["max_num_seqs"]
+    number(at, "cpu_kv_cache_gib (memory for the KV cache)").set_value(0.001).run()
     errors = "\n".join(e.value for e in at.error)
-    assert "cpu_kv_cache_gib" in errors and "Would fit" in errors
+    assert "cpu_kv_cache_gib" in errors
+    use = next(b for b in at.button if b.label.startswith("Use cpu_kv_cache_gib = "))
+    fit = float(use.label.rsplit("=", 1)[1])
+    use.click().run()  # the suggestion's "use this value"
+    assert number(at, "cpu_kv_cache_gib (memory for the KV cache)").value == fit
+    assert not any(b.label.startswith("Use cpu_kv_cache_gib") for b in at.button)
     assert console_env.client.settings().revision == before.revision
 
 
@@ -85,16 +97,25 @@ def test_playground_streams_a_reply_with_its_figures(console_env: EngineHandle) 
     assert metrics["Time to first token"].endswith(("ms", "s"))
 
 
-def test_saved_prompts_can_be_loaded(console_env: EngineHandle) -> None:
+def test_saved_prompts_load_save_and_delete_at_once(console_env: EngineHandle) -> None:
+    # saved as the playground saves them: "stop" empty is None (loading it raised AttributeError: 'NoneType' ...)
     saved = console_env.client.save_prompt("json answer", "chat", "Answer in JSON.", "What is a module?",
-                                           {"temperature": 0.2, "max_tokens": 32})
+                                           {"temperature": 0.2, "max_tokens": 32, "stop": None, "top_p": 0.9})
     at = page("playground", console_env.token)
     choice = "json answer (chat)"
     assert choice in at.selectbox(key="saved_choice").options
     at.selectbox(key="saved_choice").set_value(choice).run()
     next(b for b in at.button if b.label == "Load").click().run()
+    assert not at.exception
     assert at.text_area(key="pg_prompt").value == "What is a module?"
-    assert at.slider(key="pg_a_temperature").value == 0.2
+    assert at.slider(key="pg_a_temperature").value == 0.2 and at.text_input(key="pg_a_stop").value == ""
+    assert any(b.label == "Run" for b in at.button)
+    at.text_input(key="pg_save_name").set_value("second copy").run()
+    next(b for b in at.button if b.label == "Save").click().run()
+    assert "second copy (chat)" in at.selectbox(key="saved_choice").options  # listed at once
+    assert at.selectbox(key="saved_choice").value == "second copy (chat)"
+    next(b for b in at.button if b.label == "Delete").click().run()
+    assert "second copy (chat)" not in at.selectbox(key="saved_choice").options
     console_env.client.delete_prompt(saved["id"])
 
 

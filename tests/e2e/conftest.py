@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,50 @@ def page(browser: object, console_url: str) -> Iterator[object]:
     sign_in(pg, console_url, "admin", ADMIN_PASSWORD)
     yield pg
     context.close()
+
+
+def no_error_on(pg: Any) -> None:
+    assert pg.locator('[data-testid="stException"]').count() == 0
+    assert "Traceback" not in pg.inner_text("body")
+
+
+def wait_rendered(pg: Any, title: str) -> None:
+    pg.get_by_role("heading", name=title, level=1).wait_for()
+    pg.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=30_000)
+
+
+def open_page(pg: Any, title: str) -> None:
+    """Through the sidebar, as a person does."""
+    pg.get_by_test_id("stSidebarNav").get_by_text(title, exact=True).click()
+    wait_rendered(pg, title)
+
+
+def cut_figures(pg: Any) -> list[str]:
+    """The figures (st.metric values) that do not fit their box and show an ellipsis instead of the number."""
+    return list(pg.evaluate("""() => [...document.querySelectorAll('[data-testid="stMetricValue"]')]
+        .filter(el => { const t = el.querySelector('div') || el; return t.scrollWidth > t.clientWidth + 1; })
+        .map(el => el.innerText)"""))
+
+
+def eventually(check: Callable[[], bool], timeout: float = 30.0, every: float = 0.25) -> None:
+    """Poll ``check`` until it holds, or fail after ``timeout`` seconds (a page renders in steps)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{getattr(check, '__name__', 'check')} did not hold in {timeout:.0f} s"
+        time.sleep(every)
+
+
+class External:
+    """Requests a page makes beyond this machine (the console fetches nothing from the internet)."""
+
+    def __init__(self, pg: Any) -> None:
+        self.urls: list[str] = []
+        pg.on("request", self._seen)
+
+    def _seen(self, request: Any) -> None:
+        url = str(request.url)
+        if not url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "http://localhost", "data:", "blob:")):
+            self.urls.append(url)
 
 
 def shot(pg: object, name: str) -> Path:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import shot, sign_in
+from tests.e2e.conftest import no_error_on, open_page, shot, sign_in, wait_rendered
 from tests.engine_process import ADMIN_PASSWORD, EngineHandle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -25,22 +25,6 @@ SEES = {  # what each role finds in the sidebar
                  "Events & logs", "Audit"},
     "admin": {title for title, _, _ in PAGES},
 }
-
-
-def no_error_on(pg: Any) -> None:
-    assert pg.locator('[data-testid="stException"]').count() == 0
-    assert "Traceback" not in pg.inner_text("body")
-
-
-def wait_rendered(pg: Any, title: str) -> None:
-    pg.get_by_role("heading", name=title, level=1).wait_for()
-    pg.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=30_000)
-
-
-def open_page(pg: Any, title: str) -> None:
-    """Through the sidebar: a new URL would be a new Streamlit session, signed out."""
-    pg.get_by_test_id("stSidebarNav").get_by_text(title, exact=True).click()
-    wait_rendered(pg, title)
 
 
 def test_every_page_opens_from_the_sidebar(page: Any, console_url: str) -> None:

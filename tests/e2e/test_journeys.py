@@ -1,0 +1,252 @@
+"""The three journeys through the console, in Debian's Chromium, each step asserted as a person sees it: the
+operator who tunes, applies, watches and rolls back; the on-call engineer who checks health, events and logs during
+a restart; the product team who chats, asks for JSON, saves, loads and compares. And a viewer with a deep link
+and a reload. Each ends with a screenshot in tests/artifacts/."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.conftest import External, cut_figures, eventually, no_error_on, open_page, shot, sign_in, wait_rendered
+from tests.engine_process import COLD_START_S, EngineHandle
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+
+def field(pg: Any, label: str) -> Any:
+    return pg.get_by_role("spinbutton", name=label, exact=True)
+
+
+def form_shows(pg: Any, values: dict[str, Any]) -> None:
+    """The settings form shows the desired revision's values (retrying: the page may still be rendering)."""
+    expect(field(pg, "max_num_seqs")).to_have_value(str(values["max_num_seqs"]))
+    expect(field(pg, "max_model_len (0 = the model's maximum)")).to_have_value(str(values["max_model_len"] or 0))
+    expect(field(pg, "cpu_kv_cache_gib (memory for the KV cache)")).to_have_value(
+        f"{values['cpu_kv_cache_gib']:.3f}")
+
+
+def choose(pg: Any, label: str, option: str) -> None:
+    """Pick an option of a select box (its text filters the list: cleared first)."""
+    box = pg.get_by_role("combobox", name=label)
+    box.click()
+    box.fill("")
+    pg.get_by_role("option", name=option, exact=True).first.click()
+
+
+def user(engine: EngineHandle, role: str) -> tuple[str, str]:
+    name, password = f"journey-{role}", f"journey-{role}-password"
+    if name not in {u["username"] for u in engine.client.users()}:
+        engine.client.create_user(name, password, role)
+    return name, password
+
+
+def test_operator_tunes_applies_watches_the_phases_and_rolls_back(page: Any, engine: EngineHandle) -> None:
+    external = External(page)
+    engine.client.wait_for({"ready"}, COLD_START_S)
+    before = engine.client.settings()
+    open_page(page, "Engine settings")
+    form_shows(page, before.values)
+    for _ in range(2):  # leave and come back: the form starts from the desired revision each time
+        open_page(page, "Overview")
+        open_page(page, "Engine settings")
+        form_shows(page, before.values)
+        page.get_by_text(f"No edits: the form shows desired revision {before.revision}").wait_for()
+        expect(page.get_by_role("button", name="Apply & restart")).to_be_disabled()
+
+    kv = field(page, "cpu_kv_cache_gib (memory for the KV cache)")
+    kv.fill("0.001")
+    kv.press("Tab")
+    use = page.get_by_role("button", name=re.compile(r"Use cpu_kv_cache_gib = "))
+    use.wait_for()
+    fit = use.inner_text().rsplit("=", 1)[1].strip()
+    use.click()
+    expect(kv).to_have_value(f"{float(fit):.3f}")
+    expect(page.get_by_role("button", name=re.compile(r"Use cpu_kv_cache_gib = "))).to_have_count(0)
+    kv.fill(f"{before.values['cpu_kv_cache_gib']:.3f}")
+    kv.press("Tab")
+
+    seqs = field(page, "max_num_seqs")
+    seqs.fill(str(before.values["max_num_seqs"] + 1))
+    seqs.press("Tab")
+    page.get_by_test_id("stDataFrame").wait_for()  # "Changes": what was edited, and nothing else
+    expect(page.get_by_role("button", name="Apply & restart")).to_be_enabled()
+    page.get_by_text("Capacity preview").wait_for()
+    expect(page.get_by_test_id("stMetricLabel").filter(has_text="Concurrency")).to_be_visible()
+    assert cut_figures(page) == []
+    note = page.get_by_label("Note (why)")
+    note.fill("journey: one more sequence")
+    note.press("Tab")
+    page.get_by_role("button", name="Apply & restart").first.click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_text("vLLM restarts with the new values").wait_for()
+    dialog.get_by_role("button", name="Apply & restart").click()
+    page.get_by_role("heading", name=re.compile(r"Applying revision \d+")).wait_for()
+    for phase in ("Process and imports", "Loading weights", "API server up"):  # the phases, as they happen
+        page.get_by_text(phase).first.wait_for(timeout=COLD_START_S * 1000)
+    page.get_by_text(re.compile(r"Revision \d+ is ready after")).wait_for(timeout=COLD_START_S * 1000)
+    applied = engine.client.settings()
+    assert applied.values["max_num_seqs"] == before.values["max_num_seqs"] + 1
+    expect(page.get_by_label("Note (why)")).to_have_value("")
+    form_shows(page, applied.values)
+    page.get_by_text("Timeline of the restart").click()
+    page.get_by_text(re.compile(r"Ready after .* expected .* off by")).first.wait_for()
+    ready = engine.client.events(kinds=["ready"], newest_first=True, limit=1)[0]
+    assert ready.revision == applied.revision and "phases" in ready.data["startup"]
+    shot(page, "journey-operator-applied")
+
+    page.get_by_text(re.compile(rf"^{before.revision} · ")).first.click()  # its history entry
+    page.get_by_role("button", name=f"Roll back to revision {before.revision}").click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_text("becomes the desired one").wait_for()
+    dialog.get_by_role("button", name=f"Roll back to revision {before.revision}").click()
+    page.get_by_role("heading", name=re.compile(r"Rolling back to revision \d+")).wait_for()
+    page.get_by_text(re.compile(r"Revision \d+ is ready after")).wait_for(timeout=COLD_START_S * 1000)
+    assert engine.client.settings().values["max_num_seqs"] == before.values["max_num_seqs"]
+    form_shows(page, engine.client.settings().values)
+    no_error_on(page)
+    shot(page, "journey-operator-rolled-back")
+    assert external.urls == []
+
+
+def test_on_call_checks_health_follows_a_restart_live_and_filters_the_log(browser: Any, console_url: str,
+                                                                         engine: EngineHandle) -> None:
+    name, password = user(engine, "viewer")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(30_000)
+    external = External(pg)
+    engine.client.wait_for({"ready"}, COLD_START_S)
+    sign_in(pg, console_url, name, password)
+    pg.get_by_text("Latest events").wait_for()
+    open_page(pg, "GPU health")
+    pg.get_by_text("No GPU: this host runs the CPU build of vLLM").wait_for()
+    expect(pg.locator(".js-plotly-plot")).to_have_count(2)
+    open_page(pg, "Overview")
+    marker = engine.client.events(limit=1, newest_first=True)[0].id
+    engine.client.engine_action("restart")  # another operator restarts vLLM: the on-call view follows it
+    pg.get_by_text("restart requested by tests").first.wait_for()
+    engine.client.wait_for({"ready"}, COLD_START_S)
+    ready = next(e for e in engine.client.events(since=marker, kinds=["ready"]))
+    pg.get_by_text(ready.message).first.wait_for()  # live: no navigation, no reload
+    expect(pg.locator("body")).to_contain_text("READY")
+
+    open_page(pg, "Events & logs")
+    code = pg.get_by_test_id("stCode").last
+    expect(code).not_to_contain_text('"GET /health')  # polling is hidden by default
+    choose(pg, "Level", "warnings and up")
+    info = re.compile(r"^(\(\S+ pid=\d+\) )?INFO\b")
+
+    def only_warnings() -> bool:
+        lines = code.inner_text().splitlines()
+        return bool(lines) and "WARNING" in lines[0] and not any(info.match(ln) for ln in lines)
+
+    eventually(only_warnings)
+    pg.get_by_label("Text").fill("KV cache")
+    pg.get_by_label("Text").press("Enter")
+    choose(pg, "Level", "everything")
+    eventually(lambda: code.inner_text().splitlines() != [] and all(
+        "kv cache" in ln.lower() for ln in code.inner_text().splitlines()) and "KV cache size" in code.inner_text())
+    no_error_on(pg)
+    shot(pg, "journey-on-call")
+    assert external.urls == []
+    context.close()
+
+
+def test_product_team_chats_asks_for_json_saves_loads_and_compares(browser: Any, console_url: str,
+                                                                   engine: EngineHandle) -> None:
+    name, password = user(engine, "prompter")
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    pg = context.new_page()
+    pg.set_default_timeout(60_000)
+    external = External(pg)
+    engine.client.wait_for({"ready"}, COLD_START_S)
+    sign_in(pg, console_url, name, password)
+    open_page(pg, "Playground")
+    prompt = pg.get_by_label("Prompt", exact=True)
+    for i, text in enumerate(("Describe what this module does.", "And what does it return?")):
+        prompt.fill(text)
+        prompt.press("Tab")
+        pg.get_by_role("button", name="Run").click()
+        expect(pg.get_by_test_id("stChatMessage")).to_have_count(2 * (i + 1))  # a multi-turn conversation
+        expect(pg.get_by_test_id("stMetricLabel").filter(has_text="Finish")).to_be_visible()
+    rate = pg.get_by_test_id("stMetric").filter(has_text="Tokens/s").get_by_test_id("stMetricValue").inner_text()
+    assert rate == "n/a" or float(rate.replace(",", "")) < 20_000  # output tokens over the generation time
+
+    choose(pg, "Output format", "JSON schema")
+    pg.get_by_label("JSON schema").wait_for()
+    pg.get_by_role("button", name="New conversation").click()
+    prompt.fill("Answer as JSON: what is a module?")
+    prompt.press("Tab")
+    pg.get_by_role("button", name="Run").click()
+    pg.get_by_text(re.compile(r"JSON check: ")).wait_for()  # checked against the schema it asked for
+
+    pg.get_by_role("button", name="Save prompt").click()
+    pg.get_by_label("Name", exact=True).fill("journey prompt")
+    pg.get_by_label("Name", exact=True).press("Tab")
+    pg.get_by_role("button", name="Save", exact=True).click()
+    expect(pg.get_by_role("combobox", name="Saved prompts")).to_have_value("journey prompt (chat)")  # at once
+    open_page(pg, "Overview")
+    open_page(pg, "Playground")
+    choose(pg, "Saved prompts", "journey prompt (chat)")
+    prompt.fill("something else")
+    prompt.press("Tab")
+    pg.get_by_role("button", name="Load").click()
+    expect(prompt).to_have_value("Answer as JSON: what is a module?")
+    expect(pg.get_by_role("combobox", name="Output format")).to_have_value("JSON schema")
+    no_error_on(pg)
+
+    choose(pg, "Output format", "Text")
+    pg.get_by_text("Compare two parameter sets side by side").click()
+    pg.get_by_text(re.compile(r"^B · temperature")).first.wait_for()  # labelled before it runs
+    pg.get_by_role("button", name="Run").click()
+    expect(pg.get_by_test_id("stMetricLabel").filter(has_text="Finish")).to_have_count(2)
+    expect(pg.get_by_text(re.compile(r"^A · temperature"))).not_to_have_count(0)
+    assert cut_figures(pg) == []
+    no_error_on(pg)
+    shot(pg, "journey-product-team")
+    assert external.urls == []
+    for p in engine.client.prompts():
+        if p["name"] == "journey prompt":
+            engine.client.delete_prompt(p["id"])
+    context.close()
+
+
+def test_a_viewer_follows_a_deep_link_reloads_and_signs_out(browser: Any, console_url: str,
+                                                            engine: EngineHandle) -> None:
+    name, password = user(engine, "viewer")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pg = context.new_page()
+    pg.set_default_timeout(30_000)
+    t0 = time.monotonic()
+    pg.goto(f"{console_url}/events")  # a deep link, signed out: the sign-in first, then the page asked for
+    pg.get_by_role("heading", name="Sign in", level=1).wait_for()
+    assert "next=%2Fevents" in pg.url
+    pg.get_by_label("User").fill(name)
+    pg.get_by_label("Password", exact=True).fill(password)
+    pg.get_by_role("button", name="Sign in").click()
+    wait_rendered(pg, "Events & logs")
+    assert time.monotonic() - t0 < 30
+    cookie = next(c for c in context.cookies() if c["name"] == "llmops_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert "llmops_" not in pg.evaluate("document.cookie")  # out of page scripts' reach
+    pg.reload()  # F5: still signed in, still on the same page
+    wait_rendered(pg, "Events & logs")
+    pg.goto(f"{console_url}/settings")  # not a viewer's page: it says which role it needs, and shows nothing else
+    wait_rendered(pg, "Engine settings")
+    pg.get_by_text("needs the operator role").wait_for()
+    assert pg.get_by_role("spinbutton").count() == 0
+    assert pg.get_by_test_id("stSidebarNav").get_by_text("Engine settings", exact=True).count() == 0
+    no_error_on(pg)
+    shot(pg, "journey-viewer")
+    pg.get_by_role("button", name="Sign out").click()
+    pg.get_by_role("heading", name="Sign in", level=1).wait_for()
+    pg.get_by_text("You are signed out.").wait_for()
+    pg.goto(f"{console_url}/events")
+    pg.get_by_role("heading", name="Sign in", level=1).wait_for()  # the session ended at the engine too
+    assert engine.client.audit(action="auth.logout", actor=name)
+    context.close()
