@@ -21,12 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pynvml
 
-from engine.calibration import CalibrationStore, parse_start
-from engine.capacity import Device, load_shape, predict
-from engine.child import ChildLog, VllmChild, free_port
-from engine.settings import EngineSettings
-from engine.store import Store
-from engine.vllm_command import build_command, build_env
+from engine.capacity import CalibrationStore, Device, load_shape, parse_start, predict
+from engine.db import Store
+from engine.revisions import EngineSettings
+from engine.serving import ChildLog, VllmChild, build_command, build_env, free_port
 
 CASES: list[dict[str, Any]] = [
     {"gpu_memory_utilization": 0.5, "max_model_len": 8192, "max_num_seqs": 128},

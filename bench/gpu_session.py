@@ -21,7 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from console.client import EngineClient
-from engine.child import free_port
+from engine.serving import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -19,10 +19,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.alerts import AlertEngine, AlertThresholds
-from engine.store import Store
-from engine.telemetry import Sampler
-from engine.telemetry_store import TelemetryStore
+from engine.db import Store
+from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
 
 
 def main() -> None:
@@ -67,7 +65,7 @@ def main() -> None:
 
 def per_call(nvml: Any, repeat: int = 20) -> dict[str, dict[str, Any]]:
     """Thread CPU and wall milliseconds of each NVML call the reader makes, on GPU 0."""
-    from engine.nvml_reader import _FAST, _SLOW
+    from engine.gpu.nvml import _FAST, _SLOW
 
     h = nvml.nvmlDeviceGetHandleByIndex(0)
     calls: dict[str, Any] = {key: (lambda c=call: c(nvml, h)) for _, key, call, _ in (*_FAST, *_SLOW)}

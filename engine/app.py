@@ -14,26 +14,23 @@ import uvicorn
 from fastapi import Depends, FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from engine import api_access, api_benchmarks, api_prompts, api_serving, api_telemetry
-from engine.alerts import AlertEngine, AlertThresholds
-from engine.api import build_router, install_error_handlers
-from engine.audit import AuditLog, AuditMiddleware
-from engine.auth import Auth
+from engine.access import AuditLog, AuditMiddleware, Auth
+from engine.api.routes import access as api_access
+from engine.api.routes import benchmarks as api_benchmarks
+from engine.api.routes import gpu as api_telemetry
+from engine.api.routes import prompts as api_prompts
+from engine.api.routes import serving as api_serving
+from engine.api.routes.core import build_router, install_error_handlers
 from engine.benchmarks import Benchmarks
-from engine.calibration import CalibrationStore
+from engine.capacity import CalibrationStore, Planner
 from engine.config import AppConfig
+from engine.db import Store
 from engine.errors import EngineError
-from engine.exporter import EngineCollector, RequestMetrics, render
-from engine.gateway import Admission, Gateway
-from engine.ledger import Ledger
-from engine.planner import Planner
-from engine.series import SeriesStore
-from engine.serving import HISTORY_METRICS, ServingMonitor
-from engine.settings import EngineSettings, initial_settings
-from engine.store import Store
-from engine.supervisor import Supervisor
-from engine.telemetry import Sampler
-from engine.telemetry_store import TelemetryStore
+from engine.gateway import Admission, Gateway, Ledger
+from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
+from engine.metrics import HISTORY_METRICS, EngineCollector, RequestMetrics, SeriesStore, ServingMonitor, render
+from engine.revisions import EngineSettings, initial_settings
+from engine.serving import Supervisor
 
 
 class UnsafeConfigError(EngineError):

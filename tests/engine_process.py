@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from console.client import EngineClient
-from engine.child import free_port
+from engine.serving import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "data" / "models" / "demo"

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from engine.access import ROLES, BadCredentialsError, LockedError
 from engine.app import UnsafeConfigError, create_app
-from engine.auth import ROLES, BadCredentialsError, LockedError
 from engine.config import AppConfig
-from engine.vllm_command import build_env
+from engine.serving import build_env
 from tests.conftest import DEMO_SHAPE
 from tests.engine_process import ADMIN_PASSWORD
 

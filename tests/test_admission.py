@@ -115,7 +115,7 @@ def test_stream_slot_is_released_when_the_client_is_gone() -> None:
     is released exactly once."""
     from starlette.types import Message
 
-    from engine.gateway import _TrackedStream
+    from engine.gateway.proxy import _TrackedStream
 
     async def go() -> None:
         gate = Admission(queue_size=5, queue_timeout_s=1)

@@ -184,12 +184,12 @@ def test_capacity_answers_for_values_not_saved(api: TestClient) -> None:
 
 def test_an_internal_error_fails_the_engine_visibly_and_supervision_goes_on(data_dir: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.supervisor
+    import engine.serving.supervisor
 
     def broken(*_: object, **__: object) -> list[str]:
         raise RuntimeError("argument builder bug")
 
-    monkeypatch.setattr(engine.supervisor, "build_command", broken)
+    monkeypatch.setattr(engine.serving.supervisor, "build_command", broken)
     config = AppConfig(data_dir=data_dir, autostart=True, backoff_max_s=3600)
     with signed_in(create_app(config)) as client:
         import time
@@ -231,7 +231,7 @@ def test_grafana_dashboard_reads_only_metrics_the_engine_exports(api: TestClient
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from engine.exporter import GPU_GAUGES, SERVING_GAUGES
+    from engine.metrics import GPU_GAUGES, SERVING_GAUGES
     from tests.engine_process import REPO
 
     exported = {f.name for f in text_string_to_metric_families(api.get("/metrics").text)}
@@ -244,7 +244,7 @@ def test_grafana_dashboard_reads_only_metrics_the_engine_exports(api: TestClient
 
 
 def test_log_filters_hide_polling_keep_levels_and_find_text() -> None:
-    from engine.api import filter_log
+    from engine.api.routes.core import filter_log
 
     lines = ["(APIServer pid=1) INFO 12-01 [x.py:1] Starting vLLM server", 'INFO:     127.0.0.1:1 - "GET /health '
              'HTTP/1.1" 200 OK', 'INFO:     127.0.0.1:1 - "GET /metrics HTTP/1.1" 200 OK',

@@ -8,19 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from engine.calibration import CalibrationRow, parse_start, to_calibration
 from engine.capacity import (
     GIB,
+    CalibrationRow,
     Device,
     ModelShape,
     batched_tokens,
     estimate_activation,
     kv_bytes_per_token,
     load_shape,
+    parse_start,
     predict,
+    to_calibration,
     weight_bytes,
 )
-from engine.settings import EngineSettings
+from engine.revisions import EngineSettings
 
 LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
 # Llama-3-8B's shape, as ../shared/gpu/make_shape_model.py writes it for the H200 runs.
@@ -171,8 +173,8 @@ def test_failed_h200_start_is_predicted_to_have_no_kv_memory(llama8b: ModelShape
 
 
 def test_calibration_store_keeps_the_last_starts_per_model(tmp_path: Path, llama8b: ModelShape) -> None:
-    from engine.calibration import CalibrationStore
-    from engine.store import Store
+    from engine.capacity import CalibrationStore
+    from engine.db import Store
 
     calibrations = CalibrationStore(Store(tmp_path / "c.db"))
     assert calibrations.latest("m", 1, "auto") is None

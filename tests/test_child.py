@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from engine.child import ChildLog, VllmChild, free_port, group_members, reap_orphans
+from engine.serving import ChildLog, VllmChild, free_port, group_members, reap_orphans
 
 # A server that forks a worker; the worker ignores SIGTERM, like a stuck vLLM worker holding memory.
 TREE = """
@@ -52,7 +52,7 @@ def test_stop_kills_the_whole_group_and_logs_output(tmp_path: Path) -> None:
 DYING_ENGINE = """
 import asyncio, os, sys
 from pathlib import Path
-from engine.child import ChildLog, VllmChild, free_port
+from engine.serving import ChildLog, VllmChild, free_port
 
 async def main():
     folder = Path(sys.argv[1])

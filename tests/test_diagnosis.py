@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.diagnosis import diagnose
+from engine.serving import diagnose
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SAMPLES = json.loads((FIXTURES / "diagnosis_samples.json").read_text())

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.ledger import Ledger, Record, percentile
-from engine.store import Store
+from engine.db import Store
+from engine.gateway import Ledger, Record, percentile
 
 
 def rec(ts: float, revision: int, latency: float, tokens: tuple[int, int] | None = (10, 20), status: int = 200,
@@ -60,7 +60,7 @@ def test_percentile_matches_numpy_linear() -> None:
 
 
 def test_sampled_prompt_text_is_the_messages_as_json_cut_at_4000_characters() -> None:
-    from engine.usage import RequestInfo
+    from engine.gateway import RequestInfo
 
     chat = RequestInfo.parse(json.dumps({"model": "demo", "messages": [{"role": "user", "content": "hi"}]}).encode())
     assert chat.prompt_text() == '[{"role": "user", "content": "hi"}]'

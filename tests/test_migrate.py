@@ -5,8 +5,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from engine.calibration import CalibrationStore
-from engine.store import Store
+from engine.capacity import CalibrationStore
+from engine.db import Store
 
 
 def test_old_tables_gain_new_columns_and_keep_their_rows(tmp_path: Path) -> None:

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.capacity import GIB, Device
-from engine.preflight import check
-from engine.settings import EngineSettings
+from engine.capacity import GIB, Device, check
+from engine.revisions import EngineSettings
 from tests.test_capacity import H200, LLAMA3_8B
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.serving import Histogram, derive, parse
+from engine.metrics import Histogram, derive, parse
 
 REAL = (Path(__file__).parent / "fixtures" / "vllm-0.32-cpu-metrics.txt").read_text()
 

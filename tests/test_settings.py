@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import InvalidSettingsError
-from engine.settings import (
+from engine.revisions import (
     ALLOWED_EXTRA_FLAGS,
     FIELD_NAMES,
     EngineSettings,

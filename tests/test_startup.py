@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.startup import PastStart, StartTracker, compile_key, estimate, past_start
+from engine.serving import PastStart, StartTracker, compile_key, estimate, past_start
 
 LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
 

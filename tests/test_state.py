@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.state import EngineState, InvalidTransitionError, StateMachine
+from engine.schemas import EngineState
+from engine.serving import InvalidTransitionError, StateMachine
 
 S = EngineState
 

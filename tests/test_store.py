@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.db import Store
 from engine.errors import RevisionNotFoundError, StaleRevisionError
-from engine.store import Store
 
 
 @pytest.fixture

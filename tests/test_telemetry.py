@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from engine.alerts import AlertEngine, AlertThresholds
-from engine.telemetry import Sampler, Snapshot
+from engine.gpu import AlertEngine, AlertThresholds, Sampler, Snapshot
 from tests.nvml_double import FakeGpu, NvmlDouble
 
 GIB = 1 << 30
@@ -135,7 +134,7 @@ def test_ecc_errors_raise_an_alert() -> None:
 
 
 def level_snapshot(ts: float, **values: float) -> Snapshot:
-    from engine.nvml_reader import GpuReading
+    from engine.gpu import GpuReading
 
     base = {"mem_used": 10 * GIB, "mem_total": 100 * GIB, "temp_c": 40.0, "power_w": 100.0, "power_limit_w": 700.0}
     return Snapshot(ts, True, None, gpus=[GpuReading(0, "GPU-a", "H200", ts, values={**base, **values})], host={})

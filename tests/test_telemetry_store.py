@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.nvml_reader import GpuReading
-from engine.store import Store
-from engine.telemetry import Snapshot
-from engine.telemetry_store import HOST, MAX_POINTS, TelemetryStore
+from engine.db import Store
+from engine.gpu import GpuReading, Snapshot
+from engine.gpu.history import HOST, MAX_POINTS, TelemetryStore
 
 T0 = 1_800_000_000.0  # a fixed, minute-aligned clock
 

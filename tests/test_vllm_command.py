@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.settings import EngineSettings, initial_settings, merge_values, validate_settings
-from engine.vllm_command import build_command, build_env
+from engine.revisions import EngineSettings, initial_settings, merge_values, validate_settings
+from engine.serving import build_command, build_env
 
 
 def settings(data_dir: Path, **changes: object) -> EngineSettings:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.child import free_port
+from engine.serving import free_port
 from tests.engine_process import ADMIN_PASSWORD, COLD_START_S, REPO, EngineHandle
 
 CHROMIUM = "/usr/bin/chromium"

@@ -21,7 +21,7 @@ import pynvml
 import pytest
 
 from console.client import EngineClient
-from engine.child import free_port
+from engine.serving import free_port
 from tests.engine_process import ADMIN_PASSWORD, make_token
 
 REPO = Path(__file__).resolve().parents[2]
@@ -80,8 +80,9 @@ class GpuEngine:
     def bench(self, concurrency: int, prompts: int, label: str) -> dict[str, Any]:
         """vLLM's own serving benchmark against the gateway (random prompts of 200 tokens, 128 out)."""
         out = subprocess.run(
-            [sys.executable, "-m", "engine.bench_runner", "--base-url", self.url, "--model", "m", "--tokenizer", MODEL,
-             "--dataset-name", "random", "--random-input-len", "200", "--random-output-len", "128",
+            [sys.executable, "-m", "engine.benchmarks.runner", "--base-url", self.url, "--model", "m",
+             "--tokenizer", MODEL, "--dataset-name", "random", "--random-input-len", "200",
+             "--random-output-len", "128",
              "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--ignore-eos", "--disable-tqdm",
              "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99", "--label", label],
             capture_output=True, text=True, cwd=REPO, timeout=600)

@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from engine.capacity import GIB, Device, load_shape, predict
-from engine.child import ChildLog, VllmChild, free_port
-from engine.settings import EngineSettings
-from engine.vllm_command import build_command, build_env
+from engine.revisions import EngineSettings
+from engine.serving import ChildLog, VllmChild, build_command, build_env, free_port
 from tests.engine_process import REPO, ensure_demo_model
 
 pytestmark = pytest.mark.integration

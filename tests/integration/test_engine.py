@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from console.client import SettingsRejectedError
-from engine.child import group_members
+from engine.serving import group_members
 from tests.engine_process import COLD_START_S, HF_TOKEN, EngineHandle
 from tests.integration.load import Load, summary
 

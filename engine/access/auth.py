@@ -1,0 +1,281 @@
+"""Who may do what: local users (argon2 password hashes), bearer tokens (stored as SHA-256 digests), sessions that
+expire, lockout after repeated failures, and the role each route needs.
+
+Roles, each including the ones before it: ``viewer`` (health, metrics, events), ``prompter`` (and the
+playground), ``operator`` (and settings, restarts, rollbacks, benchmarks), ``admin`` (and users, tokens).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from engine.db import Store, add_missing_columns
+from engine.errors import EngineError
+
+Role = Literal["viewer", "prompter", "operator", "admin"]
+ROLES: tuple[Role, ...] = ("viewer", "prompter", "operator", "admin")
+TOKEN_PREFIX = "llmops_"
+USERNAME = re.compile(r"^[A-Za-z0-9_.@+-]{1,64}$")
+
+
+def allows(role: str, needed: str) -> bool:
+    return role in ROLES and needed in ROLES and ROLES.index(role) >= ROLES.index(needed)
+
+
+class AuthError(EngineError):
+    """Authentication or authorisation failed."""
+
+
+class BadCredentialsError(AuthError):
+    pass
+
+
+class LockedError(AuthError):
+    def __init__(self, until: float) -> None:
+        self.until = until
+        super().__init__(f"too many failed sign-ins: locked for {max(0, until - time.time()):.0f} s more")
+
+
+class User(SQLModel, table=True):
+    __tablename__ = "user"
+
+    id: int | None = Field(default=None, primary_key=True)
+    username: str = Field(index=True, unique=True)
+    password_hash: str
+    role: str = "viewer"
+    disabled: bool = False
+    failed_attempts: int = 0
+    locked_until: float | None = None
+    created_at: float = Field(default_factory=time.time)
+    last_login: float | None = None
+
+
+class ApiToken(SQLModel, table=True):
+    __tablename__ = "api_token"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str
+    digest: str = Field(index=True, unique=True)  # SHA-256 of the token; the token itself is never stored
+    prefix: str  # its first characters, to tell tokens apart in lists
+    role: str = "viewer"
+    kind: str = "api"  # api (the engine's API) | gateway (an API key for /v1) | session (a console sign-in)
+    user_id: int | None = None
+    created_by: str = ""
+    created_at: float = Field(default_factory=time.time)
+    expires_at: float | None = None
+    revoked_at: float | None = None
+    last_used_at: float | None = None
+    rate_limit_per_min: int | None = None
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    role: str
+    kind: str
+    token_id: int | None = None
+    rate_limit_per_min: int | None = None
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Auth:
+    def __init__(self, store: Store, session_ttl_s: float = 12 * 3600, max_failures: int = 5,
+                 lockout_s: float = 900) -> None:
+        self.store = store
+        self.session_ttl_s = session_ttl_s
+        self.max_failures = max_failures
+        self.lockout_s = lockout_s
+        self.hasher = PasswordHasher()
+        add_missing_columns(store.engine, SQLModel.metadata)
+        self._last_used: dict[int, float] = {}
+
+    def _session(self) -> Session:
+        return Session(self.store.engine, expire_on_commit=False)
+
+    # --- users ----------------------------------------------------------------------------------------------
+
+    def users(self) -> Sequence[User]:
+        with self._session() as s:
+            return s.exec(select(User).order_by(col(User.id))).all()
+
+    def has_users(self) -> bool:
+        with self._session() as s:
+            return s.exec(select(User.id).limit(1)).first() is not None
+
+    def create_user(self, username: str, password: str, role: str) -> User:
+        if not USERNAME.match(username):
+            raise AuthError("username: use 1-64 letters, digits and . _ @ + -")
+        if role not in ROLES:
+            raise AuthError(f"role: one of {', '.join(ROLES)}")
+        if len(password) < 10:
+            raise AuthError("password: at least 10 characters")
+        with self._session() as s, s.begin():
+            if s.exec(select(User.id).where(User.username == username)).first() is not None:
+                raise AuthError(f"user {username!r} exists")
+            user = User(username=username, password_hash=self.hasher.hash(password), role=role)
+            s.add(user)
+            s.flush()
+            return user
+
+    def update_user(self, username: str, *, role: str | None = None, password: str | None = None,
+                    disabled: bool | None = None) -> User:
+        with self._session() as s, s.begin():
+            user = s.exec(select(User).where(User.username == username)).first()
+            if user is None:
+                raise AuthError(f"no user {username!r}")
+            if role is not None:
+                if role not in ROLES:
+                    raise AuthError(f"role: one of {', '.join(ROLES)}")
+                user.role = role
+            if password is not None:
+                if len(password) < 10:
+                    raise AuthError("password: at least 10 characters")
+                user.password_hash = self.hasher.hash(password)
+                user.failed_attempts, user.locked_until = 0, None
+            if disabled is not None:
+                user.disabled = disabled
+            s.add(user)
+            if disabled or role is not None or password is not None:  # their sessions end
+                for tok in s.exec(select(ApiToken).where(ApiToken.user_id == user.id, ApiToken.kind == "session",
+                                                         col(ApiToken.revoked_at).is_(None))).all():
+                    tok.revoked_at = time.time()
+                    s.add(tok)
+            return user
+
+    def ensure_admin(self, password: str | None) -> str | None:
+        """On an empty user table create ``admin``; return the generated password (None if given or existing)."""
+        if self.has_users():
+            return None
+        generated = None if password else secrets.token_urlsafe(12)
+        self.create_user("admin", password or generated or "", "admin")
+        return generated
+
+    def login(self, username: str, password: str) -> tuple[str, ApiToken, User]:
+        """A new session token for the user, or BadCredentialsError / LockedError."""
+        now = time.time()
+        with self._session() as s:
+            found = s.exec(select(User).where(User.username == username)).first()
+        if found is None or found.disabled:
+            self.hasher.hash(password)  # same work whether or not the user exists
+            raise BadCredentialsError("unknown user or wrong password")
+        if found.locked_until and found.locked_until > now:
+            raise LockedError(found.locked_until)
+        try:  # argon2 takes tens of milliseconds: not while holding the database's write lock
+            self.hasher.verify(found.password_hash, password)
+            failed = False
+        except (VerificationError, InvalidHashError):
+            failed = True
+        locked_until: float | None = None
+        with self._session() as s, s.begin():
+            user = s.exec(select(User).where(User.username == username)).one()
+            if user.locked_until and user.locked_until > now:  # a parallel attempt locked it while we verified
+                locked_until = user.locked_until
+            elif failed:  # counted and committed before refusing
+                user.failed_attempts += 1
+                if user.failed_attempts >= self.max_failures:
+                    user.locked_until, user.failed_attempts = now + self.lockout_s, 0
+            else:
+                user.failed_attempts, user.locked_until, user.last_login = 0, None, now
+                token, row = self._new_token(s, name=f"session {username}", role=user.role, kind="session",
+                                             user_id=user.id, created_by=username, ttl_s=self.session_ttl_s)
+            s.add(user)
+        if locked_until is not None:
+            raise LockedError(locked_until)
+        if failed:
+            raise BadCredentialsError("unknown user or wrong password")
+        return token, row, user
+
+    def session_for(self, username: str) -> tuple[str, ApiToken, User]:
+        """A session for an existing, enabled user whom an identity provider has signed in (no password)."""
+        with self._session() as s, s.begin():
+            user = s.exec(select(User).where(User.username == username)).first()
+            if user is None or user.disabled:
+                raise AuthError(f"no enabled user {username!r}: an admin creates users and gives them a role")
+            user.last_login = time.time()
+            s.add(user)
+            token, row = self._new_token(s, name=f"session {username} (sso)", role=user.role, kind="session",
+                                         user_id=user.id, created_by="sso", ttl_s=self.session_ttl_s)
+            return token, row, user
+
+    # --- tokens ---------------------------------------------------------------------------------------------
+
+    def _new_token(self, s: Session, *, name: str, role: str, kind: str, user_id: int | None, created_by: str,
+                   ttl_s: float | None, rate_limit_per_min: int | None = None) -> tuple[str, ApiToken]:
+        if role not in ROLES:
+            raise AuthError(f"role: one of {', '.join(ROLES)}")
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        row = ApiToken(name=name, digest=digest(token), prefix=token[:12], role=role, kind=kind, user_id=user_id,
+                       created_by=created_by, expires_at=time.time() + ttl_s if ttl_s else None,
+                       rate_limit_per_min=rate_limit_per_min)
+        s.add(row)
+        s.flush()
+        return token, row
+
+    def create_token(self, name: str, role: str, kind: str = "api", created_by: str = "",
+                     ttl_s: float | None = None, rate_limit_per_min: int | None = None) -> tuple[str, ApiToken]:
+        """A new token; the returned string is its only copy."""
+        if kind not in ("api", "gateway"):
+            raise AuthError("kind: api or gateway")
+        with self._session() as s, s.begin():
+            return self._new_token(s, name=name, role=role, kind=kind, user_id=None, created_by=created_by,
+                                   ttl_s=ttl_s, rate_limit_per_min=rate_limit_per_min)
+
+    def tokens(self) -> Sequence[ApiToken]:
+        """API tokens and gateway keys (console sessions are not listed)."""
+        with self._session() as s:
+            return s.exec(select(ApiToken).where(ApiToken.kind != "session").order_by(col(ApiToken.id))).all()
+
+    def revoke(self, token_id: int | None = None, token: str | None = None, name: str | None = None) -> ApiToken:
+        with self._session() as s, s.begin():
+            q = select(ApiToken)
+            if token_id is not None:
+                q = q.where(ApiToken.id == token_id)
+            elif token is not None:
+                q = q.where(ApiToken.digest == digest(token))
+            else:
+                q = q.where(ApiToken.name == name, col(ApiToken.revoked_at).is_(None))
+            row = s.exec(q).first()
+            if row is None:
+                raise AuthError("no such token")
+            row.revoked_at = row.revoked_at or time.time()
+            s.add(row)
+            return row
+
+    def authenticate(self, token: str) -> Principal | None:
+        """The principal a bearer token stands for, or None (unknown, revoked, expired, or its user disabled)."""
+        if not token.startswith(TOKEN_PREFIX):
+            return None
+        now = time.time()
+        with self._session() as s:
+            row = s.exec(select(ApiToken).where(ApiToken.digest == digest(token))).first()
+            if row is None or row.revoked_at or (row.expires_at and row.expires_at < now):
+                return None
+            name = row.name
+            if row.user_id is not None:
+                user = s.get(User, row.user_id)
+                if user is None or user.disabled:
+                    return None
+                name = user.username
+        assert row.id is not None
+        if now - self._last_used.get(row.id, 0) > 60:  # record use at most once a minute
+            self._last_used[row.id] = now
+            with self._session() as s, s.begin():
+                fresh = s.get(ApiToken, row.id)
+                if fresh is not None:
+                    fresh.last_used_at = now
+                    s.add(fresh)
+        return Principal(name=name, role=row.role, kind=row.kind, token_id=row.id,
+                         rate_limit_per_min=row.rate_limit_per_min)

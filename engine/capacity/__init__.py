@@ -1,0 +1,56 @@
+"""Capacity: the model of vLLM's memory, pre-flight, calibration from vLLM's start-up log, and the planner
+that joins them to the live device."""
+
+from __future__ import annotations
+
+from engine.capacity.calibration import CalibrationRow, CalibrationStore, StartReport, parse_start, to_calibration
+from engine.capacity.model import (
+    BLOCK_SIZE,
+    DEFAULT_BATCHED_TOKENS,
+    DTYPE_BYTES,
+    GIB,
+    Calibration,
+    Device,
+    ModelShape,
+    Prediction,
+    batched_tokens,
+    dtype_bytes,
+    estimate_activation,
+    kv_bytes_per_token,
+    load_shape,
+    predict,
+    utilization_for,
+    weight_bytes,
+)
+from engine.capacity.planner import Planner
+from engine.capacity.preflight import SAFE_UTILIZATION, Finding, PreflightResult, check, find_model_config
+
+__all__ = [
+    "BLOCK_SIZE",
+    "DEFAULT_BATCHED_TOKENS",
+    "DTYPE_BYTES",
+    "GIB",
+    "SAFE_UTILIZATION",
+    "Calibration",
+    "CalibrationRow",
+    "CalibrationStore",
+    "Device",
+    "Finding",
+    "ModelShape",
+    "Planner",
+    "Prediction",
+    "PreflightResult",
+    "StartReport",
+    "batched_tokens",
+    "check",
+    "dtype_bytes",
+    "estimate_activation",
+    "find_model_config",
+    "kv_bytes_per_token",
+    "load_shape",
+    "parse_start",
+    "predict",
+    "to_calibration",
+    "utilization_for",
+    "weight_bytes",
+]

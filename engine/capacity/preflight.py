@@ -1,0 +1,178 @@
+"""Pre-flight: check a settings revision against the capacity model before it is written.
+
+Errors refuse the write (HTTP 422, nothing written) unless the operator forces it; warnings are recorded with the
+revision. Every finding names the value that would fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from dataclasses import field as dc_field
+from pathlib import Path
+from typing import Any
+
+from engine.capacity.model import GIB, Calibration, Device, ModelShape, Prediction, load_shape, predict, utilization_for
+from engine.revisions import EngineSettings, hf_hub_cache, resolve_local_model
+
+SAFE_UTILIZATION = (0.80, 0.85)
+
+
+@dataclass
+class Finding:
+    code: str
+    field: str
+    message: str
+    fit: dict[str, Any] = dc_field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class PreflightResult:
+    errors: list[Finding]
+    warnings: list[Finding]
+    prediction: Prediction | None
+    shape: ModelShape | None
+    device: Device | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": not self.errors,
+            "errors": [f.as_dict() for f in self.errors],
+            "warnings": [f.as_dict() for f in self.warnings],
+            "prediction": self.prediction.as_dict() if self.prediction else None,
+            "model": None if self.shape is None else {
+                "layers": self.shape.layers, "heads": self.shape.heads, "kv_heads": self.shape.kv_heads,
+                "head_dim": self.shape.head_dim, "max_position_embeddings": self.shape.max_position_embeddings,
+                "dtype": self.shape.dtype, "parameters": self.shape.parameters()},
+            "device": None if self.device is None else asdict(self.device),
+        }
+
+
+def find_model_config(model: str, data_dir: Path | None) -> Path | None:
+    """The local folder of ``model``, or its snapshot in the Hugging Face cache, if either has a config.json."""
+    local = resolve_local_model(model, data_dir)
+    if local is not None:
+        return local
+    cache = hf_hub_cache() / f"models--{model.replace('/', '--')}" / "snapshots"
+    configs = sorted(cache.glob("*/config.json"), key=lambda p: p.stat().st_mtime) if cache.is_dir() else []
+    return configs[-1].parent if configs else None
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB" if abs(n) >= 0.1 * GIB else f"{n / (1 << 20):.1f} MiB"
+
+
+def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | None,
+          calibration: Calibration | None = None, traffic_max_tokens: int | None = None) -> PreflightResult:
+    errors: list[Finding] = []
+    warnings: list[Finding] = []
+    if settings.gpu_memory_utilization > 0.90 and (device is None or device.kind == "cuda"):
+        lo, hi = SAFE_UTILIZATION
+        warnings.append(Finding("utilization_high", "gpu_memory_utilization",
+                                f"gpu_memory_utilization {settings.gpu_memory_utilization} leaves little headroom "
+                                f"for activation spikes and other processes; {lo:.2f}-{hi:.2f} is the safe "
+                                "production range", {"gpu_memory_utilization": hi}))
+    folder = find_model_config(settings.model, data_dir)
+    if folder is None:
+        warnings.append(Finding("capacity_unknown", "model", f"capacity not checked: no config.json for "
+                                f"{settings.model!r} on this host (hub models are checked once downloaded)"))
+        return PreflightResult(errors, warnings, None, None, device)
+    try:
+        shape = load_shape(folder)
+    except (KeyError, ValueError, TypeError, OSError) as exc:
+        warnings.append(Finding("capacity_unknown", "model", f"capacity not checked: {folder}/config.json is not "
+                                f"a model config this check understands ({type(exc).__name__}: {exc})"))
+        return PreflightResult(errors, warnings, None, None, device)
+
+    if settings.max_model_len is not None and settings.max_model_len > shape.max_position_embeddings:
+        errors.append(Finding("max_len_above_model", "max_model_len",
+                              f"max_model_len {settings.max_model_len} is above the model's limit of "
+                              f"{shape.max_position_embeddings} tokens (max_position_embeddings)",
+                              {"max_model_len": shape.max_position_embeddings}))
+    tp = settings.tensor_parallel_size
+    gpus = device.count if device is not None and device.kind == "cuda" else None
+    if shape.heads % tp or (gpus is not None and tp > gpus):
+        valid = [d for d in range(1, shape.heads + 1) if shape.heads % d == 0 and (gpus is None or d <= gpus)]
+        why = (f"does not divide the model's {shape.heads} attention heads" if shape.heads % tp
+               else f"exceeds the {gpus} GPU(s) present")
+        errors.append(Finding("tp_mismatch", "tensor_parallel_size",
+                              f"tensor_parallel_size {tp} {why}; valid: {', '.join(map(str, valid))}",
+                              {"tensor_parallel_size": valid[-1]}))
+    if device is None:
+        warnings.append(Finding("capacity_unknown", "gpu_memory_utilization",
+                                "memory not checked: no device reading yet"))
+        return PreflightResult(errors, warnings, None, shape, device)
+    if errors:  # figures of a max_model_len or tensor_parallel_size that cannot start would describe nothing
+        return PreflightResult(errors, warnings, None, shape, device)
+
+    pred = predict(shape, settings, device, calibration)
+    _memory_findings(settings, shape, device, calibration, pred, errors, warnings)
+    if traffic_max_tokens and pred.max_model_len > 4 * traffic_max_tokens:
+        suggestion = 1 << math.ceil(math.log2(max(16, 2 * traffic_max_tokens)))
+        warnings.append(Finding("max_len_above_traffic", "max_model_len",
+                                f"max_model_len {pred.max_model_len} is far above the longest recent request "
+                                f"({traffic_max_tokens} tokens); {suggestion} would free KV cache for concurrency",
+                                {"max_model_len": suggestion}))
+    return PreflightResult(errors, warnings, pred, shape, device)
+
+
+def _memory_findings(settings: EngineSettings, shape: ModelShape, device: Device, calibration: Calibration | None,
+                     pred: Prediction, errors: list[Finding], warnings: list[Finding]) -> None:
+    per_request = pred.tokens_per_request
+    if device.kind == "cuda":
+        need_util = utilization_for(shape, settings, device, calibration, per_request)
+        fixed = pred.weight_bytes + pred.activation_bytes + pred.non_torch_bytes
+        if fixed >= pred.budget_bytes:
+            more = f"the smallest utilization that fits one request is {need_util}" if need_util else \
+                "raise tensor_parallel_size to split the weights across more GPUs"
+            errors.append(Finding("weights_do_not_fit", "gpu_memory_utilization",
+                                  f"weights ({_gib(pred.weight_bytes)}) plus activation and runtime memory "
+                                  f"({_gib(pred.activation_bytes + pred.non_torch_bytes)}) exceed the budget of "
+                                  f"{settings.gpu_memory_utilization} x {_gib(device.total_bytes)} = "
+                                  f"{_gib(pred.budget_bytes)}: no memory is left for the KV cache; {more}",
+                                  {"gpu_memory_utilization": need_util} if need_util else {}))
+        elif not pred.fits_one_request:
+            fit: dict[str, Any] = {"max_model_len": pred.usable_tokens}
+            if need_util:
+                fit["gpu_memory_utilization"] = need_util
+            errors.append(Finding("kv_cache_too_small", "max_model_len",
+                                  f"one request of {per_request} tokens needs "
+                                  f"{_gib(per_request * pred.kv_bytes_per_token)} of KV cache but only "
+                                  f"{_gib(max(0, pred.kv_bytes))} is left ({pred.usable_tokens} tokens); the largest "
+                                  f"max_model_len for this utilization is {pred.usable_tokens}"
+                                  + (f", or raise gpu_memory_utilization to {need_util}" if need_util else ""), fit))
+        requested = settings.gpu_memory_utilization * device.total_bytes
+        if device.free_bytes < requested:
+            fits = math.floor(100 * device.free_bytes / device.total_bytes) / 100
+            errors.append(Finding("insufficient_free_memory", "gpu_memory_utilization",
+                                  f"only {_gib(device.free_bytes)} of {_gib(device.total_bytes)} is free now (other "
+                                  f"processes hold {_gib(device.total_bytes - device.free_bytes)}), less than "
+                                  f"{settings.gpu_memory_utilization} x total = {_gib(requested)}; the largest "
+                                  f"utilization that fits now is {fits:.2f}", {"gpu_memory_utilization": fits}))
+    else:
+        need_gib = math.ceil(100 * (per_request + pred.block_size) * pred.kv_bytes_per_token / GIB) / 100
+        if not pred.fits_one_request:
+            errors.append(Finding("kv_cache_too_small", "cpu_kv_cache_gib",
+                                  f"one request of {per_request} tokens needs "
+                                  f"{_gib(per_request * pred.kv_bytes_per_token)} of KV cache but cpu_kv_cache_gib "
+                                  f"{settings.cpu_kv_cache_gib} holds {pred.usable_tokens} tokens; the largest "
+                                  f"max_model_len for it is {pred.usable_tokens}, or set cpu_kv_cache_gib to "
+                                  f"{need_gib}", {"max_model_len": pred.usable_tokens, "cpu_kv_cache_gib": need_gib}))
+        needed = pred.kv_bytes + pred.weight_bytes
+        if needed > device.free_bytes:
+            fits = math.floor(100 * max(0, device.free_bytes - pred.weight_bytes) / GIB) / 100
+            errors.append(Finding("weights_do_not_fit", "cpu_kv_cache_gib",
+                                  f"KV cache ({_gib(pred.kv_bytes)}) plus weights ({_gib(pred.weight_bytes)}) exceed "
+                                  f"the host's available memory ({_gib(device.free_bytes)}); the largest "
+                                  f"cpu_kv_cache_gib that fits is {fits}", {"cpu_kv_cache_gib": fits}))
+    if pred.fits_one_request and pred.max_concurrency < settings.max_num_seqs:
+        full = max(1, math.floor(pred.max_concurrency))
+        warnings.append(Finding("concurrency_below_max_num_seqs", "max_num_seqs",
+                                f"the KV cache holds {pred.max_concurrency:.1f} requests of {per_request} tokens, "
+                                f"fewer than max_num_seqs {settings.max_num_seqs}: long requests will be preempted; "
+                                f"max_num_seqs {full} or max_model_len "
+                                f"{pred.kv_tokens // settings.max_num_seqs} would fit",
+                                {"max_num_seqs": full, "max_model_len": pred.kv_tokens // settings.max_num_seqs}))

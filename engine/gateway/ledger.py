@@ -1,0 +1,209 @@
+"""The request ledger: one row per /v1 request through the gateway, and the KPIs operators track from it.
+
+Each row: when, the revision that served it, model, endpoint, input and output tokens, time to first token, total
+latency (queueing in the gateway included), status and client. No prompt text unless ``sample_rate`` > 0.
+Rows are buffered and written once a second, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import Engine, delete, func
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import defer
+from sqlmodel import Field, Session, SQLModel, col, select
+
+from engine.aio import cancel_and_wait
+from engine.db import Event, add_missing_columns
+from engine.metrics import RequestMetrics
+
+log = logging.getLogger("llmops.ledger")
+MAX_BUFFER = 100_000  # records kept in memory while the database cannot be written
+
+
+class RequestLog(SQLModel, table=True):
+    __tablename__ = "request_log"
+
+    id: int | None = Field(default=None, primary_key=True)
+    ts: float = Field(index=True)  # arrival at the gateway
+    revision_id: int | None = Field(default=None, index=True)
+    model: str = ""
+    endpoint: str = ""
+    stream: bool = False
+    status: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    ttft_s: float | None = None
+    latency_s: float = 0.0
+    client: str = ""
+    error: str | None = None
+    prompt: str | None = None  # only when prompt sampling is on
+
+
+@dataclass
+class Record:
+    ts: float
+    revision_id: int | None
+    model: str
+    endpoint: str
+    stream: bool
+    status: int
+    latency_s: float
+    client: str
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    ttft_s: float | None = None
+    error: str | None = None
+    prompt: str | None = None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    data = sorted(values)
+    pos = (len(data) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(data) - 1)
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+class Ledger:
+    def __init__(self, engine: Engine, sample_rate: float = 0.0, flush_interval_s: float = 1.0,
+                 retention_s: float = 30 * 86400, metrics: RequestMetrics | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.sample_rate = sample_rate
+        self.flush_interval_s = flush_interval_s
+        self.retention_s = retention_s
+        self._buffer: list[Record] = []
+        self._lock = threading.Lock()
+        self._pruned = 0.0
+        self._task: asyncio.Task[None] | None = None
+        add_missing_columns(engine, RequestLog.metadata)
+
+    def sample_prompt(self) -> bool:
+        return self.sample_rate > 0 and random.random() < self.sample_rate
+
+    def record(self, rec: Record) -> None:
+        with self._lock:
+            self._buffer.append(rec)
+        if self.metrics is not None:
+            self.metrics.observe(rec.revision_id, rec.status, rec.error, rec.latency_s, rec.ttft_s,
+                                 rec.input_tokens, rec.output_tokens)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="ledger")
+
+    async def close(self) -> None:
+        await cancel_and_wait(self._task)
+        await asyncio.to_thread(self.flush)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval_s)
+            if self._buffer:
+                try:
+                    await asyncio.to_thread(self.flush)
+                except SQLAlchemyError:  # a locked or full database: keep the records (bounded), retry later
+                    log.exception("request ledger: could not write; keeping the records for the next try")
+
+    def flush(self) -> int:
+        """Write buffered records (and, once an hour, drop rows older than the retention)."""
+        with self._lock:
+            batch, self._buffer = self._buffer, []
+        prune = time.time() - self._pruned > 3600
+        if not batch and not prune:
+            return 0
+        try:
+            with Session(self.engine) as s, s.begin():
+                s.add_all([RequestLog(**asdict(r)) for r in batch])
+                if prune:
+                    s.exec(delete(RequestLog).where(col(RequestLog.ts) < time.time() - self.retention_s))
+        except SQLAlchemyError:
+            with self._lock:  # put the batch back in front, keeping at most MAX_BUFFER records
+                self._buffer = (batch + self._buffer)[-MAX_BUFFER:]
+            raise
+        if prune:
+            self._pruned = time.time()
+        return len(batch)
+
+    # --- reading ----------------------------------------------------------------------------------------------
+
+    def rows(self, since: float, revision: int | None = None, client: str | None = None) -> Sequence[RequestLog]:
+        """The window's rows for the KPIs: sampled prompt texts are not read."""
+        with Session(self.engine) as s:
+            prompt: Any = RequestLog.prompt  # the mapped attribute (SQLModel types it as its value)
+            q = select(RequestLog).options(defer(prompt)).where(RequestLog.ts >= since)
+            if revision is not None:
+                q = q.where(RequestLog.revision_id == revision)
+            if client is not None:
+                q = q.where(RequestLog.client == client)
+            return s.exec(q.order_by(col(RequestLog.id))).all()
+
+    def count(self, since: float, client: str) -> int:
+        with Session(self.engine) as s:
+            return int(s.exec(select(func.count()).select_from(RequestLog).where(
+                RequestLog.ts >= since, RequestLog.client == client)).one())
+
+    def kpis(self, window_s: float, revision: int | None = None, now: float | None = None,
+             client: str | None = None) -> list[dict[str, Any]]:
+        """Per revision over the window: requests, average input and output tokens, P50/P95/P99 latency, P95 time
+        to first token, output tokens/s, error rate, OOM failures and their rate per hour."""
+        now = time.time() if now is None else now
+        since = now - window_s
+        by_rev: dict[int | None, list[RequestLog]] = defaultdict(list)
+        for row in self.rows(since, revision, client):
+            by_rev[row.revision_id].append(row)
+        ooms = self._oom_counts(since, revision) if client is None else {}
+        out = []
+        for rev in sorted(set(by_rev) | set(ooms), key=lambda r: -1 if r is None else r):
+            rows = by_rev.get(rev, [])
+            ok = [r for r in rows if r.status < 400 and r.error is None]
+            lat = [r.latency_s for r in ok]
+            ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+            ins = [r.input_tokens for r in ok if r.input_tokens is not None]
+            outs = [r.output_tokens for r in ok if r.output_tokens is not None]
+            span = (max(r.ts + r.latency_s for r in rows) - min(r.ts for r in rows)) if rows else 0.0
+            out.append({
+                "revision": rev, "window_s": window_s, "requests": len(rows), "succeeded": len(ok),
+                "avg_input_tokens": round(sum(ins) / len(ins), 2) if ins else None,
+                "avg_output_tokens": round(sum(outs) / len(outs), 2) if outs else None,
+                "latency_p50_s": _r(percentile(lat, 0.5)), "latency_p95_s": _r(percentile(lat, 0.95)),
+                "latency_p99_s": _r(percentile(lat, 0.99)), "ttft_p95_s": _r(percentile(ttft, 0.95)),
+                "output_tokens_per_s": round(sum(outs) / span, 2) if span > 0 and outs else None,
+                "error_rate": round((len(rows) - len(ok)) / len(rows), 4) if rows else None,
+                "oom_failures": ooms.get(rev, 0),
+                "oom_per_hour": round(ooms.get(rev, 0) / (window_s / 3600), 3),
+            })
+        return out
+
+    def _oom_counts(self, since: float, revision: int | None) -> dict[int | None, int]:
+        with Session(self.engine) as s:
+            q = select(Event.revision_id, func.count()).where(
+                Event.kind == "diagnosis", Event.ts >= since,
+                func.json_extract(Event.data, "$.is_oom") == 1).group_by(col(Event.revision_id))
+            if revision is not None:
+                q = q.where(Event.revision_id == revision)
+            return {r: int(n) for r, n in s.exec(q).all()}
+
+    def longest_request(self, window_s: float, q: float = 0.99) -> int | None:
+        """The p99 of input + output tokens of recent successful requests (what traffic actually needs)."""
+        rows = [r for r in self.rows(time.time() - window_s) if r.status < 400 and r.input_tokens is not None]
+        if len(rows) < 20:
+            return None
+        value = percentile([float((r.input_tokens or 0) + (r.output_tokens or 0)) for r in rows], q)
+        return None if value is None else int(value)
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

@@ -1,0 +1,25 @@
+"""Serving metrics: vLLM's /metrics scraped into time series, and the engine's own Prometheus export."""
+
+from __future__ import annotations
+
+from engine.metrics.exporter import GPU_GAUGES, LATENCY_BUCKETS, SERVING_GAUGES, EngineCollector, RequestMetrics, render
+from engine.metrics.series import MAX_POINTS, SeriesStore
+from engine.metrics.vllm import HISTORY_METRICS, NAMES, Histogram, Scrape, ServingMonitor, derive, parse
+
+__all__ = [
+    "GPU_GAUGES",
+    "HISTORY_METRICS",
+    "LATENCY_BUCKETS",
+    "MAX_POINTS",
+    "NAMES",
+    "SERVING_GAUGES",
+    "EngineCollector",
+    "Histogram",
+    "RequestMetrics",
+    "Scrape",
+    "SeriesStore",
+    "ServingMonitor",
+    "derive",
+    "parse",
+    "render",
+]

@@ -1,0 +1,126 @@
+"""The engine's own /metrics in Prometheus format, so teams keep their Grafana: engine state and revisions,
+restarts and rollbacks, the gateway's queue, request KPIs, vLLM's live figures and GPU telemetry.
+
+Gauges are read from the live objects at scrape time (a custom collector); request counters and latency
+histograms are kept by the gateway's ledger as requests finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from engine.schemas import EngineState
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+GPU_GAUGES = {  # telemetry metric → (Prometheus name, help)
+    "mem_used": ("llmops_gpu_memory_used_bytes", "GPU memory in use (NVML)"),
+    "mem_total": ("llmops_gpu_memory_total_bytes", "GPU memory in total (NVML)"),
+    "vllm_mem": ("llmops_gpu_vllm_memory_bytes", "GPU memory held by the vLLM child's processes"),
+    "util_gpu": ("llmops_gpu_utilization_percent", "GPU utilization"),
+    "power_w": ("llmops_gpu_power_watts", "Power draw"),
+    "power_limit_w": ("llmops_gpu_power_limit_watts", "Enforced power limit"),
+    "temp_c": ("llmops_gpu_temperature_celsius", "GPU temperature"),
+    "sm_clock_mhz": ("llmops_gpu_sm_clock_mhz", "SM clock"),
+}
+SERVING_GAUGES = {
+    "requests_running": ("llmops_vllm_requests_running", "Requests in vLLM's running batch"),
+    "requests_waiting": ("llmops_vllm_requests_waiting", "Requests waiting inside vLLM"),
+    "kv_cache_usage": ("llmops_vllm_kv_cache_usage_ratio", "Share of the KV cache in use"),
+    "generation_tokens_per_s": ("llmops_vllm_generation_tokens_per_second", "Generation throughput"),
+    "prompt_tokens_per_s": ("llmops_vllm_prompt_tokens_per_second", "Prompt throughput"),
+}
+
+
+class RequestMetrics:
+    """Counters and histograms of /v1 requests, by revision and outcome, since the engine started."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter("llmops_requests", "Requests through the /v1 gateway", ["revision", "outcome"],
+                                registry=registry)
+        self.tokens = Counter("llmops_tokens", "Tokens of /v1 requests", ["revision", "kind"], registry=registry)
+        self.latency = Histogram("llmops_request_latency_seconds", "End-to-end latency of /v1 requests, queueing "
+                                 "in the gateway included", ["revision"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.ttft = Histogram("llmops_time_to_first_token_seconds", "Time to first token of streamed /v1 requests",
+                              ["revision"], buckets=LATENCY_BUCKETS, registry=registry)
+
+    def observe(self, revision: int | None, status: int, error: str | None, latency_s: float,
+                ttft_s: float | None, input_tokens: int | None, output_tokens: int | None) -> None:
+        rev = str(revision) if revision is not None else "none"
+        outcome = "refused" if status == 503 and revision is None else "error" if status >= 400 or error else "ok"
+        self.requests.labels(rev, outcome).inc()
+        if outcome != "ok":
+            return
+        self.latency.labels(rev).observe(latency_s)
+        if ttft_s is not None:
+            self.ttft.labels(rev).observe(ttft_s)
+        if input_tokens:
+            self.tokens.labels(rev, "input").inc(input_tokens)
+        if output_tokens:
+            self.tokens.labels(rev, "output").inc(output_tokens)
+
+
+class EngineCollector(Collector):
+    def __init__(self, status: Callable[[], dict[str, Any]], gpu: Callable[[], Any],
+                 serving: Callable[[], dict[str, Any] | None], event_counts: Callable[[], dict[str, int]]) -> None:
+        self.status = status
+        self.gpu = gpu
+        self.serving = serving
+        self.event_counts = event_counts
+
+    def collect(self) -> Iterator[Any]:
+        st = self.status()
+        state = GaugeMetricFamily("llmops_engine_state", "1 for the engine's current state", labels=["state"])
+        for s in EngineState:
+            state.add_metric([s.value], 1.0 if st["state"] == s.value else 0.0)
+        yield state
+        for name, key, help_ in (("llmops_running_revision", "running_revision", "Revision vLLM runs"),
+                                 ("llmops_desired_revision", "desired_revision", "Revision vLLM should run")):
+            if st[key] is not None:
+                yield GaugeMetricFamily(name, help_, value=st[key])
+        yield CounterMetricFamily("llmops_vllm_restarts", "vLLM starts beyond the first", value=st["restarts"])
+        counts = self.event_counts()
+        for kind, name, help_ in (("rollback", "llmops_rollbacks", "Revisions rolled back"),
+                                  ("failed", "llmops_failures", "vLLM failures (failed starts and crashes)"),
+                                  ("crash_loop", "llmops_crash_loops", "Crash loops that halted restarts")):
+            yield CounterMetricFamily(name, help_, value=counts.get(kind, 0))
+        gw = st["gateway"]
+        yield GaugeMetricFamily("llmops_gateway_in_flight", "Requests in flight through the gateway",
+                                value=gw["in_flight"])
+        yield GaugeMetricFamily("llmops_gateway_queue_waiting", "Requests waiting for vLLM", value=gw["waiting"])
+        yield CounterMetricFamily("llmops_gateway_refused", "Requests refused with 503", value=gw["rejected"])
+        serving = self.serving() or {}
+        for key, (name, help_) in SERVING_GAUGES.items():
+            if serving.get(key) is not None:
+                yield GaugeMetricFamily(name, help_, value=serving[key])
+        yield from self._gpu()
+
+    def _gpu(self) -> Iterator[Any]:
+        snap = self.gpu()
+        yield GaugeMetricFamily("llmops_gpu_available", "1 when NVML sees GPUs", value=1.0 if snap.available else 0)
+        families = {m: GaugeMetricFamily(n, h, labels=["gpu", "uuid"]) for m, (n, h) in GPU_GAUGES.items()}
+        energy = CounterMetricFamily("llmops_gpu_energy_joules", "GPU energy counter", labels=["gpu", "uuid"])
+        for g in snap.gpus:
+            if g.lost:
+                continue
+            for metric, family in families.items():
+                if g.values.get(metric) is not None:
+                    family.add_metric([str(g.index), g.uuid], g.values[metric])
+            if g.values.get("energy_j") is not None:
+                energy.add_metric([str(g.index), g.uuid], g.values["energy_j"])
+        yield from families.values()
+        yield energy
+        if snap.host:
+            yield GaugeMetricFamily("llmops_host_cpu_percent", "Host CPU use", value=snap.host["cpu_pct"])
+            yield GaugeMetricFamily("llmops_host_memory_used_bytes", "Host memory in use",
+                                    value=snap.host["mem_used"])
+            yield GaugeMetricFamily("llmops_host_vllm_rss_bytes", "Resident memory of the vLLM processes",
+                                    value=snap.host["vllm_rss"])
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

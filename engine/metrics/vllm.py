@@ -1,0 +1,203 @@
+"""Serving metrics: the vLLM child's Prometheus ``/metrics``, parsed with prometheus_client's text parser.
+
+Metric names change between vLLM releases (``gpu_cache_usage_perc`` → ``kv_cache_usage_perc``,
+``time_per_output_token_seconds`` → ``inter_token_latency_seconds``, …): ``NAMES`` maps each figure the product
+uses to the names it has had, newest first, in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.aio import cancel_and_wait
+from engine.metrics.series import SeriesStore
+
+# Our name → vLLM's names over releases (family names as prometheus_client reports them: counters lose _total).
+NAMES: dict[str, tuple[str, ...]] = {
+    "requests_running": ("vllm:num_requests_running",),
+    "requests_waiting": ("vllm:num_requests_waiting",),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:cpu_cache_usage_perc"),
+    "preemptions": ("vllm:num_preemptions", "vllm:num_preemptions_total"),
+    "prompt_tokens": ("vllm:prompt_tokens", "vllm:prompt_tokens_total"),
+    "generation_tokens": ("vllm:generation_tokens", "vllm:generation_tokens_total"),
+    "requests_finished": ("vllm:request_success", "vllm:request_success_total"),
+    "ttft_seconds": ("vllm:time_to_first_token_seconds",),
+    "itl_seconds": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "e2e_seconds": ("vllm:e2e_request_latency_seconds",),
+    "queue_seconds": ("vllm:request_queue_time_seconds",),
+}
+GAUGES = ("requests_running", "requests_waiting", "kv_cache_usage")
+FINISH_REASONS = ("stop", "length", "abort", "error")
+# What the history keeps of each scrape (engine/series.py), keyed by the revision that was serving.
+HISTORY_METRICS: tuple[str, ...] = (
+    "requests_running", "requests_waiting", "kv_cache_usage", "preemptions_per_s", "prompt_tokens_per_s",
+    "generation_tokens_per_s", "ttft_seconds_p50", "ttft_seconds_p95", "ttft_seconds_p99", "itl_seconds_p50",
+    "itl_seconds_p95", "itl_seconds_p99", "e2e_seconds_p50", "e2e_seconds_p95", "e2e_seconds_p99",
+    "queue_seconds_p95", *(f"finished_{r}_per_s" for r in FINISH_REASONS),
+)
+COUNTERS = ("preemptions", "prompt_tokens", "generation_tokens")
+HISTOGRAMS = ("ttft_seconds", "itl_seconds", "e2e_seconds", "queue_seconds")
+
+
+@dataclass
+class Histogram:
+    """Cumulative bucket counts (upper bound → count), summed over label sets."""
+
+    buckets: dict[float, float] = field(default_factory=dict)
+    count: float = 0.0
+    total: float = 0.0
+
+    def minus(self, earlier: Histogram | None) -> Histogram:
+        """The observations made since ``earlier`` (counters only grow, unless vLLM restarted)."""
+        if earlier is None or self.count < earlier.count:
+            return self
+        return Histogram({le: c - earlier.buckets.get(le, 0.0) for le, c in self.buckets.items()},
+                         self.count - earlier.count, self.total - earlier.total)
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus' histogram_quantile: linear interpolation inside the bucket that holds rank q."""
+        if self.count <= 0:
+            return None
+        rank = q * self.count
+        lower_bound, lower_count = 0.0, 0.0
+        for le in sorted(self.buckets):
+            count = self.buckets[le]
+            if count >= rank:
+                if math.isinf(le):
+                    return lower_bound
+                if count == lower_count:
+                    return le
+                return lower_bound + (le - lower_bound) * (rank - lower_count) / (count - lower_count)
+            lower_bound, lower_count = le, count
+        return lower_bound
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+
+@dataclass
+class Scrape:
+    ts: float
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    finished: dict[str, float] = field(default_factory=dict)  # finish reason → requests
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+
+
+def parse(text: str, ts: float) -> Scrape:
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    out = Scrape(ts)
+    for ours, names in NAMES.items():
+        fam = next((families[n] for n in names if n in families), None)
+        if fam is None:
+            continue
+        if ours in HISTOGRAMS:
+            out.histograms[ours] = _histogram(fam.samples)
+        elif ours == "requests_finished":
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    reason = s.labels.get("finished_reason") or s.labels.get("finish_reason") or "unknown"
+                    out.finished[reason] = out.finished.get(reason, 0.0) + s.value
+        else:
+            value = sum(s.value for s in fam.samples if not s.name.endswith(("_created",)))
+            (out.gauges if ours in GAUGES else out.counters)[ours] = value
+    return out
+
+
+def _histogram(samples: Iterable[Any]) -> Histogram:
+    h = Histogram()
+    for s in samples:
+        if s.name.endswith("_bucket"):
+            le = float(s.labels["le"])
+            h.buckets[le] = h.buckets.get(le, 0.0) + s.value
+        elif s.name.endswith("_count"):
+            h.count += s.value
+        elif s.name.endswith("_sum"):
+            h.total += s.value
+    return h
+
+
+def derive(now: Scrape, before: Scrape | None) -> dict[str, Any]:
+    """Live figures: gauges as they are, token and preemption rates and latency quantiles since ``before``."""
+    out: dict[str, Any] = {"ts": now.ts, **now.gauges}
+    dt = now.ts - before.ts if before is not None else 0.0
+    for name in COUNTERS:
+        value = now.counters.get(name)
+        prev = before.counters.get(name) if before is not None else None
+        out[f"{name}_total"] = value
+        rate = (value - prev) / dt if value is not None and prev is not None and dt > 0 and value >= prev else None
+        out[f"{name}_per_s"] = None if rate is None else round(rate, 3)
+    for name, hist in now.histograms.items():
+        recent = hist.minus(before.histograms.get(name) if before is not None else None)
+        for q in (0.5, 0.95, 0.99):
+            value = recent.quantile(q)
+            out[f"{name}_p{int(q * 100)}"] = None if value is None else round(value, 4)
+    out["finished"] = dict(now.finished)
+    for reason in FINISH_REASONS:
+        value, prev = now.finished.get(reason), before.finished.get(reason) if before is not None else None
+        ok = value is not None and prev is not None and dt > 0 and value >= prev
+        out[f"finished_{reason}_per_s"] = round((value - prev) / dt, 3) if ok else None  # type: ignore[operator]
+    return out
+
+
+class ServingMonitor:
+    """Scrapes the ready vLLM child every few seconds; ``latest`` holds the live figures."""
+
+    def __init__(self, interval_s: float, upstream: Callable[[], str | None],
+                 revision: Callable[[], int | None] = lambda: None, history: SeriesStore | None = None) -> None:
+        self.interval_s = interval_s
+        self.upstream = upstream
+        self.revision = revision
+        self.history = history
+        self.latest: dict[str, Any] | None = None
+        self.error: str | None = None
+        self._previous: Scrape | None = None
+        self._source: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="serving-monitor")
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+
+    async def _run(self) -> None:
+        """Scrape every ``interval_s``, and at once when a new child becomes ready."""
+        last = 0.0
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while True:
+                if time.monotonic() - last >= self.interval_s or self.upstream() != self._source:
+                    last = time.monotonic()
+                    await self.scrape_once(client)
+                await asyncio.sleep(0.5)
+
+    async def scrape_once(self, client: httpx.AsyncClient) -> None:
+        url = self.upstream()
+        if url is None:
+            self.latest, self._previous, self._source = None, None, None
+            return
+        if url != self._source:  # a new child: its counters start again
+            self._previous, self._source = None, url
+        try:
+            resp = await client.get(f"{url}/metrics")
+            resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            self.error = f"cannot read vLLM's /metrics: {type(exc).__name__}"
+            return
+        scrape = parse(resp.text, time.time())
+        first = self._previous is None
+        self.latest = derive(scrape, self._previous)
+        self.error = None
+        self._previous = scrape
+        if self.history is not None and not first:  # rates need two scrapes of the same child
+            row = {"revision": self.revision(), **{m: self.latest.get(m) for m in HISTORY_METRICS}}
+            await asyncio.to_thread(self.history.write, scrape.ts, [row])

@@ -1,0 +1,47 @@
+"""Serving: the supervisor's reconcile loop, the vLLM child process, its command, state, start-up phases,
+diagnosis and recovery."""
+
+from __future__ import annotations
+
+from engine.serving.child import (
+    ChildLog,
+    VllmChild,
+    ensure_port_free,
+    free_port,
+    group_members,
+    kill_group,
+    reap_orphans,
+)
+from engine.serving.command import build_command, build_env, vllm_distribution
+from engine.serving.diagnosis import OOM_KINDS, Diagnosis, diagnose
+from engine.serving.recovery import Decision, RecoveryPolicy
+from engine.serving.startup import Eta, PastStart, StartTracker, compile_key, estimate, past_start
+from engine.serving.state import InvalidTransitionError, StateMachine
+from engine.serving.supervisor import Supervisor
+
+__all__ = [
+    "OOM_KINDS",
+    "ChildLog",
+    "Decision",
+    "Diagnosis",
+    "Eta",
+    "InvalidTransitionError",
+    "PastStart",
+    "RecoveryPolicy",
+    "StartTracker",
+    "StateMachine",
+    "Supervisor",
+    "VllmChild",
+    "build_command",
+    "build_env",
+    "compile_key",
+    "diagnose",
+    "ensure_port_free",
+    "estimate",
+    "free_port",
+    "group_members",
+    "kill_group",
+    "past_start",
+    "reap_orphans",
+    "vllm_distribution",
+]

@@ -1,0 +1,240 @@
+"""The vLLM child process: spawned in its own process group, its output captured, its whole group stopped.
+
+vLLM's API server forks an engine core and workers. Killing only the server leaves the workers holding memory,
+so every stop signals the whole group, waits, SIGKILLs it, and then checks that no member is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import logging.handlers
+import os
+import signal
+import socket
+import time
+from collections import deque
+from pathlib import Path
+
+import psutil
+
+from engine.errors import PortBusyError, StrayProcessError
+from engine.serving.startup import StartTracker
+
+log = logging.getLogger("llmops.child")
+
+
+class ChildLog:
+    """vLLM's output: a rotating file under the data dir plus the recent lines in memory."""
+
+    def __init__(self, path: Path, max_bytes: int, backups: int, keep_lines: int = 5000) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._handler = logging.handlers.RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups,
+                                                             encoding="utf-8")
+        self._handler.setFormatter(logging.Formatter("%(message)s"))
+        self._logger = logging.Logger(f"llmops.vllm.{id(self)}")
+        self._logger.addHandler(self._handler)
+        self._logger.propagate = False
+        self.lines: deque[str] = deque(maxlen=keep_lines)
+        self.run_lines: deque[str] = deque(maxlen=keep_lines)  # the current child's lines only
+
+    def new_run(self, banner: str) -> None:
+        self.run_lines.clear()
+        self.write(f"===== llmops: {banner} =====")
+
+    def write(self, line: str) -> None:
+        self.lines.append(line)
+        self.run_lines.append(line)
+        self._logger.info(line)
+
+    def tail(self, n: int) -> list[str]:
+        if n <= 0:
+            return []
+        return list(self.lines)[-n:]
+
+    def close(self) -> None:
+        self._handler.close()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def ensure_port_free(port: int, host: str = "127.0.0.1") -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise PortBusyError(f"port {host}:{port} is in use ({exc}); another vLLM may still be running") from exc
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Live (non-zombie) processes of a process group."""
+    members = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            continue
+    return members
+
+
+def kill_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+class VllmChild:
+    """One run of vLLM's OpenAI server for one revision."""
+
+    def __init__(self, args: list[str], env: dict[str, str], port: int, revision_id: int, log_: ChildLog,
+                 pidfile: Path) -> None:
+        self.args = args
+        self.env = env
+        self.port = port
+        self.revision_id = revision_id
+        self.log = log_
+        self.pidfile = pidfile
+        self.proc: asyncio.subprocess.Process | None = None
+        self.started_at = 0.0
+        self.stop_requested = False
+        self._pump_task: asyncio.Task[None] | None = None
+        self._known: set[int] = set()
+        self.tracker = StartTracker()  # the phases of this start, from its log lines
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode if self.proc else None
+
+    async def spawn(self) -> None:
+        ensure_port_free(self.port)
+        self.log.new_run(f"revision {self.revision_id}: {' '.join(self.args)}")
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,  # own session and process group, led by the server
+            limit=1 << 20,
+        )
+        self.started_at = time.monotonic()
+        self.tracker = StartTracker(self.started_at)
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        self.pidfile.write_text(json.dumps({"pgid": self.proc.pid, "create_time": _create_time(self.proc.pid)}))
+        self._pump_task = asyncio.create_task(self._pump(), name=f"vllm-log-{self.proc.pid}")
+
+    async def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        while True:
+            try:
+                raw = await self.proc.stdout.readline()
+            except ValueError:  # a line longer than the limit: take what is buffered
+                raw = await self.proc.stdout.read(1 << 16)
+            if not raw:
+                break
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            self.log.write(line)
+            self.tracker.feed(line)
+
+    def remember_descendants(self) -> None:
+        """Note the server's descendants, so that one that left the group is still stopped."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self._known.update(p.pid for p in psutil.Process(self.proc.pid).children(recursive=True))
+
+    async def stop(self, timeout: float) -> float:
+        """SIGTERM the group, wait up to ``timeout``, SIGKILL what is left; return the seconds taken.
+
+        Raises StrayProcessError when members survive SIGKILL."""
+        if self.proc is None:
+            return 0.0
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        self.stop_requested = True
+        self.remember_descendants()
+        kill_group(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), timeout)
+        while (left := self._members()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if left:
+            log.warning("vLLM processes %s outlived SIGTERM by %.0f s: SIGKILL", [p.pid for p in left], timeout)
+            kill_group(self.proc.pid, signal.SIGKILL)
+            for proc in left:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+            end = time.monotonic() + 30  # a loaded machine can take a while to reap a killed process
+            while (left := self._members()) and time.monotonic() < end:
+                await asyncio.sleep(0.1)
+            if left:
+                raise StrayProcessError(
+                    f"vLLM processes {[p.pid for p in left]} survived SIGKILL; free them before starting again"
+                )
+        if self.proc.returncode is None:
+            await self.proc.wait()
+        if self._pump_task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._pump_task, 5)
+        self.pidfile.unlink(missing_ok=True)
+        return time.monotonic() - t0
+
+    def _members(self) -> list[psutil.Process]:
+        assert self.proc is not None
+        members = {p.pid: p for p in group_members(self.proc.pid)}
+        members.update({p.pid: p for p in _alive(self._known)})
+        return list(members.values())
+
+
+def _alive(pids: set[int]) -> list[psutil.Process]:
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.NoSuchProcess:
+        return None
+
+
+def reap_orphans(pidfile: Path) -> list[int]:
+    """Stop a vLLM group left behind by an engine that died without stopping it; return the pids stopped."""
+    try:
+        info = json.loads(pidfile.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+    pgid = int(info.get("pgid", 0))
+    pidfile.unlink(missing_ok=True)
+    if pgid <= 1 or _create_time(pgid) not in (None, info.get("create_time")):
+        return []  # the pid was reused by an unrelated process
+    members = group_members(pgid)
+    if not members:
+        return []
+    kill_group(pgid, signal.SIGKILL)
+    psutil.wait_procs(members, timeout=10)
+    return [p.pid for p in members]

