@@ -1,17 +1,33 @@
-"""The database: one SQLite file (WAL), its tables and their additive migration."""
+"""The database: one SQLite file (WAL), every table in one module, opened (created and migrated) once."""
 
 from __future__ import annotations
 
+from engine.db.database import Database, make_engine, open_database
 from engine.db.migrate import add_missing_columns
-from engine.db.store import ACTIVE, Event, Revision, RevisionStatus, SavedPrompt, Store, make_engine
+from engine.db.tables import (
+    ACTIVE,
+    SERVING_FINISH_REASONS,
+    SERVING_METRICS,
+    SERVING_MINUTE,
+    SERVING_RAW,
+    TELEMETRY_METRICS,
+    TELEMETRY_MINUTE,
+    TELEMETRY_RAW,
+    ApiToken,
+    AuditRecord,
+    BenchmarkRun,
+    CalibrationRow,
+    Event,
+    RequestLog,
+    Revision,
+    RevisionStatus,
+    SavedPrompt,
+    User,
+)
 
 __all__ = [
-    "ACTIVE",
-    "Event",
-    "Revision",
-    "RevisionStatus",
-    "SavedPrompt",
-    "Store",
-    "add_missing_columns",
-    "make_engine",
+    "ACTIVE", "SERVING_FINISH_REASONS", "SERVING_METRICS", "SERVING_MINUTE", "SERVING_RAW", "TELEMETRY_METRICS",
+    "TELEMETRY_MINUTE", "TELEMETRY_RAW", "ApiToken", "AuditRecord", "BenchmarkRun", "CalibrationRow", "Database",
+    "Event", "RequestLog", "Revision", "RevisionStatus", "SavedPrompt", "User", "add_missing_columns",
+    "make_engine", "open_database",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine.revisions.service import Change, Checker, SettingsWriter
 from engine.revisions.settings import (
     ALLOWED_EXTRA_FLAGS,
     FIELD_NAMES,
@@ -17,11 +18,16 @@ from engine.revisions.settings import (
     resolve_local_model,
     validate_settings,
 )
+from engine.revisions.store import RevisionStore
 
 __all__ = [
     "ALLOWED_EXTRA_FLAGS",
     "FIELD_NAMES",
+    "Change",
+    "Checker",
     "EngineSettings",
+    "RevisionStore",
+    "SettingsWriter",
     "default_model_roots",
     "field_help",
     "hf_home",

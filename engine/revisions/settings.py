@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from engine.errors import InvalidSettingsError
+from engine.schemas import SettingsValues
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
 SERVED_NAME = re.compile(r"^[\w.:/-]{1,128}$")
@@ -53,73 +54,11 @@ ALLOWED_EXTRA_FLAGS: frozenset[str] = frozenset(
 _EXTRA_ARG = re.compile(r"^(--[a-z0-9][a-z0-9-]*)(?:=([^\x00-\x1f]{0,256}))?$")
 
 
-class EngineSettings(BaseModel):
-    """The values of one settings revision: what vLLM is started with."""
+class EngineSettings(SettingsValues):
+    """A revision's values as the engine validates them: the fields of SettingsValues (engine/schemas), and what
+    needs this host to check (model folders and their roots, names vLLM is given, its extra flags)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=False, protected_namespaces=())
-
-    model: str = Field(
-        description="Model to serve: a local folder with config.json (absolute, or relative to the data dir) "
-        "or a Hugging Face hub id such as org/name.",
-        min_length=1,
-        max_length=512,
-    )
-    served_model_name: str = Field(
-        "demo", description="Name that clients pass as `model` in /v1 requests."
-    )
-    gpu_memory_utilization: float = Field(
-        0.85,
-        gt=0,
-        le=1,
-        description="Fraction of each GPU's memory vLLM may use for weights, activations and KV cache. "
-        "0.80-0.85 is the safe production range; above 0.90 leaves little headroom and risks OOM.",
-    )
-    max_model_len: int | None = Field(
-        None,
-        ge=16,
-        le=10_000_000,
-        description="Longest request (prompt + output) in tokens. Empty: the model's own maximum. "
-        "Each running request may need this much KV cache.",
-    )
-    max_num_seqs: int = Field(
-        16, ge=1, le=4096, description="Most requests vLLM runs at once in a batch (continuous batching)."
-    )
-    tensor_parallel_size: int = Field(
-        1, ge=1, le=64, description="GPUs one model is split across; must divide the attention heads."
-    )
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        "auto", description="Data type of weights and activations. auto: the model's own."
-    )
-    max_num_batched_tokens: int | None = Field(
-        None, ge=1, le=10_000_000, description="Most tokens processed in one scheduler step. Empty: vLLM's default."
-    )
-    enforce_eager: bool = Field(
-        False, description="Skip CUDA graphs and torch.compile: starts faster and uses less memory, runs slower."
-    )
-    enable_prefix_caching: bool = Field(
-        True, description="Reuse the KV cache of shared prompt prefixes across requests."
-    )
-    kv_cache_dtype: Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
-        "auto", description="Data type of the KV cache. fp8 halves its size (more tokens fit) at some accuracy cost."
-    )
-    load_format: Literal[
-        "auto", "safetensors", "pt", "dummy", "gguf", "bitsandbytes", "fastsafetensors", "sharded_state",
-        "runai_streamer",
-    ] = Field("auto", description="How weights are loaded. dummy: random weights of the right shape (testing).")
-    trust_remote_code: bool = Field(
-        False, description="Run model code shipped with the model repository. Only for models you trust."
-    )
-    cpu_kv_cache_gib: float = Field(
-        1.0,
-        gt=0,
-        le=4096,
-        description="CPU build of vLLM only: memory reserved for the KV cache, in GiB.",
-    )
-    extra_args: list[str] = Field(
-        default_factory=list,
-        max_length=32,
-        description="Further vLLM flags, each `--flag` or `--flag=value`, from an allow-list.",
-    )
 
     @field_validator("model")
     @classmethod

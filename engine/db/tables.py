@@ -1,0 +1,203 @@
+"""Every table of the engine's database, in one place: which tables exist does not depend on what was imported.
+
+Revisions are immutable apart from their status; the audit trail is append-only (triggers, in engine/db/database.py).
+The time-series tables (GPU telemetry by device, vLLM's serving figures by revision) keep raw rows for a short window
+and per-minute min/avg/max for a long one; their columns are the metrics listed here.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, Column, Float, Index, Integer, Table, text
+from sqlmodel import Field, SQLModel
+
+_NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+class RevisionStatus(StrEnum):
+    PENDING = "pending"
+    APPLIED = "applied"
+    REJECTED = "rejected"
+    SUPERSEDED = "superseded"
+
+
+ACTIVE = (RevisionStatus.PENDING.value, RevisionStatus.APPLIED.value)
+
+
+class Revision(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    values: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    author: str = Field(default="unknown", sa_column_kwargs={"server_default": "unknown"})
+    note: str = Field(default="", sa_column_kwargs={"server_default": ""})
+    created_at: float = Field(default_factory=time.time, sa_column_kwargs={"server_default": text(_NOW_SQL)})
+    parent_id: int | None = Field(default=None, foreign_key="revision.id")
+    status: str = Field(default=RevisionStatus.PENDING.value, index=True,
+                        sa_column_kwargs={"server_default": RevisionStatus.PENDING.value})
+    status_reason: str = Field(default="", sa_column_kwargs={"server_default": ""})
+    status_at: float | None = None
+    forced: bool = Field(default=False, sa_column_kwargs={"server_default": "0"})
+    warnings: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False,
+                                                                                    server_default="[]"))
+
+
+class Event(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    ts: float = Field(default_factory=time.time, index=True)
+    kind: str = Field(index=True)
+    severity: str = "info"
+    message: str = ""
+    revision_id: int | None = None
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}"))
+
+
+class SavedPrompt(SQLModel, table=True):
+    __tablename__ = "saved_prompt"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True)
+    mode: str = "chat"  # chat | completion
+    system: str = ""
+    prompt: str = ""
+    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}"))
+    author: str = "unknown"
+    created_at: float = Field(default_factory=time.time)
+
+
+class User(SQLModel, table=True):
+    __tablename__ = "user"
+
+    id: int | None = Field(default=None, primary_key=True)
+    username: str = Field(index=True, unique=True)
+    password_hash: str
+    role: str = "viewer"
+    disabled: bool = False
+    failed_attempts: int = 0
+    locked_until: float | None = None
+    created_at: float = Field(default_factory=time.time)
+    last_login: float | None = None
+
+
+class ApiToken(SQLModel, table=True):
+    __tablename__ = "api_token"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str
+    digest: str = Field(index=True, unique=True)  # SHA-256 of the token; the token itself is never stored
+    prefix: str  # its first characters, to tell tokens apart in lists
+    role: str = "viewer"
+    kind: str = "api"  # api (the engine's API) | gateway (an API key for /v1) | session (a console sign-in)
+    user_id: int | None = None
+    created_by: str = ""
+    created_at: float = Field(default_factory=time.time)
+    expires_at: float | None = None
+    revoked_at: float | None = None
+    last_used_at: float | None = None
+    rate_limit_per_min: int | None = None
+
+
+class AuditRecord(SQLModel, table=True):
+    __tablename__ = "audit"
+
+    id: int | None = Field(default=None, primary_key=True)
+    ts: float = Field(default_factory=time.time, index=True)
+    actor: str = Field(default="anonymous", index=True)
+    role: str = ""
+    action: str = Field(index=True)
+    target: str = ""
+    before: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    after: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    source: str = ""
+    result: int = 0  # the HTTP status, or 0 for the engine's own actions
+    detail: str = ""
+
+
+class CalibrationRow(SQLModel, table=True):
+    __tablename__ = "calibration"
+
+    id: int | None = Field(default=None, primary_key=True)
+    ts: float = Field(default_factory=time.time)
+    host: str = Field(index=True)
+    model: str = Field(index=True)
+    revision_id: int | None = None
+    tensor_parallel_size: int = 1
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    batched_tokens: int = 0
+    max_num_seqs: int = 0
+    weights: int = 0
+    activation: int = 0
+    activation_estimate: int = 0  # the capacity model's estimate for the same start, to learn its error
+    non_torch: int = 0
+    device_total: int | None = None
+    kv_bytes: int = 0
+    kv_tokens: int | None = None
+
+
+class RequestLog(SQLModel, table=True):
+    __tablename__ = "request_log"
+
+    id: int | None = Field(default=None, primary_key=True)
+    ts: float = Field(index=True)  # arrival at the gateway
+    revision_id: int | None = Field(default=None, index=True)
+    model: str = ""
+    endpoint: str = ""
+    stream: bool = False
+    status: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    ttft_s: float | None = None
+    latency_s: float = 0.0
+    client: str = ""
+    error: str | None = None
+    prompt: str | None = None  # only when prompt sampling is on
+
+
+class BenchmarkRun(SQLModel, table=True):
+    __tablename__ = "benchmark_run"
+
+    id: int | None = Field(default=None, primary_key=True)
+    kind: str = "sweep"  # sweep | search
+    revision_id: int | None = Field(default=None, index=True)  # serving when the run started
+    preset: str = "short_chat"
+    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    status: str = "running"  # running | done | failed | cancelled
+    progress: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    results: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    proposal: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    error: str | None = None
+    author: str = "api"
+    started_at: float = Field(default_factory=time.time)
+    finished_at: float | None = None
+
+
+# --- time series ---------------------------------------------------------------------------------------------
+
+TELEMETRY_METRICS: tuple[str, ...] = (
+    "mem_used", "mem_total", "util_gpu", "util_mem", "power_w", "power_limit_w", "energy_j", "temp_c",
+    "mem_temp_c", "sm_clock_mhz", "mem_clock_mhz", "fan_pct", "pcie_tx_kbs", "pcie_rx_kbs", "vllm_mem",
+)
+SERVING_FINISH_REASONS: tuple[str, ...] = ("stop", "length", "abort", "error")
+SERVING_METRICS: tuple[str, ...] = (
+    "requests_running", "requests_waiting", "kv_cache_usage", "preemptions_per_s", "prompt_tokens_per_s",
+    "generation_tokens_per_s", "ttft_seconds_p50", "ttft_seconds_p95", "ttft_seconds_p99", "itl_seconds_p50",
+    "itl_seconds_p95", "itl_seconds_p99", "e2e_seconds_p50", "e2e_seconds_p95", "e2e_seconds_p99",
+    "queue_seconds_p95", *(f"finished_{r}_per_s" for r in SERVING_FINISH_REASONS),
+)
+
+
+def series_tables(name: str, key: str, metrics: tuple[str, ...]) -> tuple[Table, Table]:
+    """A series' raw table (one row per sample and key) and its per-minute roll-up (min, avg, max per metric)."""
+    raw = Table(f"{name}_raw", SQLModel.metadata, Column("ts", Float, nullable=False), Column(key, Integer),
+                *(Column(m, Float) for m in metrics), Index(f"ix_{name}_raw_ts", "ts"))
+    minute = Table(f"{name}_minute", SQLModel.metadata, Column("ts", Float, nullable=False), Column(key, Integer),
+                   Column("n", Integer),
+                   *(Column(f"{m}_{agg}", Float) for m in metrics for agg in ("min", "avg", "max")),
+                   Index(f"ix_{name}_minute_ts", "ts"))
+    return raw, minute
+
+
+TELEMETRY_RAW, TELEMETRY_MINUTE = series_tables("telemetry", "device", TELEMETRY_METRICS)
+SERVING_RAW, SERVING_MINUTE = series_tables("serving", "revision", SERVING_METRICS)
