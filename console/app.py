@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # streamlit puts console/ on the path, not the project root
@@ -24,6 +24,7 @@ import streamlit as st  # noqa: E402
 from console.client import ROLES, ApiError, ClientError, EngineClient  # noqa: E402
 from console.session import COOKIE  # noqa: E402
 from console.widgets import client, go_to, sign_in_url, sign_out  # noqa: E402
+from engine.schemas import MeOut  # noqa: E402
 
 # A local icon: a material one is fetched from fonts.gstatic.com, and the console fetches nothing from the internet.
 st.set_page_config(page_title="llmops console", page_icon=str(ROOT / "console" / "assets" / "favicon.png"),
@@ -57,18 +58,18 @@ def sso_sign_in() -> None:
     except ClientError as exc:
         st.error(f"Signed in as {st.user.get('email')}, but the engine has no such user: {exc}")
         return
-    st.session_state["token"] = result["token"]
+    st.session_state["token"] = result.token
     st.rerun()
 
 
-def who(token: str) -> dict[str, Any]:
+def who(token: str) -> MeOut:
     """The engine's answer to who this token is, once per Streamlit session and token."""
-    cached: dict[str, Any] | None = st.session_state.get("_me")
-    if cached is not None and cached.get("_token") == token:
-        return cached
-    me = {**client().me(), "_token": token}
-    st.session_state["_me"] = me
-    st.session_state["username"], st.session_state["role"] = me["name"], me["role"]
+    cached: tuple[str, MeOut] | None = st.session_state.get("_me")
+    if cached is not None and cached[0] == token:
+        return cached[1]
+    me = client().me()
+    st.session_state["_me"] = (token, me)
+    st.session_state["username"], st.session_state["role"] = me.name, me.role
     return me
 
 
@@ -90,7 +91,7 @@ except ClientError as exc:
     st.error(f"**The engine is unreachable.** {exc}\n\nStart it with `make run` (or `llmops engine`); this page "
              "retries when you reload it.", icon=":material/cloud_off:")
     st.stop()
-role = str(me["role"])
+role = me.role
 
 
 def allowed(needed: str) -> bool:
@@ -115,7 +116,7 @@ def forbidden(title: str, needed: str) -> st.Page:
     """A page the role may not see: hidden from the menu, and a deep link to it says why instead of 'not found'."""
     def explain() -> None:
         st.title(title)
-        st.warning(f"**{title}** needs the {needed} role; you are signed in as {me['name']} ({role}). An admin can "
+        st.warning(f"**{title}** needs the {needed} role; you are signed in as {me.name} ({role}). An admin can "
                    "change your role on the Access page.", icon=":material/lock:")
     return st.Page(explain, title=title, url_path=script_of[title], visibility="hidden")
 
@@ -128,7 +129,7 @@ for section, script, title, icon, needed in PAGE_TABLE:
     sections.setdefault(section, []).append(page)
 nav = st.navigation(sections)
 with st.sidebar:
-    st.caption(f"Signed in as **{me['name']}** ({role})")
+    st.caption(f"Signed in as **{me.name}** ({role})")
     if st.button("Sign out", icon=":material/logout:"):
         if st.context.cookies.get(COOKIE):  # the console's server revokes the session and clears the cookie
             sign_out()

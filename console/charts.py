@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 import plotly.graph_objects as go
 
 from console.fmt import GIB
+from engine.schemas import Band, BenchmarkLevel, CompareLevel, EventOut, GpuHistoryOut, Prediction, Series, SeriesOut
 
 METRIC_LABELS: dict[str, tuple[str, str, float]] = {  # metric → (title, unit, scale)
     "mem_used": ("Memory used", "GiB", 1 / GIB),
@@ -17,6 +17,11 @@ METRIC_LABELS: dict[str, tuple[str, str, float]] = {  # metric → (title, unit,
     "temp_c": ("Temperature", "°C", 1.0),
     "sm_clock_mhz": ("SM clock", "MHz", 1.0),
 }
+
+
+def bands(series: Series) -> dict[str, Band]:
+    """A series' bands by metric name (they are its fields beyond ``t``)."""
+    return dict(series.__pydantic_extra__ or {})
 
 
 def _layout(fig: go.Figure, title: str, unit: str, height: int = 260) -> go.Figure:
@@ -34,29 +39,30 @@ def _rgba(hex_color: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
-def timeseries(history: dict[str, Any], metric: str, names: dict[str, str] | None = None,
+def timeseries(history: GpuHistoryOut, metric: str, names: dict[str, str] | None = None,
                marks: list[tuple[datetime, str, str]] | None = None) -> go.Figure:
     """One line per device (the average per bucket) in a band from its min to its max (when a bucket holds more
     than one sample), with event markers; "no data yet" when the window holds nothing."""
     title, unit, scale = METRIC_LABELS.get(metric, (metric, "", 1.0))
     fig = go.Figure()
-    for i, (device, series) in enumerate(sorted(history.get("devices", {}).items(), key=lambda kv: int(kv[0]))):
-        if metric not in series:
+    for i, (device, series) in enumerate(sorted(history.devices.items(), key=lambda kv: int(kv[0]))):
+        band = bands(series).get(metric)
+        if band is None:
             continue
-        t = [datetime.fromtimestamp(x, UTC) for x in series["t"]]
+        t = [datetime.fromtimestamp(x, UTC) for x in series.t]
         label = (names or {}).get(device, "host" if device == "-1" else f"GPU {device}")
-        avg = [None if y is None else y * scale for y in series[metric]["avg"]]
+        avg = [None if y is None else y * scale for y in band.avg]
         if not any(y is not None for y in avg):
             continue
         color = PALETTE[i % len(PALETTE)]
-        if history.get("step_s", 1) > 1:
-            hi = [None if y is None else y * scale for y in series[metric]["max"]]
-            lo = [None if y is None else y * scale for y in series[metric]["min"]]
+        if history.step_s > 1:
+            hi = [None if y is None else y * scale for y in band.max]
+            lo = [None if y is None else y * scale for y in band.min]
             fig.add_trace(go.Scatter(x=t, y=hi, mode="lines", line={"width": 0, "color": color}, showlegend=False,
                                      name=f"{label} max", hoverinfo="skip"))
             fig.add_trace(go.Scatter(x=t, y=lo, mode="lines", line={"width": 0, "color": color}, fill="tonexty",
                                      fillcolor=_rgba(color, 0.22), name=f"{label} min-max", hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=t, y=avg, mode="lines", name=f"{label} avg" if history.get("step_s", 1) > 1
+        fig.add_trace(go.Scatter(x=t, y=avg, mode="lines", name=f"{label} avg" if history.step_s > 1
                                  else label, line={"color": color}))
     fig = empty_note(_layout(fig, title, unit))
     return with_markers(fig, marks or []) if fig.data else fig
@@ -67,7 +73,7 @@ MARKER_KINDS = {"settings_changed": ("settings", "#1f77b4"), "ready": ("restart"
                 "failed": ("failure", "#ff7f0e"), "alert_raised": ("alert", "#9467bd")}
 
 
-def markers(events: list[Any], since: float) -> list[tuple[datetime, str, str]]:
+def markers(events: list[EventOut], since: float) -> list[tuple[datetime, str, str]]:
     """Events worth a line on a time chart (settings changes, restarts, rollbacks, failures, alerts) since
     ``since`` (Unix seconds): (when, label, colour)."""
     out = []
@@ -100,55 +106,57 @@ def empty_note(fig: go.Figure, text: str = "no data yet") -> go.Figure:
     return fig
 
 
-def by_revision(history: dict[str, Any], metric: str, title: str, unit: str, scale: float = 1.0) -> go.Figure:
+def by_revision(history: SeriesOut, metric: str, title: str, unit: str, scale: float = 1.0) -> go.Figure:
     """One line per settings revision (average per bucket) of a serving metric's history."""
     fig = go.Figure()
-    for rev, series in sorted(history["series"].items(), key=lambda kv: int(kv[0]) if kv[0] != "None" else -1):
-        y = [None if v is None else v * scale for v in series[metric]["avg"]]
+    for rev, series in sorted(history.series.items(), key=lambda kv: int(kv[0]) if kv[0] != "None" else -1):
+        band = bands(series).get(metric)
+        y = [None if v is None else v * scale for v in band.avg] if band else []
         if any(v is not None for v in y):
-            t = [datetime.fromtimestamp(x, UTC) for x in series["t"]]
+            t = [datetime.fromtimestamp(x, UTC) for x in series.t]
             fig.add_trace(go.Scatter(x=t, y=y, mode="lines+markers", marker={"size": 4}, name=f"revision {rev}"))
     return empty_note(_layout(fig, title, unit, height=240))
 
 
-def compare_bars(levels: list[dict[str, Any]], key: str, title: str, names: tuple[str, str]) -> go.Figure:
+def compare_bars(levels: list[CompareLevel], key: str, title: str, names: tuple[str, str]) -> go.Figure:
     """Two benchmark runs side by side at each concurrency level they share."""
     fig = go.Figure()
-    x = [str(lv["concurrency"]) for lv in levels]
+    x = [str(lv.concurrency) for lv in levels]
     for side, name in zip(("a", "b"), names, strict=True):
-        fig.add_trace(go.Bar(x=x, y=[lv[key][side] for lv in levels], name=name))
+        fig.add_trace(go.Bar(x=x, y=[getattr(getattr(lv, key), side) for lv in levels], name=name))
     fig.update_layout(barmode="group", xaxis_title="concurrency")
     return _layout(fig, title, "")
 
 
-def sweep_throughput(levels: list[dict[str, Any]]) -> go.Figure:
+def sweep_throughput(levels: list[BenchmarkLevel]) -> go.Figure:
     """A sweep's output tokens/s against the number of concurrent clients."""
-    rows = sorted((lv for lv in levels if lv.get("output_throughput")), key=lambda lv: lv["concurrency"])
-    fig = go.Figure(go.Scatter(x=[lv["concurrency"] for lv in rows], y=[lv["output_throughput"] for lv in rows],
+    rows = sorted((lv for lv in levels if lv.output_throughput), key=lambda lv: lv.concurrency or 0)
+    fig = go.Figure(go.Scatter(x=[lv.concurrency for lv in rows], y=[lv.output_throughput for lv in rows],
                                mode="lines+markers", name="output tokens/s"))
     fig.update_layout(xaxis_title="concurrent clients", xaxis_type="log")
     return _layout(fig, "Throughput against concurrency", "output tokens/s")
 
 
-def sweep_latency(levels: list[dict[str, Any]]) -> go.Figure:
+def sweep_latency(levels: list[BenchmarkLevel]) -> go.Figure:
     """A sweep's latency percentiles (end-to-end P50/P95/P99, TTFT P95) against concurrency, in seconds."""
-    rows = sorted((lv for lv in levels if lv.get("p50_e2el_ms")), key=lambda lv: lv["concurrency"])
+    rows = sorted((lv for lv in levels if lv.p50_e2el_ms), key=lambda lv: lv.concurrency or 0)
     fig = go.Figure()
     for key, name in (("p50_e2el_ms", "P50"), ("p95_e2el_ms", "P95"), ("p99_e2el_ms", "P99"),
                       ("p95_ttft_ms", "TTFT P95")):
-        fig.add_trace(go.Scatter(x=[lv["concurrency"] for lv in rows],
-                                 y=[(lv.get(key) or 0) / 1000 for lv in rows], mode="lines+markers", name=name,
+        fig.add_trace(go.Scatter(x=[lv.concurrency for lv in rows],
+                                 y=[(getattr(lv, key) or 0) / 1000 for lv in rows], mode="lines+markers", name=name,
                                  line={"dash": "dot"} if key.endswith("ttft_ms") else {}))
     fig.update_layout(xaxis_title="concurrent clients", xaxis_type="log")
     return _layout(fig, "Latency percentiles against concurrency", "s")
 
 
-def memory_budget(prediction: dict[str, Any], device_total: float | None) -> go.Figure:
+def memory_budget(prediction: Prediction, device_total: float | None) -> go.Figure:
     """A stacked bar of the memory budget: weights, activation, runtime (non-torch), KV cache, headroom."""
-    parts = [("Weights", prediction["weight_bytes"]), ("Activation", prediction["activation_bytes"]),
-             ("Runtime", prediction["non_torch_bytes"]), ("KV cache", max(0, prediction["kv_bytes"]))]
-    if prediction["device"] == "cuda" and device_total:
-        parts.append(("Outside the budget", max(0.0, device_total - prediction["budget_bytes"])))
+    parts: list[tuple[str, float]] = [
+        ("Weights", prediction.weight_bytes), ("Activation", prediction.activation_bytes),
+        ("Runtime", prediction.non_torch_bytes), ("KV cache", max(0, prediction.kv_bytes))]
+    if prediction.device == "cuda" and device_total:
+        parts.append(("Outside the budget", max(0.0, device_total - prediction.budget_bytes)))
     fig = go.Figure()
     for name, value in parts:
         if value <= 0:

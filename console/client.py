@@ -7,14 +7,43 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
 
+from engine.schemas import (
+    ROLES,
+    ActionOut,
+    AuditOut,
+    BenchmarkRunOut,
+    CapacityOut,
+    CompareOut,
+    EventOut,
+    GatewayInfo,
+    GpuHistoryOut,
+    GpuOut,
+    KpiRow,
+    KpisOut,
+    LogsOut,
+    MeOut,
+    Preset,
+    PromptOut,
+    RevisionOut,
+    SeriesOut,
+    ServingOut,
+    SessionOut,
+    StatusOut,
+    TokenCreatedOut,
+    TokenOut,
+    UserOut,
+)
+
 DEFAULT_ENGINE_URL = "http://127.0.0.1:8000"
-ROLES = ("viewer", "prompter", "operator", "admin")  # each may do what the ones before it may (engine/auth.py)
+__all__ = ["ROLES", "ApiError", "ClientError", "EngineClient", "EngineUnreachableError", "ForbiddenError",
+           "InvalidRequestError", "NotFoundError", "Run", "SettingsRejectedError", "StaleRevisionError",
+           "UnauthorizedError"]
+M = TypeVar("M", bound=BaseModel)
 
 
 class ClientError(Exception):
@@ -70,80 +99,6 @@ class NotFoundError(ApiError):
     pass
 
 
-class GatewayInfo(BaseModel):
-    in_flight: int
-    waiting: int
-    rejected: int
-
-
-class StartupPhase(BaseModel):
-    name: str
-    title: str
-    started_s: float
-    seconds: float
-    done: bool
-
-
-class StartupView(BaseModel):
-    """A vLLM start phase by phase (engine/startup.py), with the ETA from earlier starts and, once ready, its
-    error."""
-
-    revision: int | None = None
-    elapsed_s: float
-    phase: str
-    phase_title: str
-    phases: list[StartupPhase]
-    eta_s: float | None = None
-    eta_basis: str | None = None
-    remaining_s: float | None = None
-    ready_s: float | None = None
-    failed: str | None = None
-    error_s: float | None = None
-    error_pct: float | None = None
-
-
-class EngineStatus(BaseModel):
-    state: str
-    since: datetime
-    reason: str
-    running_revision: int | None
-    desired_revision: int | None
-    model: str | None
-    pid: int | None
-    vllm_version: str | None
-    vllm_build: str
-    enabled: bool
-    halted: str | None = None
-    ready_since: datetime | None
-    restarts: int
-    gateway: GatewayInfo
-    startup: StartupView | None = None
-
-
-class RevisionInfo(BaseModel):
-    revision: int
-    values: dict[str, Any]
-    status: str
-    status_reason: str
-    author: str
-    note: str
-    created_at: datetime
-    parent_revision: int | None
-    forced: bool
-    warnings: list[dict[str, Any]]
-    oom_count: int = 0
-
-
-class EventInfo(BaseModel):
-    id: int
-    ts: datetime
-    kind: str
-    severity: str
-    message: str
-    revision: int | None
-    data: dict[str, Any]
-
-
 @dataclass
 class Run:
     """One playground request and what was measured of it."""
@@ -187,10 +142,6 @@ def _error_text(resp: httpx.Response) -> str:
     return f"HTTP {resp.status_code}: {message}"
 
 
-_revisions = TypeAdapter(list[RevisionInfo])
-_events = TypeAdapter(list[EventInfo])
-
-
 class EngineClient:
     def __init__(self, base_url: str | None = None, *, timeout: float = 10.0, token: str | None = None) -> None:
         """``token``: a bearer token (a console sign-in's, or one from `llmops token create`); default
@@ -214,6 +165,13 @@ class EngineClient:
         resp = self._send(method, path, **kwargs)
         return resp.json() if resp.content else None
 
+    def _get(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
+        """An API call's answer as its wire model (engine/schemas)."""
+        return model.model_validate(self._request(method, path, **kwargs))
+
+    def _list(self, model: type[M], method: str, path: str, **kwargs: Any) -> list[M]:
+        return TypeAdapter(list[model]).validate_python(self._request(method, path, **kwargs))  # type: ignore[valid-type]
+
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """A successful response, or the ClientError that says why there is none."""
         try:
@@ -232,66 +190,62 @@ class EngineClient:
                                              401: UnauthorizedError, 403: ForbiddenError}
         raise errors.get(resp.status_code, ApiError)(resp.status_code, detail)
 
-    # --- health and status ----------------------------------------------------------------------------------
-
     # --- access ---------------------------------------------------------------------------------------------
 
-    def login(self, username: str, password: str) -> dict[str, Any]:
+    def login(self, username: str, password: str) -> SessionOut:
         """Sign in: a session token (the client uses it from now on), the user's role and its expiry."""
-        return self._adopt(self._request("POST", "/api/auth/login", json={"username": username, "password": password}))
+        return self._adopt(self._get(SessionOut, "POST", "/api/auth/login",
+                                     json={"username": username, "password": password}))
 
-    def sso_session(self, username: str) -> dict[str, Any]:
+    def sso_session(self, username: str) -> SessionOut:
         """With the console's service token (admin): a session for a user the identity provider signed in."""
-        return self._adopt(self._request("POST", "/api/auth/sso", json={"username": username}))
+        return self._adopt(self._get(SessionOut, "POST", "/api/auth/sso", json={"username": username}))
 
-    def _adopt(self, session: dict[str, Any]) -> dict[str, Any]:
+    def _adopt(self, session: SessionOut) -> SessionOut:
         """Use a new session's token from now on."""
-        self.token = session["token"]
+        self.token = session.token
         self._http.headers["authorization"] = f"Bearer {self.token}"
         return session
 
-    def me(self) -> dict[str, Any]:
+    def me(self) -> MeOut:
         """Who this client's token stands for: name, role, kind, and the roles it includes."""
-        result: dict[str, Any] = self._request("GET", "/api/auth/me")
-        return result
+        return self._get(MeOut, "GET", "/api/auth/me")
 
     def logout(self) -> None:
         self._request("POST", "/api/auth/logout")
         self.token = None
         self._http.headers.pop("authorization", None)
 
-    def users(self) -> list[dict[str, Any]]:
-        return list(self._request("GET", "/api/users"))
+    def users(self) -> list[UserOut]:
+        return self._list(UserOut, "GET", "/api/users")
 
-    def create_user(self, username: str, password: str, role: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("POST", "/api/users",
-                                               json={"username": username, "password": password, "role": role})
-        return result
+    def create_user(self, username: str, password: str, role: str) -> UserOut:
+        return self._get(UserOut, "POST", "/api/users", json={"username": username, "password": password,
+                                                              "role": role})
 
-    def update_user(self, username: str, **changes: Any) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("PATCH", f"/api/users/{username}", json=changes)
-        return result
+    def update_user(self, username: str, **changes: Any) -> UserOut:
+        return self._get(UserOut, "PATCH", f"/api/users/{username}", json=changes)
 
-    def tokens(self) -> list[dict[str, Any]]:
-        return list(self._request("GET", "/api/tokens"))
+    def tokens(self) -> list[TokenOut]:
+        return self._list(TokenOut, "GET", "/api/tokens")
 
     def create_token(self, name: str, role: str, kind: str = "api", expires_days: float | None = None,
-                     rate_limit_per_min: int | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("POST", "/api/tokens", json={
+                     rate_limit_per_min: int | None = None) -> TokenCreatedOut:
+        return self._get(TokenCreatedOut, "POST", "/api/tokens", json={
             "name": name, "role": role, "kind": kind, "expires_days": expires_days,
             "rate_limit_per_min": rate_limit_per_min})
-        return result
 
-    def revoke_token(self, token_id: int) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("DELETE", f"/api/tokens/{token_id}")
-        return result
+    def revoke_token(self, token_id: int) -> TokenOut:
+        return self._get(TokenOut, "DELETE", f"/api/tokens/{token_id}")
 
-    def audit(self, **filters: Any) -> list[dict[str, Any]]:
-        return list(self._request("GET", "/api/audit", params={k: v for k, v in filters.items() if v is not None}))
+    def audit(self, **filters: Any) -> list[AuditOut]:
+        return self._list(AuditOut, "GET", "/api/audit", params={k: v for k, v in filters.items() if v is not None})
 
     def audit_export(self, fmt: str, **filters: Any) -> bytes:
         params = {"format": fmt, **{k: v for k, v in filters.items() if v is not None}}
         return self._send("GET", "/api/audit/export", params=params).content
+
+    # --- health and status ----------------------------------------------------------------------------------
 
     def healthz(self) -> bool:
         try:
@@ -299,15 +253,15 @@ class EngineClient:
         except ClientError:
             return False
 
-    def status(self) -> EngineStatus:
-        return EngineStatus.model_validate(self._request("GET", "/api/status"))
+    def status(self) -> StatusOut:
+        return self._get(StatusOut, "GET", "/api/status")
 
     def wait_for(self, states: set[str], timeout: float, revision: int | None = None,
-                 poll: float = 0.5, on_status: Callable[[EngineStatus], None] | None = None) -> EngineStatus:
+                 poll: float = 0.5, on_status: Callable[[StatusOut], None] | None = None) -> StatusOut:
         """Poll until the engine is in one of ``states`` (and runs ``revision``, if given), or TimeoutError;
         ``on_status`` sees each status read on the way (the CLI prints the start's phases from it)."""
         deadline = time.monotonic() + timeout
-        last: EngineStatus | None = None
+        last: StatusOut | None = None
         while time.monotonic() < deadline:
             try:
                 last = self.status()
@@ -323,47 +277,44 @@ class EngineClient:
 
     # --- settings -------------------------------------------------------------------------------------------
 
-    def settings(self) -> RevisionInfo:
-        return RevisionInfo.model_validate(self._request("GET", "/api/settings"))
+    def settings(self) -> RevisionOut:
+        return self._get(RevisionOut, "GET", "/api/settings")
 
     def settings_schema(self) -> dict[str, Any]:
         result: dict[str, Any] = self._request("GET", "/api/settings/schema")
         return result
 
-    def revision(self, revision: int) -> RevisionInfo:
-        return RevisionInfo.model_validate(self._request("GET", f"/api/settings/{revision}"))
+    def revision(self, revision: int) -> RevisionOut:
+        return self._get(RevisionOut, "GET", f"/api/settings/{revision}")
 
-    def history(self, limit: int = 50) -> list[RevisionInfo]:
-        return _revisions.validate_python(self._request("GET", "/api/settings/history", params={"limit": limit}))
+    def history(self, limit: int = 50) -> list[RevisionOut]:
+        return self._list(RevisionOut, "GET", "/api/settings/history", params={"limit": limit})
 
     def put_settings(self, base_revision: int, values: dict[str, Any], note: str = "",
-                     force: bool = False) -> RevisionInfo:
+                     force: bool = False) -> RevisionOut:
         body = {"base_revision": base_revision, "values": values, "note": note, "force": force}
-        return RevisionInfo.model_validate(self._request("PUT", "/api/settings", json=body))
+        return self._get(RevisionOut, "PUT", "/api/settings", json=body)
 
-    def capacity(self, values: dict[str, Any]) -> dict[str, Any]:
+    def capacity(self, values: dict[str, Any]) -> CapacityOut:
         """Pre-flight and capacity prediction for values not saved yet."""
         params = {k: ("" if v is None else str(v).lower() if isinstance(v, bool) else v) for k, v in values.items()}
-        result: dict[str, Any] = self._request("GET", "/api/capacity", params=params)
-        return result
+        return self._get(CapacityOut, "GET", "/api/capacity", params=params)
 
-    def rollback(self, revision: int, note: str = "", force: bool = False) -> RevisionInfo:
+    def rollback(self, revision: int, note: str = "", force: bool = False) -> RevisionOut:
         body = {"revision": revision, "note": note, "force": force}
-        return RevisionInfo.model_validate(self._request("POST", "/api/settings/rollback", json=body))
+        return self._get(RevisionOut, "POST", "/api/settings/rollback", json=body)
 
     # --- engine actions, events, logs -----------------------------------------------------------------------
 
-    def engine_action(self, action: str) -> EngineStatus:
-        data = self._request("POST", f"/api/engine/{action}")
-        data.pop("accepted", None)
-        return EngineStatus.model_validate(data)
+    def engine_action(self, action: str) -> ActionOut:
+        return self._get(ActionOut, "POST", f"/api/engine/{action}")
 
     def events(self, since: int = 0, limit: int = 200, kinds: list[str] | None = None,
-               newest_first: bool = False) -> list[EventInfo]:
+               newest_first: bool = False) -> list[EventOut]:
         params: dict[str, Any] = {"since": since, "limit": limit, "newest_first": newest_first}
         if kinds:
             params["kind"] = kinds
-        return _events.validate_python(self._request("GET", "/api/events", params=params))
+        return self._list(EventOut, "GET", "/api/events", params=params)
 
     def logs(self, tail: int = 200, *, hide_polling: bool = False, level: str = "debug",
              contains: str | None = None) -> list[str]:
@@ -371,93 +322,81 @@ class EngineClient:
         params: dict[str, Any] = {"tail": tail, "hide_polling": hide_polling, "level": level}
         if contains:
             params["contains"] = contains
-        return list(self._request("GET", "/api/logs", params=params)["lines"])
+        return self._get(LogsOut, "GET", "/api/logs", params=params).lines
 
     def logs_download(self) -> bytes:
         return self._send("GET", "/api/logs/download").content
 
     # --- GPU health and serving -----------------------------------------------------------------------------
 
-    def gpu(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", "/api/gpu")
-        return result
+    def gpu(self) -> GpuOut:
+        return self._get(GpuOut, "GET", "/api/gpu")
 
     def gpu_history(self, window: str, devices: list[int] | None = None,
-                    metrics: list[str] | None = None) -> dict[str, Any]:
+                    metrics: list[str] | None = None) -> GpuHistoryOut:
         params: dict[str, Any] = {"window": window}
         if devices:
             params["device"] = devices
         if metrics:
             params["metric"] = metrics
-        result: dict[str, Any] = self._request("GET", "/api/gpu/history", params=params)
-        return result
+        return self._get(GpuHistoryOut, "GET", "/api/gpu/history", params=params)
 
-    def gateway(self) -> dict[str, Any]:
+    def gateway(self) -> GatewayInfo:
         """How clients reach the served model: /v1 base URL, whether keys are needed, the model's card."""
-        result: dict[str, Any] = self._request("GET", "/api/gateway")
-        return result
+        return self._get(GatewayInfo, "GET", "/api/gateway")
 
-    def serving(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", "/api/serving")
-        return result
+    def serving(self) -> ServingOut:
+        return self._get(ServingOut, "GET", "/api/serving")
 
-    def serving_history(self, window: str, metrics: list[str] | None = None) -> dict[str, Any]:
+    def serving_history(self, window: str, metrics: list[str] | None = None) -> SeriesOut:
         params: dict[str, Any] = {"window": window}
         if metrics:
             params["metric"] = metrics
-        result: dict[str, Any] = self._request("GET", "/api/serving/history", params=params)
-        return result
+        return self._get(SeriesOut, "GET", "/api/serving/history", params=params)
 
-    def kpis(self, window: str, revision: int | None = None, client: str | None = None) -> list[dict[str, Any]]:
+    def kpis(self, window: str, revision: int | None = None, client: str | None = None) -> list[KpiRow]:
         params: dict[str, Any] = {"window": window}
         if revision is not None:
             params["revision"] = revision
         if client is not None:
             params["client"] = client
-        return list(self._request("GET", "/api/kpis", params=params)["revisions"])
+        return self._get(KpisOut, "GET", "/api/kpis", params=params).revisions
 
     # --- benchmarks -----------------------------------------------------------------------------------------
 
-    def benchmarks(self, revision: int | None = None) -> list[dict[str, Any]]:
+    def benchmarks(self, revision: int | None = None) -> list[BenchmarkRunOut]:
         params = {"revision": revision} if revision is not None else {}
-        return list(self._request("GET", "/api/benchmarks", params=params))
+        return self._list(BenchmarkRunOut, "GET", "/api/benchmarks", params=params)
 
-    def benchmark(self, run_id: int) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", f"/api/benchmarks/{run_id}")
-        return result
+    def benchmark(self, run_id: int) -> BenchmarkRunOut:
+        return self._get(BenchmarkRunOut, "GET", f"/api/benchmarks/{run_id}")
 
-    def start_sweep(self, preset: str, concurrency: list[int], num_prompts: int | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("POST", "/api/benchmarks", json={
+    def start_sweep(self, preset: str, concurrency: list[int], num_prompts: int | None = None) -> BenchmarkRunOut:
+        return self._get(BenchmarkRunOut, "POST", "/api/benchmarks", json={
             "preset": preset, "concurrency": concurrency, "num_prompts": num_prompts})
-        return result
 
     def start_search(self, preset: str, target_p95_s: float, candidates: list[int],
-                     num_prompts: int | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("POST", "/api/benchmarks/search", json={
+                     num_prompts: int | None = None) -> BenchmarkRunOut:
+        return self._get(BenchmarkRunOut, "POST", "/api/benchmarks/search", json={
             "preset": preset, "target_p95_s": target_p95_s, "candidates": candidates, "num_prompts": num_prompts})
-        return result
 
-    def cancel_benchmark(self, run_id: int) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("POST", f"/api/benchmarks/{run_id}/cancel")
-        return result
+    def cancel_benchmark(self, run_id: int) -> BenchmarkRunOut:
+        return self._get(BenchmarkRunOut, "POST", f"/api/benchmarks/{run_id}/cancel")
 
-    def compare_benchmarks(self, a: int, b: int) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", "/api/benchmarks/compare", params={"a": a, "b": b})
-        return result
+    def compare_benchmarks(self, a: int, b: int) -> CompareOut:
+        return self._get(CompareOut, "GET", "/api/benchmarks/compare", params={"a": a, "b": b})
 
-    def presets(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("GET", "/api/benchmarks/presets")
-        return result
+    def presets(self) -> dict[str, Preset]:
+        return TypeAdapter(dict[str, Preset]).validate_python(self._request("GET", "/api/benchmarks/presets"))
 
     # --- playground -----------------------------------------------------------------------------------------
 
-    def prompts(self) -> list[dict[str, Any]]:
-        return list(self._request("GET", "/api/prompts"))
+    def prompts(self) -> list[PromptOut]:
+        return self._list(PromptOut, "GET", "/api/prompts")
 
-    def save_prompt(self, name: str, mode: str, system: str, prompt: str, params: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("POST", "/api/prompts", json={
+    def save_prompt(self, name: str, mode: str, system: str, prompt: str, params: dict[str, Any]) -> PromptOut:
+        return self._get(PromptOut, "POST", "/api/prompts", json={
             "name": name, "mode": mode, "system": system, "prompt": prompt, "params": params})
-        return result
 
     def delete_prompt(self, prompt_id: int) -> None:
         self._request("DELETE", f"/api/prompts/{prompt_id}")

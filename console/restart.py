@@ -9,8 +9,8 @@ from typing import Any
 import streamlit as st
 
 from console import fmt
-from console.client import EngineStatus, EventInfo, StartupView
 from console.widgets import client
+from engine.schemas import EventOut, StartupView, StatusOut
 
 PROGRESS_KINDS = ["settings_changed", "drained", "stopped", "starting", "ready", "failed", "diagnosis", "rollback",
                   "restart_scheduled", "crash_loop", "model_missing", "demo_model_building", "demo_model_built"]
@@ -37,7 +37,7 @@ def phases(view: StartupView) -> None:
         st.caption(f"{fmt.seconds(view.elapsed_s)} so far; no earlier start of this engine to estimate from.")
 
 
-def timeline(events: list[EventInfo], t0: float) -> list[str]:
+def timeline(events: list[EventOut], t0: float) -> list[str]:
     return [f"+{max(0.0, e.ts.timestamp() - t0):.0f} s **{e.kind}** {e.message}" for e in events]
 
 
@@ -51,7 +51,7 @@ def watch(revision: int, what: str) -> None:
     st.rerun()
 
 
-def outcome(applying: dict[str, Any], now: EngineStatus, events: list[EventInfo]) -> tuple[str, str] | None:
+def outcome(applying: dict[str, Any], now: StatusOut, events: list[EventOut]) -> tuple[str, str] | None:
     """How an apply ended, once it has: ("success" | "error", message); None while it goes on."""
     rev_id = applying["revision"]
     view = now.startup

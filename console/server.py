@@ -137,8 +137,8 @@ async def signin(request: Request) -> Response:
     except ClientError as exc:
         return _page(next_url, username=username, error=str(exc), status=502)
     response = RedirectResponse(next_url, status_code=303)
-    max_age = max(1, int(float(session["expires_at"]) - time.time())) if session.get("expires_at") else None
-    response.set_cookie(COOKIE, session["token"], max_age=max_age, path="/", httponly=True, samesite="strict",
+    max_age = max(1, int(session.expires_at - time.time())) if session.expires_at else None
+    response.set_cookie(COOKIE, session.token, max_age=max_age, path="/", httponly=True, samesite="strict",
                         secure=_https(request))
     return response
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, NoReturn
+from typing import NoReturn
 from urllib.parse import urlencode, urlsplit
 
 import streamlit as st
 
 from console import fmt
-from console.client import ClientError, EngineClient, EngineStatus, EngineUnreachableError, EventInfo, UnauthorizedError
+from console.client import ClientError, EngineClient, EngineUnreachableError, UnauthorizedError
 from console.session import safe_next
+from engine.schemas import EventOut, GpuView, HostReading, StatusOut
 
 STATE_BADGE = {"ready": ("green", ":material/check_circle:"), "starting": ("orange", ":material/hourglass_top:"),
                "draining": ("orange", ":material/hourglass_bottom:"), "stopping": ("orange", ":material/pending:"),
@@ -59,7 +60,7 @@ def unreachable(exc: ClientError) -> NoReturn:
     st.stop()
 
 
-def engine_status() -> EngineStatus:
+def engine_status() -> StatusOut:
     """The engine's status, or a clear message and the end of the page when it cannot be reached."""
     try:
         return client().status()
@@ -70,17 +71,17 @@ def engine_status() -> EngineStatus:
 SEVERITY_ICON = {"error": ":material/error:", "critical": ":material/dangerous:", "warning": ":material/warning:"}
 
 
-def event_line(ev: EventInfo) -> str:
+def event_line(ev: EventOut) -> str:
     """One event as a line of the on-call views: its severity, time, kind and message."""
     return f"{SEVERITY_ICON.get(ev.severity, ':material/info:')} `{ev.ts:%H:%M:%S}` **{ev.kind}** {ev.message}"
 
 
-def state_badge(status: EngineStatus) -> None:
+def state_badge(status: StatusOut) -> None:
     color, icon = STATE_BADGE.get(status.state, ("gray", ":material/help:"))
     st.badge(status.state.upper(), color=color, icon=icon)  # type: ignore[arg-type]
 
 
-def restart_banner(status: EngineStatus) -> None:
+def restart_banner(status: StatusOut) -> None:
     """Say so when vLLM is not serving, and why."""
     if status.state == "ready":
         return
@@ -96,12 +97,12 @@ def restart_banner(status: EngineStatus) -> None:
                  icon=":material/error:")
 
 
-def gpu_card(g: dict[str, Any]) -> None:
-    v = g["values"]
+def gpu_card(g: GpuView) -> None:
+    v = g.values
     with st.container(border=True):
-        st.markdown(f"**GPU {g['index']} · {g['name']}**")
-        if g["lost"]:
-            st.error(f"Lost: {g['error']}")
+        st.markdown(f"**GPU {g.index} · {g.name}**")
+        if g.lost:
+            st.error(f"Lost: {g.error}")
             return
         used, total, vllm = v.get("mem_used"), v.get("mem_total"), v.get("vllm_mem")
         c1, c2, c3, c4 = st.columns(4)
@@ -115,21 +116,20 @@ def gpu_card(g: dict[str, Any]) -> None:
         c1, c2, c3, c4 = st.columns(4)
         c1.metric("Temperature", fmt.celsius(v.get("temp_c")), help=f"memory {fmt.celsius(v.get('mem_temp_c'))}")
         c2.metric("SM clock", fmt.mhz(v.get("sm_clock_mhz")), help=f"memory clock {fmt.mhz(v.get('mem_clock_mhz'))}")
-        errors = sum(x or 0 for x in g["ecc"].values() if x) if g["ecc"] else 0
-        c3.metric("ECC errors", str(errors), help=", ".join(f"{k}: {x}" for k, x in g["ecc"].items()) or "n/a")
-        throttle = ", ".join(r for r in g["throttle_reasons"] if r != "gpu_idle") or "none"
+        errors = sum(x or 0 for x in g.ecc.values() if x) if g.ecc else 0
+        c3.metric("ECC errors", str(errors), help=", ".join(f"{k}: {x}" for k, x in g.ecc.items()) or "n/a")
+        throttle = ", ".join(r for r in g.throttle_reasons if r != "gpu_idle") or "none"
         c4.metric("Throttle", throttle if len(throttle) < 18 else throttle[:16] + "…", help=throttle)
-        if g["unavailable"]:
-            st.caption("Not available on this GPU: " + ", ".join(sorted(g["unavailable"])))
+        if g.unavailable:
+            st.caption("Not available on this GPU: " + ", ".join(sorted(g.unavailable)))
 
 
-def host_card(host: dict[str, Any], reason: str | None) -> None:
+def host_card(host: HostReading, reason: str | None) -> None:
     with st.container(border=True):
         st.markdown("**No GPU: this host runs the CPU build of vLLM**")
         st.caption(f"NVML says: {reason or 'no GPU'}. These are the host's figures, not GPU numbers.")
         c1, c2, c3, c4 = st.columns(4)
-        c1.metric("CPU", fmt.pct(host.get("cpu_pct")), help=f"{host.get('cpu_count')} cores, "
-                  f"load {host.get('load_1m', 0):.2f}")
-        c2.metric("Memory", fmt.used_of(host.get("mem_used"), host.get("mem_total")))
-        c3.metric("vLLM resident memory", fmt.gib(host.get("vllm_rss"), 2))
-        c4.metric("vLLM CPU", fmt.pct(host.get("vllm_cpu_pct")))
+        c1.metric("CPU", fmt.pct(host.cpu_pct), help=f"{host.cpu_count} cores, load {host.load_1m:.2f}")
+        c2.metric("Memory", fmt.used_of(host.mem_used, host.mem_total))
+        c3.metric("vLLM resident memory", fmt.gib(host.vllm_rss, 2))
+        c4.metric("vLLM CPU", fmt.pct(host.vllm_cpu_pct))

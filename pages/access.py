@@ -18,9 +18,9 @@ except ClientError as exc:
     unreachable(exc)
 
 st.subheader("Users")
-st.dataframe([{"user": u["username"], "role": u["role"], "disabled": u["disabled"],
-               "last sign-in": fmt.clock(u["last_login"]) if u["last_login"] else "never",
-               "locked until": fmt.clock(u["locked_until"]) if u["locked_until"] else ""} for u in users],
+st.dataframe([{"user": u.username, "role": u.role, "disabled": u.disabled,
+               "last sign-in": fmt.clock(u.last_login) if u.last_login else "never",
+               "locked until": fmt.clock(u.locked_until) if u.locked_until else ""} for u in users],
              hide_index=True, width="stretch")
 LABELS = {"username": "User name", "password": "Password", "role": "Role", "name": "Name",
           "expires_days": "Expires after days", "rate_limit_per_min": "Rate limit"}
@@ -63,7 +63,7 @@ with c1.form("new_user"):  # not cleared on submit: a refused form keeps what wa
             st.rerun()
 with c2.form("edit_user"):
     st.markdown("**Change a user**")
-    who = st.selectbox("User", [u["username"] for u in users])
+    who = st.selectbox("User", [u.username for u in users]) or ""
     new_role = st.selectbox("Role", ["(keep)", *ROLES])
     new_password = st.text_input("New password (blank: keep)", type="password")
     disabled = st.selectbox("Access", ["(keep)", "enabled", "disabled"])
@@ -78,10 +78,10 @@ with c2.form("edit_user"):
             st.error(problems(exc, f"change to user {who}"))
 
 st.subheader("Tokens and gateway keys")
-st.dataframe([{"id": t["id"], "name": t["name"], "starts with": t["prefix"] + "…", "role": t["role"],
-               "kind": t["kind"], "created by": t["created_by"], "created": fmt.clock(t["created_at"]),
-               "expires": fmt.clock(t["expires_at"]) if t["expires_at"] else "never",
-               "rate limit/min": t["rate_limit_per_min"], "revoked": fmt.clock(t["revoked_at"]) if t["revoked_at"]
+st.dataframe([{"id": t.id, "name": t.name, "starts with": t.prefix + "…", "role": t.role,
+               "kind": t.kind, "created by": t.created_by, "created": fmt.clock(t.created_at),
+               "expires": fmt.clock(t.expires_at) if t.expires_at else "never",
+               "rate limit/min": t.rate_limit_per_min, "revoked": fmt.clock(t.revoked_at) if t.revoked_at
                else ""} for t in tokens], hide_index=True, width="stretch")
 c1, c2 = st.columns(2)
 with c1.form("new_token"):
@@ -97,15 +97,15 @@ with c1.form("new_token"):
         except ApiError as exc:
             st.error(problems(exc, "token"))
         else:
-            st.session_state["created_token"] = created["token"]  # not "new_token": that is the form's key
+            st.session_state["created_token"] = created.token  # not "new_token": that is the form's key
 if token := st.session_state.pop("created_token", None):
     st.success("Copy it now: it is shown this once.")
     st.code(token, language=None)
 with c2.form("revoke"):
     st.markdown("**Revoke a token**")
-    active = [t for t in tokens if not t["revoked_at"]]
-    which = st.selectbox("Token", active, format_func=lambda t: f"#{t['id']} {t['name']} ({t['prefix']}…)")
+    active = [t for t in tokens if not t.revoked_at]
+    which = st.selectbox("Token", active, format_func=lambda t: f"#{t.id} {t.name} ({t.prefix}…)")
     if st.form_submit_button("Revoke") and which:
-        client().revoke_token(which["id"])
-        st.toast(f"Token {which['id']} revoked")
+        client().revoke_token(which.id)
+        st.toast(f"Token {which.id} revoked")
         st.rerun()

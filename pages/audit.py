@@ -11,6 +11,7 @@ import streamlit as st
 from console import fmt
 from console.client import ClientError
 from console.widgets import client, unreachable
+from engine.schemas import AuditOut
 
 st.title("Audit")
 st.caption("Every mutating action: settings writes and rollbacks, restarts, users, tokens, benchmarks, sign-ins, "
@@ -22,17 +23,17 @@ VERBS = {"engine.start": "asked to start vLLM", "engine.stop": "asked to stop vL
          "benchmarks.search": "started a guided search", "benchmarks.cancel": "cancelled benchmark"}
 
 
-def _changes(r: dict[str, Any]) -> str:
-    before, after = r.get("before") or {}, r.get("after") or {}
+def _changes(r: AuditOut) -> str:
+    before, after = r.before or {}, r.after or {}
     parts = [f"{k} {before.get(k)} → {v}" if k in before else f"{k} {v}" for k, v in after.items()
              if before.get(k) != v]
     return ", ".join(parts)
 
 
-def sentence(r: dict[str, Any]) -> str:
+def sentence(r: AuditOut) -> str:
     """An audit record as a sentence: "admin created user ops-1 (operator)", "revision 4: max_num_seqs 16 → 8"."""
-    actor, action, target, status = r["actor"], r["action"], r["target"] or "", int(r["result"] or 0)
-    after = r.get("after") or {}
+    actor, action, target, status = r.actor, r.action, r.target or "", int(r.result or 0)
+    after = r.after or {}
     name = target.removeprefix("user ").removeprefix("token ")
     if action == "auth.login":
         return {200: f"{actor} signed in", 423: f"sign-in as {actor} refused: locked out"}.get(
@@ -83,15 +84,15 @@ try:
     rows = client().audit(**filters, limit=500)
 except ClientError as exc:
     unreachable(exc)
-sign_ins = [r for r in rows if r["action"] in SIGN_INS]
-shown = rows if show_sign_ins else [r for r in rows if r["action"] not in SIGN_INS]
-failed = sum(1 for r in sign_ins if r["action"] == "auth.login" and (r["result"] or 0) >= 400)
+sign_ins = [r for r in rows if r.action in SIGN_INS]
+shown = rows if show_sign_ins else [r for r in rows if r.action not in SIGN_INS]
+failed = sum(1 for r in sign_ins if r.action == "auth.login" and (r.result or 0) >= 400)
 if sign_ins and not show_sign_ins:
     st.caption(f"{len(sign_ins)} sign-ins and sign-outs in this selection ({failed} failed) are not listed: turn on "
                "*Sign-ins* to see them.")
-st.dataframe([{"time": fmt.clock(r["ts"]), "what": sentence(r), "actor": r["actor"], "role": r["role"] or "—",
-               "action": r["action"], "result": r["result"] or "—", "from": r["source"] or "—",
-               "detail": r["detail"]} for r in shown],
+st.dataframe([{"time": fmt.clock(r.ts), "what": sentence(r), "actor": r.actor, "role": r.role or "—",
+               "action": r.action, "result": r.result or "—", "from": r.source or "—",
+               "detail": r.detail} for r in shown],
              hide_index=True, width="stretch",
              column_config={"what": st.column_config.TextColumn(width="large"),
                             "time": st.column_config.TextColumn(width="medium")})
@@ -103,7 +104,7 @@ c2.download_button("Export JSON", lambda: engine.audit_export("json", **filters)
                    mime="application/json")
 
 st.subheader("What happened next")
-writes = [r for r in rows if r["action"] in ("settings.write", "settings.rollback") and r["target"]]
+writes = [r for r in rows if r.action in ("settings.write", "settings.rollback") and r.target]
 if not writes:
     st.caption("No settings change in this selection.")
 try:
@@ -112,8 +113,8 @@ try:
 except ClientError as exc:
     unreachable(exc)
 for r in writes[:10]:
-    revision = int(r["target"].split()[-1])
-    with st.expander(f"{fmt.clock(r['ts'])} · {r['actor']} · {r['action']} → revision {revision}"):
+    revision = int(r.target.split()[-1])
+    with st.expander(f"{fmt.clock(r.ts)} · {r.actor} · {r.action} → revision {revision}"):
         try:
             rev = client().revision(revision)
         except ClientError as exc:
@@ -122,6 +123,6 @@ for r in writes[:10]:
         st.markdown(f"Revision **{revision}** is now **{rev.status}**"
                     + (f": {rev.status_reason}" if rev.status_reason else "")
                     + (f" · {rev.oom_count} OOM failure(s)" if rev.oom_count else ""))
-        later = [e for e in events if e.revision == revision and e.ts.timestamp() >= r["ts"] - 1]
+        later = [e for e in events if e.revision == revision and e.ts.timestamp() >= r.ts - 1]
         for e in later[:15]:
             st.markdown(f"- `{e.ts:%H:%M:%S}` **{e.kind}** {e.message}")

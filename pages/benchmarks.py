@@ -3,13 +3,12 @@ guided search for max_num_seqs under a latency target."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import streamlit as st
 
 from console import charts, fmt
 from console.client import ApiError, ClientError
 from console.widgets import client, engine_status, restart_banner, unreachable
+from engine.schemas import BenchmarkRunOut
 
 st.title("Benchmarks")
 status = engine_status()
@@ -19,16 +18,16 @@ try:
     runs = client().benchmarks()
 except ClientError as exc:
     unreachable(exc)
-running = next((r for r in runs if r["status"] == "running"), None)
+running = next((r for r in runs if r.status == "running"), None)
 
 tab_run, tab_compare, tab_search = st.tabs(["Run", "Compare", "Guided search"])
 with tab_run:
     c1, c2, c3 = st.columns([2, 2, 1])
-    preset = c1.selectbox("Preset", list(presets), format_func=lambda p: presets[p]["title"], key="bm_preset")
+    preset = c1.selectbox("Preset", list(presets), format_func=lambda p: presets[p].title, key="bm_preset")
     levels = c2.multiselect("Concurrency sweep", [1, 2, 4, 8, 16, 32, 64, 128, 256], default=[1, 4, 16],
                             key="bm_levels")
-    prompts = c3.number_input("Prompts per level", 1, 100_000, int(presets[preset]["num_prompts"]), key="bm_num")
-    st.caption(f"Random prompts of {presets[preset]['input_len']} tokens, {presets[preset]['output_len']} out "
+    prompts = c3.number_input("Prompts per level", 1, 100_000, presets[preset].num_prompts, key="bm_num")
+    st.caption(f"Random prompts of {presets[preset].input_len} tokens, {presets[preset].output_len} out "
                "(shrunk to fit max_model_len), through the gateway, on the running revision "
                f"{status.running_revision}.")
     if st.button("Run benchmark", type="primary", disabled=running is not None or not levels or
@@ -42,82 +41,81 @@ with tab_run:
 
 @st.fragment(run_every=2)
 def progress() -> None:
-    live = next((r for r in client().benchmarks() if r["status"] == "running"), None)
+    live = next((r for r in client().benchmarks() if r.status == "running"), None)
     if live is None:
         if st.session_state.pop("bm_watching", None) is not None:
             st.rerun(scope="app")  # a run just ended: the whole page shows its results
         return
-    st.session_state["bm_watching"] = live["id"]
-    p = live["progress"]
-    total = max(1, p.get("total") or 1)
-    level = (p.get("level_done") or 0) / max(1, p.get("level_total") or 1)
-    st.progress(min(1.0, ((p.get("done") or 0) + min(1.0, level)) / total),
-                text=f"{live['kind']} {live['id']}: {p.get('stage', '')} "
-                     f"({p.get('level_done') or 0}/{p.get('level_total') or '?'} requests of this level)")
-    if st.button("Cancel", key=f"cancel_{live['id']}"):
-        client().cancel_benchmark(live["id"])
+    st.session_state["bm_watching"] = live.id
+    p = live.progress
+    level = (p.level_done or 0) / max(1, p.level_total or 1)
+    st.progress(min(1.0, (p.done + min(1.0, level)) / max(1, p.total)),
+                text=f"{live.kind} {live.id}: {p.stage} ({p.level_done or 0}/{p.level_total or '?'} requests of this "
+                     "level)")
+    if st.button("Cancel", key=f"cancel_{live.id}"):
+        client().cancel_benchmark(live.id)
         st.rerun(scope="app")
 
 
 progress()
 
 
-def label(run: dict[str, Any]) -> str:
-    return (f"#{run['id']} {run['kind']} · {presets.get(run['preset'], {}).get('title', run['preset'])} · "
-            f"revision {run['revision_id']} · {run['status']} · {fmt.clock(run['started_at'])}")
+def label(run: BenchmarkRunOut) -> str:
+    title = presets[run.preset].title if run.preset in presets else run.preset
+    return f"#{run.id} {run.kind} · {title} · revision {run.revision_id} · {run.status} · {fmt.clock(run.started_at)}"
 
 
 def seconds_of_ms(value: float | None) -> str | None:
     return fmt.seconds(value / 1000) if value else None
 
 
-def results_table(run: dict[str, Any]) -> None:
-    rows = [{"max_num_seqs": r.get("max_num_seqs"), "concurrency": r.get("concurrency"),
-             "output tokens/s": round(r["output_throughput"], 1) if r.get("output_throughput") else None,
-             "P50 latency": seconds_of_ms(r.get("p50_e2el_ms")), "P95 latency": seconds_of_ms(r.get("p95_e2el_ms")),
-             "P95 TTFT": seconds_of_ms(r.get("p95_ttft_ms")), "P95 ITL": seconds_of_ms(r.get("p95_itl_ms")),
-             "tokens/J": r.get("tokens_per_joule"), "completed": r.get("completed"), "error": r.get("error")}
-            for r in run["results"]]
+def results_table(run: BenchmarkRunOut) -> None:
+    rows = [{"max_num_seqs": r.max_num_seqs, "concurrency": r.concurrency,
+             "output tokens/s": round(r.output_throughput, 1) if r.output_throughput else None,
+             "P50 latency": seconds_of_ms(r.p50_e2el_ms), "P95 latency": seconds_of_ms(r.p95_e2el_ms),
+             "P95 TTFT": seconds_of_ms(r.p95_ttft_ms), "P95 ITL": seconds_of_ms(r.p95_itl_ms),
+             "tokens/J": r.tokens_per_joule, "completed": r.completed, "error": r.error}
+            for r in run.results]
     columns = [k for k in rows[0] if any(row[k] is not None for row in rows)] if rows else []
     st.dataframe([{k: row[k] for k in columns} for row in rows], hide_index=True, width="stretch")
 
 
 with tab_run:
-    done = [r for r in runs if r["kind"] == "sweep"]
+    done = [r for r in runs if r.kind == "sweep"]
     for run in done[:10]:
         with st.expander(label(run), expanded=run is done[0]):
-            if run["error"]:
-                st.error(run["error"])
-            if run["results"]:
+            if run.error:
+                st.error(run.error)
+            if run.results:
                 results_table(run)
-                if len([r for r in run["results"] if r.get("output_throughput")]) >= 2:
+                if len([r for r in run.results if r.output_throughput]) >= 2:
                     c1, c2 = st.columns(2)
-                    c1.plotly_chart(charts.sweep_throughput(run["results"]), theme="streamlit",
-                                    key=f"tput_{run['id']}")
-                    c2.plotly_chart(charts.sweep_latency(run["results"]), theme="streamlit", key=f"lat_{run['id']}")
-                if any(r.get("tokens_per_joule") is None for r in run["results"]):
+                    c1.plotly_chart(charts.sweep_throughput(run.results), theme="streamlit",
+                                    key=f"tput_{run.id}")
+                    c2.plotly_chart(charts.sweep_latency(run.results), theme="streamlit", key=f"lat_{run.id}")
+                if any(r.tokens_per_joule is None for r in run.results):
                     st.caption("Tokens per joule need a GPU's energy counter; this host has none.")
 
 with tab_compare:
-    sweeps = [r for r in runs if r["kind"] == "sweep" and r["status"] == "done"]
+    sweeps = [r for r in runs if r.kind == "sweep" and r.status == "done"]
     if len(sweeps) < 2:
         st.caption("Run at least two sweeps (for example before and after a settings change) to compare them.")
     else:
         c1, c2 = st.columns(2)
         a = c1.selectbox("A", sweeps, format_func=label, index=min(1, len(sweeps) - 1), key="cmp_a")
         b = c2.selectbox("B", sweeps, format_func=label, index=0, key="cmp_b")
-        cmp = client().compare_benchmarks(a["id"], b["id"])
-        if not cmp["levels"]:
+        cmp = client().compare_benchmarks(a.id, b.id)
+        if not cmp.levels:
             st.warning("The two runs share no concurrency level.")
         metrics = [("output_throughput", "Output tokens/s"), ("p95_ttft_ms", "P95 TTFT (ms)"),
                    ("p95_itl_ms", "P95 inter-token latency (ms)"), ("p95_e2el_ms", "P95 latency (ms)")]
         cols = st.columns(2)
         for i, (key, title) in enumerate(metrics):
-            names = (f"A #{a['id']}", f"B #{b['id']}")
-            cols[i % 2].plotly_chart(charts.compare_bars(cmp["levels"], key, title, names), theme="streamlit")
-        st.dataframe([{"concurrency": lv["concurrency"],
-                       **{f"{title} change": fmt.pct(lv[key]["change_pct"], 1) for key, title in metrics}}
-                      for lv in cmp["levels"]], hide_index=True, width="stretch")
+            names = (f"A #{a.id}", f"B #{b.id}")
+            cols[i % 2].plotly_chart(charts.compare_bars(cmp.levels, key, title, names), theme="streamlit")
+        st.dataframe([{"concurrency": lv.concurrency,
+                       **{f"{title} change": fmt.pct(getattr(lv, key).change_pct, 1) for key, title in metrics}}
+                      for lv in cmp.levels], hide_index=True, width="stretch")
 
 with tab_search:
     st.markdown("Tries each `max_num_seqs` as a revision (vLLM restarts each time; the gateway holds traffic), "
@@ -127,29 +125,29 @@ with tab_search:
     target = c1.number_input("P95 end-to-end target (s)", 0.1, 3600.0, 10.0, step=0.5, key="srch_target")
     candidates = c2.multiselect("max_num_seqs to try", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
                                 default=[1, 4, 16], key="srch_cands")
-    s_preset = c3.selectbox("Preset", list(presets), format_func=lambda p: presets[p]["title"], key="srch_preset")
+    s_preset = c3.selectbox("Preset", list(presets), format_func=lambda p: presets[p].title, key="srch_preset")
     if st.button("Start guided search", disabled=running is not None or not candidates or status.state != "ready"):
         try:
             client().start_search(s_preset, float(target), sorted(candidates))
         except ApiError as exc:
             st.error(str(exc))
         st.rerun()
-    for run in [r for r in runs if r["kind"] == "search"][:5]:
-        with st.expander(label(run), expanded=run["status"] != "running"):
-            if run["error"]:
-                st.error(run["error"])
-            if run["results"]:
+    for run in [r for r in runs if r.kind == "search"][:5]:
+        with st.expander(label(run), expanded=run.status != "running"):
+            if run.error:
+                st.error(run.error)
+            if run.results:
                 results_table(run)
-            proposal = run.get("proposal")
+            proposal = run.proposal
             if proposal:
-                gain = proposal.get("gain_over_max_num_seqs_1")
-                st.success(f"Proposal: **max_num_seqs = {proposal['max_num_seqs']}**: "
-                           f"{proposal['output_throughput']:,.0f} output tokens/s at P95 {proposal['p95_e2e_s']} s "
-                           f"(target {proposal['target_p95_s']} s)" + (f", {gain}x max_num_seqs 1" if gain else ""))
-                if st.button(f"Apply max_num_seqs = {proposal['max_num_seqs']}", key=f"apply_{run['id']}"):
+                gain = proposal.gain_over_max_num_seqs_1
+                st.success(f"Proposal: **max_num_seqs = {proposal.max_num_seqs}**: "
+                           f"{proposal.output_throughput:,.0f} output tokens/s at P95 {proposal.p95_e2e_s} s "
+                           f"(target {proposal.target_p95_s} s)" + (f", {gain}x max_num_seqs 1" if gain else ""))
+                if st.button(f"Apply max_num_seqs = {proposal.max_num_seqs}", key=f"apply_{run.id}"):
                     current = client().settings()
-                    rev = client().put_settings(current.revision, {"max_num_seqs": proposal["max_num_seqs"]},
-                                                f"guided search {run['id']} proposal")
+                    rev = client().put_settings(current.revision, {"max_num_seqs": proposal.max_num_seqs},
+                                                f"guided search {run.id} proposal")
                     st.toast(f"Revision {rev.revision} written; follow the restart on Engine settings.")
-            elif run["status"] == "done":
+            elif run.status == "done":
                 st.warning("No candidate met the target: raise the target or try smaller max_num_seqs.")

@@ -28,18 +28,18 @@ def live() -> None:
         history = client().serving_history(WINDOWS[window], [m for m, *_ in CHARTS])
     except ClientError as exc:
         unreachable(exc)
-    if now["available"]:
+    if now.available:
         c = st.columns(4)
-        c[0].metric("Generation", fmt.rate(now.get("generation_tokens_per_s")))
-        c[1].metric("Prompt", fmt.rate(now.get("prompt_tokens_per_s")))
-        c[2].metric("P95 inter-token latency", fmt.seconds(now.get("itl_seconds_p95")))
-        c[3].metric("Preemptions", fmt.rate(now.get("preemptions_per_s"), "/s"),
+        c[0].metric("Generation", fmt.rate(now.generation_tokens_per_s))
+        c[1].metric("Prompt", fmt.rate(now.prompt_tokens_per_s))
+        c[2].metric("P95 inter-token latency", fmt.seconds(now.itl_seconds_p95))
+        c[3].metric("Preemptions", fmt.rate(now.preemptions_per_s, "/s"),
                     help="requests evicted from the KV cache and recomputed: a sign of too little KV cache")
     cols = st.columns(2)
     for i, (metric, title, unit, scale) in enumerate(CHARTS):
         cols[i % 2].plotly_chart(charts.by_revision(history, metric, title, unit, scale), theme="streamlit")
-    st.caption(f"vLLM's /metrics every {now['interval_s']:.0f} s; {history['source']} history, "
-               f"{history['step_s']:.0f} s per point; one line per revision that served.")
+    st.caption(f"vLLM's /metrics every {now.interval_s:.0f} s; {history.source} history, "
+               f"{history.step_s:.0f} s per point; one line per revision that served.")
 
 
 live()
@@ -54,12 +54,12 @@ if not rows:
 else:
     small = st.column_config.TextColumn(width="small")
     st.dataframe([{
-        "revision": r["revision"], "requests": r["requests"], "avg in": r["avg_input_tokens"],
-        "avg out": r["avg_output_tokens"], "P50": fmt.seconds(r["latency_p50_s"]),
-        "P95": fmt.seconds(r["latency_p95_s"]), "P99": fmt.seconds(r["latency_p99_s"]),
-        "P95 TTFT": fmt.seconds(r["ttft_p95_s"]), "tokens/s": r["output_tokens_per_s"],
-        "errors": fmt.pct(None if r["error_rate"] is None else 100 * r["error_rate"], 1),
-        "OOMs": r["oom_failures"], "OOM/h": r["oom_per_hour"]} for r in rows],
+        "revision": r.revision, "requests": r.requests, "avg in": r.avg_input_tokens,
+        "avg out": r.avg_output_tokens, "P50": fmt.seconds(r.latency_p50_s),
+        "P95": fmt.seconds(r.latency_p95_s), "P99": fmt.seconds(r.latency_p99_s),
+        "P95 TTFT": fmt.seconds(r.ttft_p95_s), "tokens/s": r.output_tokens_per_s,
+        "errors": fmt.pct(None if r.error_rate is None else 100 * r.error_rate, 1),
+        "OOMs": r.oom_failures, "OOM/h": r.oom_per_hour} for r in rows],
         hide_index=True, width="stretch",
         column_config={"revision": st.column_config.NumberColumn(width="small"),
                        "requests": st.column_config.NumberColumn(width="small"),

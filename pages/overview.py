@@ -4,7 +4,6 @@ and how a client reaches the served model."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import streamlit as st
 
@@ -20,6 +19,7 @@ from console.widgets import (
     state_badge,
     unreachable,
 )
+from engine.schemas import GatewayInfo
 
 st.title("Overview")
 
@@ -48,26 +48,26 @@ def live() -> None:
         events = client().events(limit=10, newest_first=True)
     except ClientError as exc:
         unreachable(exc)
-    if not s["available"]:
-        st.caption("No live figures while vLLM is not ready." if not s.get("error") else s["error"])
+    if not s.available:
+        st.caption(s.error or "No live figures while vLLM is not ready.")
     else:
         sc = st.columns(5)
-        sc[0].metric("Requests running", f"{s.get('requests_running', 0):.0f}")
-        sc[1].metric("Requests waiting", f"{s.get('requests_waiting', 0):.0f}")
-        sc[2].metric("Generation", fmt.rate(s.get("generation_tokens_per_s")),
-                     help=f"prompt: {fmt.rate(s.get('prompt_tokens_per_s'))}")
-        usage = s.get("kv_cache_usage")
+        sc[0].metric("Requests running", f"{s.requests_running or 0:.0f}")
+        sc[1].metric("Requests waiting", f"{s.requests_waiting or 0:.0f}")
+        sc[2].metric("Generation", fmt.rate(s.generation_tokens_per_s),
+                     help=f"prompt: {fmt.rate(s.prompt_tokens_per_s)}")
+        usage = s.kv_cache_usage
         sc[3].metric("KV-cache use", fmt.pct(None if usage is None else 100 * usage, 1))
-        sc[4].metric("P95 latency", fmt.seconds(s.get("e2e_seconds_p95")),
-                     help=f"time to first token P95: {fmt.seconds(s.get('ttft_seconds_p95'))} (since last scrape)")
+        sc[4].metric("P95 latency", fmt.seconds(s.e2e_seconds_p95),
+                     help=f"time to first token P95: {fmt.seconds(s.ttft_seconds_p95)} (since last scrape)")
 
     st.subheader("GPUs")
-    if not gpu["available"]:
-        host_card(gpu["host"], gpu["reason"])
-    for g in gpu["gpus"]:
+    if not gpu.available and gpu.host is not None:
+        host_card(gpu.host, gpu.reason)
+    for g in gpu.gpus:
         gpu_card(g)
-    for alert in gpu["alerts"]:
-        st.warning(f"{alert['alert']}: {alert['message']}", icon=":material/warning:")
+    for alert in gpu.alerts:
+        st.warning(f"{alert.alert}: {alert.message}", icon=":material/warning:")
 
     st.subheader("Latest events")
     for ev in events:
@@ -75,12 +75,12 @@ def live() -> None:
     st.caption("All events, filters and vLLM's log: **Events & logs**.")
 
 
-def snippets(info: dict[str, Any]) -> tuple[str, str]:
-    base, model = info["base_url"], info.get("served_model") or "demo"
+def snippets(info: GatewayInfo) -> tuple[str, str]:
+    base, model = info.base_url, info.served_model or "demo"
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})
-    key = ' \\\n     -H "Authorization: Bearer $LLMOPS_API_KEY"' if info["keys_required"] else ""
+    key = ' \\\n     -H "Authorization: Bearer $LLMOPS_API_KEY"' if info.keys_required else ""
     curl = f"curl {base}/chat/completions -H 'content-type: application/json'{key} \\\n     -d '{body}'"
-    api_key = 'os.environ["LLMOPS_API_KEY"]' if info["keys_required"] else '"not-needed"'
+    api_key = 'os.environ["LLMOPS_API_KEY"]' if info.keys_required else '"not-needed"'
     sdk = (f"import os\n\nfrom openai import OpenAI\n\nclient = OpenAI(base_url=\"{base}\", api_key={api_key})\n"
            f"reply = client.chat.completions.create(\n    model=\"{model}\",\n"
            "    messages=[{\"role\": \"user\", \"content\": \"Hello!\"}],\n    max_tokens=64,\n)\n"
@@ -96,9 +96,9 @@ def gateway_card() -> None:
     st.subheader("Use the model")
     left, right = st.columns([3, 2], gap="large")
     with left:
-        st.markdown(f"OpenAI-compatible API at **`{info['base_url']}`**, model **`{info.get('served_model')}`**. "
+        st.markdown(f"OpenAI-compatible API at **`{info.base_url}`**, model **`{info.served_model}`**. "
                     "The address stays the same across restarts and settings changes.")
-        if info["keys_required"]:
+        if info.keys_required:
             st.caption("This gateway needs an API key (`Authorization: Bearer …`): an admin creates one on the "
                        "Access page (kind *gateway*). Set it as `LLMOPS_API_KEY`.")
         curl, sdk = snippets(info)
@@ -106,21 +106,21 @@ def gateway_card() -> None:
         tab_curl.code(curl, language="bash", wrap_lines=True)
         tab_sdk.code(sdk, language="python", wrap_lines=True)
     with right, st.container(border=True):
-        card = info.get("model")
+        card = info.model
         st.markdown("**Model card**")
         if not card:
             st.caption("The model's config.json is not on this host yet (a hub model is read once downloaded).")
             return
         c = st.columns(2)
-        c[0].metric("Architecture", card["architecture"].removesuffix("ForCausalLM") or card["architecture"],
-                    help=card["architecture"])
-        c[1].metric("Parameters", fmt.count(card["parameters"]))
+        c[0].metric("Architecture", card.architecture.removesuffix("ForCausalLM") or card.architecture,
+                    help=card.architecture)
+        c[1].metric("Parameters", fmt.count(card.parameters))
         c = st.columns(2)
-        c[0].metric("Context length", f"{card['context_length']:,}",
-                    help=f"max_model_len; the model allows {card['model_max_length']:,} tokens")
-        c[1].metric("Dtype", card["dtype"])
-        st.metric("KV cache per token", fmt.size(card["kv_bytes_per_token"]),
-                  help=f"{card['kv_bytes_per_token']:,} bytes per token ({card['layers']} layers)")
+        c[0].metric("Context length", f"{card.context_length:,}",
+                    help=f"max_model_len; the model allows {card.model_max_length:,} tokens")
+        c[1].metric("Dtype", card.dtype)
+        st.metric("KV cache per token", fmt.size(card.kv_bytes_per_token),
+                  help=f"{card.kv_bytes_per_token:,} bytes per token ({card.layers} layers)")
 
 
 live()

@@ -15,6 +15,7 @@ import streamlit as st
 from console import fmt
 from console.client import ClientError, EngineClient, Run
 from console.widgets import client, engine_status, restart_banner, unreachable
+from engine.schemas import PromptOut
 
 st.title("Playground")
 TEMPLATES = {
@@ -40,30 +41,33 @@ st.session_state.setdefault("pg_messages", [])
 st.session_state.setdefault("pg_schema", DEFAULT_SCHEMA)
 
 
-def load_prompt(p: dict[str, Any]) -> None:
+def load_prompt(p: PromptOut | None) -> None:
     """Put a saved prompt into the form (a callback: it runs before the widgets are drawn)."""
-    params = p.get("params") or {}
-    st.session_state.update(pg_mode=p["mode"], pg_system=p.get("system") or "", pg_prompt=p.get("prompt") or "")
-    for name, default in DEFAULTS.items():
-        value = params.get(name, default)
-        if name == "stop":
-            value = ", ".join(value) if isinstance(value, list) else str(value or "")
-        st.session_state[f"pg_a_{name}"] = value if value is not None else default
-    fmt_ = params.get("format")
-    st.session_state["pg_format"] = fmt_ if fmt_ in FORMATS else "Text"
-    if params.get("schema"):
-        st.session_state["pg_schema"] = str(params["schema"])
-    st.session_state["pg_flash"] = f"Loaded “{p['name']}”."
+    if p is None:
+        return
+    params = p.params
+    st.session_state.update(pg_mode=p.mode, pg_system=p.system or "", pg_prompt=p.prompt or "")
+    st.session_state["pg_a_temperature"] = params.temperature if params.temperature is not None else \
+        DEFAULTS["temperature"]
+    st.session_state["pg_a_top_p"] = params.top_p if params.top_p is not None else DEFAULTS["top_p"]
+    st.session_state["pg_a_max_tokens"] = params.max_tokens or DEFAULTS["max_tokens"]
+    st.session_state["pg_a_stop"] = ", ".join(params.stop or [])
+    st.session_state["pg_format"] = params.format or "Text"
+    if params.schema_:
+        st.session_state["pg_schema"] = params.schema_
+    st.session_state["pg_flash"] = f"Loaded “{p.name}”."
 
 
-def delete_prompt(p: dict[str, Any]) -> None:
+def delete_prompt(p: PromptOut | None) -> None:
+    if p is None:
+        return
     try:
-        client().delete_prompt(p["id"])
+        client().delete_prompt(p.id)
     except ClientError as exc:
-        st.session_state["pg_flash"] = f"Could not delete “{p['name']}”: {exc}"
+        st.session_state["pg_flash"] = f"Could not delete “{p.name}”: {exc}"
         return
     st.session_state["saved_choice"] = "—"
-    st.session_state["pg_flash"] = f"Deleted “{p['name']}”."
+    st.session_state["pg_flash"] = f"Deleted “{p.name}”."
 
 
 def save_prompt() -> None:
@@ -94,15 +98,15 @@ try:
     saved = client().prompts()
 except ClientError as exc:
     unreachable(exc)
-names = {f"{p['name']} ({p['mode']})": p for p in saved}
+names = {f"{p.name} ({p.mode})": p for p in saved}
 if st.session_state.get("saved_choice") not in (None, "—", *names):
     st.session_state["saved_choice"] = "—"
 top = st.columns([3, 1, 1], vertical_alignment="bottom")
 chosen = top[0].selectbox("Saved prompts", ["—", *names], key="saved_choice")
 top[1].button("Load", disabled=chosen == "—", width="stretch", on_click=load_prompt,
-              args=(names.get(chosen, {}),))
+              args=(names.get(chosen),))
 top[2].button("Delete", disabled=chosen == "—", width="stretch", on_click=delete_prompt,
-              args=(names.get(chosen, {}),))
+              args=(names.get(chosen),))
 if flash := st.session_state.pop("pg_flash", None):
     st.toast(flash)
 

@@ -12,9 +12,10 @@ from typing import Any
 import streamlit as st
 
 from console import charts, fmt
-from console.client import ClientError, RevisionInfo, SettingsRejectedError, StaleRevisionError
+from console.client import ClientError, SettingsRejectedError, StaleRevisionError
 from console.restart import last_outcome, progress, watch
 from console.widgets import client, engine_status, restart_banner, unreachable
+from engine.schemas import CapacityOut, Finding, FitValue, RevisionOut
 
 st.title("Engine settings")
 CHOICES = {"dtype": ["auto", "bfloat16", "float16", "float32"],
@@ -26,6 +27,7 @@ OPTIONAL = ("max_model_len", "max_num_batched_tokens")  # empty (None) is 0 in t
 try:
     status = engine_status()
     desired = client().settings()
+    desired_values = desired.values.model_dump()
     schema = client().settings_schema()["properties"]
 except ClientError as exc:
     unreachable(exc)
@@ -76,10 +78,10 @@ def key(name: str) -> str:
 
 def start(name: str) -> Any:
     """The value a field's widget starts from: the desired revision's, or a suggestion the user took."""
-    return to_widget(name, form["overrides"].get(name, desired.values.get(name)))
+    return to_widget(name, form["overrides"].get(name, desired_values.get(name)))
 
 
-def use_value(field: str, value: Any) -> None:
+def use_value(field: str, value: FitValue) -> None:
     """A suggestion's "use this value": that field's widget is made again, starting from it."""
     form["overrides"][field] = value
     form["gens"][field] = form["gens"].get(field, 0) + 1
@@ -87,7 +89,7 @@ def use_value(field: str, value: Any) -> None:
 
 def discard() -> None:
     form["overrides"] = {}
-    form["gens"] = {name: form["gens"].get(name, 0) + 1 for name in desired.values}
+    form["gens"] = {name: form["gens"].get(name, 0) + 1 for name in desired_values}
 
 
 left, right = st.columns([3, 2], gap="large")
@@ -131,21 +133,20 @@ with left:
         st.text_area("extra_args (one flag per line)", start("extra_args"), key=key("extra_args"),
                      help=help_of("extra_args"), height=80)
 
-values = {name: from_widget(name, st.session_state.get(key(name), start(name))) for name in desired.values}
-changes = {k: v for k, v in values.items() if v != desired.values.get(k)}
+values = {name: from_widget(name, st.session_state.get(key(name), start(name))) for name in desired_values}
+changes = {k: v for k, v in values.items() if v != desired_values.get(k)}
 
 
-def finding(kind: str, i: int, f: dict[str, Any]) -> None:
+def finding(kind: str, i: int, f: Finding) -> None:
     box = st.error if kind == "errors" else st.warning
-    fit = f.get("fit") or {}
-    box(f"**{f['field']}**: {f['message']}", icon=":material/block:" if kind == "errors" else ":material/warning:")
-    for field, value in fit.items():
+    box(f"**{f.field}**: {f.message}", icon=":material/block:" if kind == "errors" else ":material/warning:")
+    for field, value in f.fit.items():
         if field in values and values[field] != value:
             st.button(f"Use {field} = {value}", key=f"use_{kind}_{i}_{field}", on_click=use_value,
                       args=(field, value), icon=":material/auto_fix_high:")
 
 
-capacity: dict[str, Any] | None = None
+capacity: CapacityOut | None = None
 with right:
     st.subheader("Capacity preview")
     try:
@@ -157,51 +158,51 @@ with right:
     except ClientError as exc:
         unreachable(exc)
     if capacity is not None:
-        pred = capacity["prediction"]
+        pred = capacity.prediction
         if pred:
-            device_total = (capacity.get("device") or {}).get("total_bytes")
+            device_total = capacity.device.total_bytes if capacity.device else None
             st.plotly_chart(charts.memory_budget(pred, device_total), theme="streamlit")
             c = st.columns(3)
-            c[0].metric("KV tokens", fmt.count(pred["kv_tokens"]),
-                        help=f"{pred['kv_tokens']:,} tokens in {fmt.size(pred['kv_bytes'])}, "
-                        f"{pred['kv_bytes_per_token']:,} bytes per token")
-            c[1].metric("Concurrency", fmt.times(pred["max_concurrency"]),
-                        help=f"requests of max_model_len ({pred['max_model_len']:,} tokens) that fit in the KV "
+            c[0].metric("KV tokens", fmt.count(pred.kv_tokens),
+                        help=f"{pred.kv_tokens:,} tokens in {fmt.size(pred.kv_bytes)}, "
+                        f"{pred.kv_bytes_per_token:,} bytes per token")
+            c[1].metric("Concurrency", fmt.times(pred.max_concurrency),
+                        help=f"requests of max_model_len ({pred.max_model_len:,} tokens) that fit in the KV "
                         "cache at once")
-            c[2].metric("Weights", fmt.size(pred["weight_bytes"]))
-            st.caption(("calibrated from earlier starts on this host" if pred["calibrated"] else
-                        "estimated (the first start on this host calibrates it)") if pred["device"] == "cuda" else
+            c[2].metric("Weights", fmt.size(pred.weight_bytes))
+            st.caption(("calibrated from earlier starts on this host" if pred.calibrated else
+                        "estimated (the first start on this host calibrates it)") if pred.device == "cuda" else
                        "CPU build: the KV cache is cpu_kv_cache_gib")
-        elif capacity["errors"]:
+        elif capacity.errors:
             st.caption("No figures until the errors below are fixed: they would describe settings that cannot "
                        "start.")
-        for kind in ("errors", "warnings"):
-            for i, f in enumerate(capacity[kind]):
+        for kind, findings in (("errors", capacity.errors), ("warnings", capacity.warnings)):
+            for i, f in enumerate(findings):
                 finding(kind, i, f)
 
 st.subheader("Changes")
 if changes:
-    st.dataframe([{"field": k, f"revision {desired.revision}": str(desired.values.get(k)), "new": str(v)}
+    st.dataframe([{"field": k, f"revision {desired.revision}": str(desired_values.get(k)), "new": str(v)}
                   for k, v in changes.items()], hide_index=True)
 else:
     st.caption(f"No edits: the form shows desired revision {desired.revision}.")
 if status.running_revision and status.running_revision != desired.revision:
     st.caption(f"vLLM still runs revision {status.running_revision}; revision {desired.revision} is being applied.")
 note = st.text_input("Note (why)", key="apply_note", placeholder="e.g. fewer OOMs under long prompts")
-eta = capacity.get("restart_eta") if capacity else None
+eta = capacity.restart_eta if capacity else None
 
 
 def eta_text() -> str:
-    return f"about **{fmt.seconds(eta['seconds'])}**" if eta else "an unknown time (no earlier start to go by)"
+    return f"about **{fmt.seconds(eta.seconds)}**" if eta else "an unknown time (no earlier start to go by)"
 
 
 @st.dialog("Apply and restart vLLM?")
-def confirm_apply(changes: dict[str, Any], errors: list[dict[str, Any]]) -> None:
+def confirm_apply(changes: dict[str, Any], errors: list[Finding]) -> None:
     st.markdown("vLLM restarts with the new values: in-flight requests finish first, new ones wait in the "
                 f"gateway's queue and are served when it is ready, in {eta_text()}"
-                + (f" ({eta['text']})" if eta else "") + ". If it cannot start, the engine rolls back to the last "
+                + (f" ({eta.text})" if eta else "") + ". If it cannot start, the engine rolls back to the last "
                 "revision that was ready.")
-    st.dataframe([{"field": k, "now": str(desired.values.get(k)), "new": str(v)} for k, v in changes.items()],
+    st.dataframe([{"field": k, "now": str(desired_values.get(k)), "new": str(v)} for k, v in changes.items()],
                  hide_index=True)
     force = False
     if errors:
@@ -220,9 +221,9 @@ def confirm_apply(changes: dict[str, Any], errors: list[dict[str, Any]]) -> None
 
 
 @st.dialog("Roll back?")
-def confirm_rollback(target: RevisionInfo) -> None:
-    diff = [{"field": k, "now": str(desired.values.get(k)), "after": str(v)} for k, v in target.values.items()
-            if desired.values.get(k) != v]
+def confirm_rollback(target: RevisionOut) -> None:
+    diff = [{"field": k, "now": str(desired_values.get(k)), "after": str(v)}
+            for k, v in target.values.model_dump().items() if desired_values.get(k) != v]
     st.markdown(f"A new revision with the values of revision **{target.revision}** becomes the desired one, and "
                 "vLLM restarts with it (in-flight requests finish first; new ones wait in the gateway's queue).")
     if diff:
@@ -240,7 +241,7 @@ def confirm_rollback(target: RevisionInfo) -> None:
 
 c1, c2, c3 = st.columns([1, 1, 3], vertical_alignment="center")
 if c1.button("Apply & restart", type="primary", disabled=not changes, icon=":material/restart_alt:"):
-    confirm_apply(changes, capacity["errors"] if capacity else [])
+    confirm_apply(changes, capacity.errors if capacity else [])
 c2.button("Discard changes", disabled=not changes, on_click=discard)
 c3.caption(f"A restart with these values takes {eta_text()}." if changes else "")
 
@@ -250,10 +251,11 @@ last_outcome()
 st.subheader("History")
 
 
-def diff_text(rev: RevisionInfo, parent: RevisionInfo | None) -> str:
+def diff_text(rev: RevisionOut, parent: RevisionOut | None) -> str:
     if parent is None:
         return "initial values"
-    changed = [f"{k}: {parent.values.get(k)} → {v}" for k, v in rev.values.items() if parent.values.get(k) != v]
+    before = parent.values.model_dump()
+    changed = [f"{k}: {before.get(k)} → {v}" for k, v in rev.values.model_dump().items() if before.get(k) != v]
     return "; ".join(changed) or "same values"
 
 
@@ -271,7 +273,7 @@ for rev in history:
         if rev.status_reason:
             st.caption(f"Status: {rev.status_reason}")
         for w in rev.warnings:
-            st.caption(f"{w.get('severity', 'warning')}: {w.get('message')}")
+            st.caption(f"{w.severity or 'warning'}: {w.message}")
         if rev.revision != desired.revision and st.button(f"Roll back to revision {rev.revision}",
                                                           key=f"rollback_{rev.revision}"):
             confirm_rollback(rev)

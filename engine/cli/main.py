@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from console.client import ClientError, EngineClient, EngineStatus, RevisionInfo
+from console.client import ClientError, EngineClient
 from engine.config import AppConfig
 from engine.revisions import FIELD_NAMES, field_help
+from engine.schemas import CapacityOut, RevisionOut, StatusOut
 
 
 def _config(args: argparse.Namespace) -> AppConfig:
@@ -36,13 +37,21 @@ def _cli_token_path(config: AppConfig) -> Path:
     return config.data_dir / "run" / "cli.token"
 
 
+def _operator() -> str:
+    """Who runs the command on this machine (the audit's actor for what the CLI does on the database)."""
+    return os.environ.get("USER") or os.environ.get("LOGNAME") or "cli"
+
+
 def ensure_cli_token(config: AppConfig) -> Path:
-    from engine.access import Auth
-    from engine.db import Store
+    from engine.access import AuditLog, Auth
+    from engine.db import open_database
 
     path = _cli_token_path(config)
     if not path.exists():
-        token, _ = Auth(Store(config.db_path)).create_token("local-cli", "admin", created_by="llmops up")
+        db = open_database(config.db_path)
+        token, row = Auth(db).create_token("local-cli", "admin", created_by="llmops up")
+        AuditLog(db).record(actor=_operator(), action="tokens.create", target=f"token {row.id} {row.name}",
+                            after={"role": row.role, "kind": row.kind, "prefix": row.prefix}, source="llmops up")
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -52,14 +61,17 @@ def ensure_cli_token(config: AppConfig) -> Path:
 
 def cmd_token(args: argparse.Namespace) -> int:
     """Tokens are managed on the engine's own database: this is how the first one is made."""
-    from engine.access import Auth, AuthError
-    from engine.db import Store
+    from engine.access import AuditLog, Auth, AuthError
+    from engine.db import open_database
 
-    auth = Auth(Store(_config(args).db_path))
+    db = open_database(_config(args).db_path)
+    auth, audit = Auth(db), AuditLog(db)
     if args.action == "create":
-        token, row = auth.create_token(args.name, args.role, args.kind, created_by=os.environ.get("USER") or "cli",
+        token, row = auth.create_token(args.name, args.role, args.kind, created_by=_operator(),
                                        ttl_s=args.expires_days * 86400 if args.expires_days else None,
                                        rate_limit_per_min=args.rate_limit)
+        audit.record(actor=_operator(), action="tokens.create", target=f"token {row.id} {row.name}",
+                     after={"role": row.role, "kind": row.kind, "prefix": row.prefix}, source="llmops token")
         print(token)  # its only copy
         print(f"token {row.id} ({row.name}, {row.role}, {row.kind}) created; store it now: it is not shown again",
               file=sys.stderr)
@@ -69,6 +81,8 @@ def cmd_token(args: argparse.Namespace) -> int:
         except AuthError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
+        audit.record(actor=_operator(), action="tokens.revoke", target=f"token {row.id} {row.name}",
+                     after={"revoked": True}, source="llmops token")
         print(f"token {row.id} ({row.name}) revoked")
     else:
         for t in auth.tokens():
@@ -106,11 +120,18 @@ def cmd_console(args: argparse.Namespace) -> int:
 
 def ensure_admin(config: AppConfig) -> str | None:
     """Create the console's first user, admin, on an empty database; return its generated password (else None)."""
-    from engine.access import Auth
-    from engine.db import Store
+    from engine.access import AuditLog, Auth
+    from engine.db import open_database
 
+    db = open_database(config.db_path)
+    auth = Auth(db)
+    if auth.has_users():
+        return None
     password = config.admin_password.get_secret_value() if config.admin_password else None
-    return Auth(Store(config.db_path)).ensure_admin(password)
+    generated = auth.ensure_admin(password)
+    AuditLog(db).record(actor=_operator(), action="users.create", target="user admin", after={"role": "admin"},
+                        source="llmops up")
+    return generated
 
 
 def _banner(engine_url: str, console_url: str, password: str | None, state: str) -> str:
@@ -188,12 +209,13 @@ def cmd_demo_model(args: argparse.Namespace) -> int:
 # --- commands that talk to the engine ------------------------------------------------------------------------
 
 
-def _print_revision(rev: RevisionInfo) -> None:
+def _print_revision(rev: RevisionOut) -> None:
     print(f"revision {rev.revision} ({rev.status}{': ' + rev.status_reason if rev.status_reason else ''}) "
           f"by {rev.author} at {rev.created_at:%Y-%m-%d %H:%M:%S} UTC"
           + (f" — {rev.note}" if rev.note else ""))
-    width = max(len(k) for k in rev.values)
-    for key, value in rev.values.items():
+    values = rev.values.model_dump()
+    width = max(len(k) for k in values)
+    for key, value in values.items():
         print(f"  {key:<{width}}  {json.dumps(value)}")
 
 
@@ -204,7 +226,7 @@ class PhasePrinter:
         self.seen: set[tuple[int | None, str]] = set()
         self.reason: str | None = None
 
-    def __call__(self, st: EngineStatus) -> None:
+    def __call__(self, st: StatusOut) -> None:
         view = st.startup
         if st.state != "ready" and st.reason != self.reason and (view is None or view.ready_s is not None):
             self.reason = st.reason
@@ -276,23 +298,22 @@ def cmd_settings(args: argparse.Namespace) -> int:
             rev = client.put_settings(base.revision, changes, args.note or "", force=args.force)
             _print_revision(rev)
             for finding in rev.warnings:
-                print(f"{finding.get('severity', 'warning')}: {finding['message']}")
+                print(f"{finding.severity or 'warning'}: {finding.message}")
             print("the engine applies it with a restart; `llmops status --wait 600` waits for it")
     return 0
 
 
-def _print_capacity(result: dict[str, Any]) -> int:
-    pred = result.get("prediction")
+def _print_capacity(result: CapacityOut) -> int:
+    pred = result.prediction
     if pred:
-        print(f"KV cache: {pred['kv_gib']} GiB = {pred['kv_tokens']:,} tokens ({pred['kv_bytes_per_token']:,} B/token"
-              f"); weights {pred['weight_gib']} GiB; {pred['max_concurrency']}x requests of "
-              f"{pred['tokens_per_request']:,} tokens" + ("" if pred["calibrated"] or pred["device"] == "cpu"
-                                                           else " (uncalibrated)"))
-    for kind in ("errors", "warnings"):
-        for finding in result[kind]:
-            fit = ", ".join(f"{k}={v}" for k, v in finding["fit"].items())
-            print(f"{kind[:-1]}: {finding['message']}" + (f" [fits: {fit}]" if fit else ""))
-    return 0 if result["ok"] else 1
+        print(f"KV cache: {pred.kv_gib} GiB = {pred.kv_tokens:,} tokens ({pred.kv_bytes_per_token:,} B/token); "
+              f"weights {pred.weight_gib} GiB; {pred.max_concurrency}x requests of {pred.tokens_per_request:,} "
+              "tokens" + ("" if pred.calibrated or pred.device == "cpu" else " (uncalibrated)"))
+    for kind, findings in (("error", result.errors), ("warning", result.warnings)):
+        for finding in findings:
+            fit = ", ".join(f"{k}={v}" for k, v in finding.fit.items())
+            print(f"{kind}: {finding.message}" + (f" [fits: {fit}]" if fit else ""))
+    return 0 if result.ok else 1
 
 
 def _settings_epilog() -> str:

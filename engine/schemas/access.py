@@ -1,0 +1,105 @@
+"""Sign-in, users, tokens and the audit trail as they cross the API."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from engine.schemas.common import Role
+
+
+class LoginRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # a JSON 0 is not false, nor "1" a number
+
+    username: str = Field(min_length=1, max_length=64)
+    password: str = Field(min_length=1, max_length=1024)
+
+
+class SsoRequest(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    username: str = Field(min_length=1, max_length=64)
+
+
+class SessionOut(BaseModel):
+    """A console session: its token (the only copy), who it is for, and when it expires (Unix seconds)."""
+
+    token: str
+    username: str
+    role: Role
+    expires_at: float | None
+
+
+class MeOut(BaseModel):
+    name: str
+    role: Role
+    kind: str
+    roles: list[Role]
+
+
+class UserIn(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    username: str = Field(min_length=1, max_length=64)
+    password: str = Field(min_length=10, max_length=1024)
+    role: Role = "viewer"
+
+
+class UserPatch(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    role: Role | None = None
+    password: str | None = Field(None, min_length=10, max_length=1024)
+    disabled: bool | None = None
+
+
+class UserOut(BaseModel):
+    username: str
+    role: Role
+    disabled: bool
+    created_at: float
+    last_login: float | None
+    locked_until: float | None
+
+
+class TokenIn(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    name: str = Field(min_length=1, max_length=100)
+    role: Role = "viewer"
+    kind: Literal["api", "gateway"] = "api"
+    expires_days: float | None = Field(None, gt=0, le=3650)
+    rate_limit_per_min: int | None = Field(None, ge=1, le=1_000_000, description="gateway keys: requests/minute")
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    prefix: str
+    role: Role
+    kind: str
+    created_by: str
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+    last_used_at: float | None
+    rate_limit_per_min: int | None
+
+
+class TokenCreatedOut(TokenOut):
+    token: str = Field(description="the token itself: its only copy")
+
+
+class AuditOut(BaseModel):
+    id: int
+    ts: float
+    actor: str
+    role: str
+    action: str
+    target: str
+    before: dict[str, JsonValue] | None
+    after: dict[str, JsonValue] | None
+    source: str
+    result: int
+    detail: str

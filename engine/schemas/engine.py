@@ -1,0 +1,105 @@
+"""The engine and its vLLM child as the API shows them: status, the start in progress, events and logs, and how
+clients reach the served model."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field, JsonValue
+
+from engine.schemas.common import Build, EngineState
+
+
+class StartupPhase(BaseModel):
+    name: str
+    title: str
+    started_s: float
+    seconds: float
+    done: bool
+
+
+class StartupView(BaseModel):
+    """A vLLM start phase by phase (read from its log), with the ETA from earlier starts and, once ready, its error."""
+
+    revision: int | None = None
+    elapsed_s: float
+    phase: str
+    phase_title: str
+    phases: list[StartupPhase]
+    eta_s: float | None = None
+    eta_basis: str | None = None
+    remaining_s: float | None = None
+    ready_s: float | None = None
+    failed: str | None = None
+    error_s: float | None = None
+    error_pct: float | None = None
+
+
+class GatewayCounts(BaseModel):
+    in_flight: int
+    waiting: int
+    rejected: int
+
+
+class StatusOut(BaseModel):
+    state: EngineState
+    since: datetime | None
+    reason: str
+    running_revision: int | None
+    desired_revision: int | None
+    model: str | None
+    pid: int | None
+    vllm_version: str | None
+    vllm_build: Build
+    enabled: bool
+    halted: str | None = None
+    ready_since: datetime | None
+    restarts: int
+    gateway: GatewayCounts
+    startup: StartupView | None = None
+
+
+class ActionOut(StatusOut):
+    accepted: str
+
+
+class HealthOut(BaseModel):
+    ok: bool
+
+
+class ReadyOut(BaseModel):
+    ready: bool
+    state: EngineState
+    reason: str
+
+
+class ModelCard(BaseModel):
+    architecture: str
+    parameters: int
+    context_length: int
+    model_max_length: int
+    dtype: str
+    kv_bytes_per_token: int
+    layers: int
+
+
+class GatewayInfo(BaseModel):
+    base_url: str
+    keys_required: bool
+    served_model: str | None
+    model: ModelCard | None
+
+
+class EventOut(BaseModel):
+    id: int
+    ts: datetime
+    kind: str
+    severity: str
+    message: str
+    revision: int | None
+    data: dict[str, JsonValue] = Field(description="what the event is about; its keys depend on its kind")
+
+
+class LogsOut(BaseModel):
+    lines: list[str]
+    path: str

@@ -1,0 +1,189 @@
+"""Settings of a revision as they cross the API: each field documented once (the CLI's help and the console's help
+text come from these descriptions). Validation that needs the engine's host (model folders, allowed roots, vLLM's
+flags) is added by engine/revisions on top of these fields."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from engine.schemas.common import FitValue
+
+
+class SettingsValues(BaseModel):
+    """The values of one settings revision: what vLLM is started with."""
+
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+    model: str = Field(
+        description="Model to serve: a local folder with config.json (absolute, or relative to the data dir) "
+        "or a Hugging Face hub id such as org/name.",
+        min_length=1,
+        max_length=512,
+    )
+    served_model_name: str = Field(
+        "demo", description="Name that clients pass as `model` in /v1 requests."
+    )
+    gpu_memory_utilization: float = Field(
+        0.85,
+        gt=0,
+        le=1,
+        description="Fraction of each GPU's memory vLLM may use for weights, activations and KV cache. "
+        "0.80-0.85 is the safe production range; above 0.90 leaves little headroom and risks OOM.",
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=16,
+        le=10_000_000,
+        description="Longest request (prompt + output) in tokens. Empty: the model's own maximum. "
+        "Each running request may need this much KV cache.",
+    )
+    max_num_seqs: int = Field(
+        16, ge=1, le=4096, description="Most requests vLLM runs at once in a batch (continuous batching)."
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="GPUs one model is split across; must divide the attention heads."
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="Data type of weights and activations. auto: the model's own."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, le=10_000_000, description="Most tokens processed in one scheduler step. Empty: vLLM's default."
+    )
+    enforce_eager: bool = Field(
+        False, description="Skip CUDA graphs and torch.compile: starts faster and uses less memory, runs slower."
+    )
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse the KV cache of shared prompt prefixes across requests."
+    )
+    kv_cache_dtype: Literal["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="Data type of the KV cache. fp8 halves its size (more tokens fit) at some accuracy cost."
+    )
+    load_format: Literal[
+        "auto", "safetensors", "pt", "dummy", "gguf", "bitsandbytes", "fastsafetensors", "sharded_state",
+        "runai_streamer",
+    ] = Field("auto", description="How weights are loaded. dummy: random weights of the right shape (testing).")
+    trust_remote_code: bool = Field(
+        False, description="Run model code shipped with the model repository. Only for models you trust."
+    )
+    cpu_kv_cache_gib: float = Field(
+        1.0,
+        gt=0,
+        le=4096,
+        description="CPU build of vLLM only: memory reserved for the KV cache, in GiB.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Further vLLM flags, each `--flag` or `--flag=value`, from an allow-list.",
+    )
+
+
+class Finding(BaseModel):
+    """A pre-flight error or warning: which field, why, and the value that would fit."""
+
+    code: str
+    field: str
+    message: str
+    fit: dict[str, FitValue] = Field(default_factory=dict)
+    severity: Literal["error", "warning"] | None = None  # as recorded with a revision
+    forced: bool | None = None
+
+
+class RevisionOut(BaseModel):
+    revision: int
+    values: SettingsValues
+    status: str
+    status_reason: str
+    author: str
+    note: str
+    created_at: datetime
+    parent_revision: int | None
+    forced: bool
+    warnings: list[Finding]
+    oom_count: int = 0
+
+
+class SettingsWrite(BaseModel):
+    model_config = ConfigDict(strict=True)  # a JSON 0 is not false, nor "1" a number
+
+    base_revision: int = Field(ge=1, le=2**53 - 1, description="The revision these changes were made on; "
+                               "stale → 409.")
+    values: dict[str, JsonValue] = Field(description="Fields to change; omitted fields keep the base revision's "
+                                         "values.", max_length=64)
+    note: str = Field("", max_length=2000, description="Why: shown in the history.")
+    force: bool = Field(False, description="Write despite pre-flight errors (recorded as forced; the automatic "
+                        "rollback still guards the apply).")
+
+
+class RollbackRequest(BaseModel):
+    model_config = ConfigDict(strict=True)  # a JSON 0 is not false, nor "1" a number
+
+    revision: int = Field(ge=1, le=2**53 - 1, description="Revision whose values become a new desired revision.")
+    note: str = Field("", max_length=2000)
+    force: bool = False
+
+
+class Prediction(BaseModel):
+    """What the capacity model expects vLLM to do with memory (bytes unless named otherwise)."""
+
+    device: str
+    weight_bytes: int
+    kv_bytes_per_token: int
+    budget_bytes: int
+    activation_bytes: int
+    non_torch_bytes: int
+    kv_bytes: int
+    kv_tokens: int
+    usable_tokens: int
+    max_model_len: int
+    tokens_per_request: int
+    max_concurrency: float
+    fits_one_request: bool
+    calibrated: bool
+    block_size: int
+    notes: list[str] = Field(default_factory=list)
+    kv_gib: float
+    weight_gib: float
+
+
+class ModelShapeOut(BaseModel):
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    dtype: str
+    parameters: int
+
+
+class DeviceOut(BaseModel):
+    kind: str
+    total_bytes: int
+    free_bytes: int
+    count: int = 1
+    name: str = ""
+
+
+class RestartEta(BaseModel):
+    seconds: float
+    basis: str
+    samples: int
+    text: str
+
+
+class CapacityOut(BaseModel):
+    """Pre-flight of values not saved yet: the prediction (none when the values cannot start), errors, warnings."""
+
+    base_revision: int | None
+    values: SettingsValues
+    ok: bool
+    errors: list[Finding]
+    warnings: list[Finding]
+    prediction: Prediction | None
+    model: ModelShapeOut | None
+    device: DeviceOut | None
+    restart_eta: RestartEta | None = None
+    elapsed_ms: float
