@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import sys
@@ -11,25 +12,22 @@ from typing import Any
 
 import pynvml
 import uvicorn
-from fastapi import Depends, FastAPI, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 
-from engine.access import AuditLog, AuditMiddleware, Auth
-from engine.api.routes import access as api_access
-from engine.api.routes import benchmarks as api_benchmarks
-from engine.api.routes import gpu as api_telemetry
-from engine.api.routes import prompts as api_prompts
-from engine.api.routes import serving as api_serving
-from engine.api.routes.core import build_router, install_error_handlers
+from engine.access import AuditLog, AuditMiddleware, Auth, RateLimiter
+from engine.api import AccessGate, Services, mount
 from engine.benchmarks import Benchmarks
 from engine.capacity import CalibrationStore, Planner
 from engine.config import AppConfig
-from engine.db import Store
+from engine.db import SERVING_MINUTE, SERVING_RAW, open_database
 from engine.errors import EngineError
+from engine.events import EventLog
 from engine.gateway import Admission, Gateway, Ledger
 from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
-from engine.metrics import HISTORY_METRICS, EngineCollector, RequestMetrics, SeriesStore, ServingMonitor, render
-from engine.revisions import EngineSettings, initial_settings
+from engine.metrics import HISTORY_METRICS, EngineCollector, RequestMetrics, SeriesStore, ServingMonitor
+from engine.prompts import PromptStore
+from engine.revisions import EngineSettings, RevisionStore, SettingsWriter, initial_settings
 from engine.serving import Supervisor
 
 
@@ -47,33 +45,40 @@ def is_loopback(host: str) -> bool:
 
 
 def create_app(config: AppConfig) -> FastAPI:
+    """The composition root: every service built once, the lifespan that starts and stops them in order, the
+    routes, the access gate and the audit."""
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(config.db_path)
-    if store.ensure_initial(EngineSettings.model_construct(**initial_settings(config.data_dir.resolve())).model_dump()):
-        store.add_event("settings_changed", "revision 1: initial settings (the demo model)", revision_id=1)
-    auth = Auth(store, config.session_ttl_s, config.login_max_failures, config.login_lockout_s)
-    audit = AuditLog(store)
+    db = open_database(config.db_path)
+    revisions, events, prompts = RevisionStore(db), EventLog(db), PromptStore(db)
+    if revisions.ensure_initial(EngineSettings.model_construct(**initial_settings(config.data_dir.resolve()))
+                                .model_dump()):
+        events.add("settings_changed", "revision 1: initial settings (the demo model)", revision_id=1)
+    auth = Auth(db, config.session_ttl_s, config.login_max_failures, config.login_lockout_s)
+    audit = AuditLog(db)
     loopback = is_loopback(config.host)
     gateway_keys = config.gateway_keys == "on" or (config.gateway_keys == "auto" and not loopback)
     if not loopback and (config.gateway_keys == "off" or not (auth.has_users() or config.admin_password)):
         raise UnsafeConfigError(
             f"refusing to listen on {config.host} without authentication: set LLMOPS_ADMIN_PASSWORD (or create "
             "users first) and leave gateway_keys on; or listen on 127.0.0.1")
+    first = not auth.has_users()
     generated = auth.ensure_admin(config.admin_password.get_secret_value() if config.admin_password else None)
-    access = api_access.Access(auth, gateway_keys)
+    if first:
+        audit.record(actor="engine", action="users.create", target="user admin", after={"role": "admin"},
+                     detail="the first console user, from LLMOPS_ADMIN_PASSWORD or generated")
 
     admission = Admission(config.queue_size, config.queue_timeout_s)
-    supervisor = Supervisor(config, store, admission, audit=audit)
+    supervisor = Supervisor(config, revisions, events, admission, audit=audit)
     registry = CollectorRegistry()
-    ledger = Ledger(store.engine, config.ledger_sample_rate, metrics=RequestMetrics(registry))
-    gateway = Gateway(admission, config.upstream_timeout_s, supervisor.served_model, ledger)
+    ledger = Ledger(db, config.ledger_sample_rate, metrics=RequestMetrics(registry))
+    gateway = Gateway(admission, config.upstream_timeout_s, ledger)
 
-    def emit(kind: str, message: str, severity: str, data: dict[str, Any]) -> None:
+    def emit(kind: str, message: str, severity: str, data: dict[str, Any]) -> None:  # from the sampler's thread
         gpu = data.get("gpu")
-        store.add_event(kind, message, severity=severity, data=data,
-                        revision_id=supervisor.running.id if supervisor.running and gpu is not None else None)
+        events.add(kind, message, severity=severity, data=data,
+                   revision_id=supervisor.running.id if supervisor.running and gpu is not None else None)
 
-    history = TelemetryStore(store.engine, config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
+    telemetry = TelemetryStore(db, config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
     alerts = AlertEngine(AlertThresholds(memory_pct=config.alert_memory_pct,
                                          memory_clear_pct=config.alert_memory_pct - 5,
                                          temperature_c=config.alert_temperature_c,
@@ -81,27 +86,38 @@ def create_app(config: AppConfig) -> FastAPI:
                                          power_hold_s=config.alert_power_hold_s, quiet_s=config.alert_quiet_s),
                          emit)
     sampler = Sampler(pynvml, config.gpu_sample_interval_s, supervisor.vllm_pids,
-                      [history.write, alerts.evaluate], emit)
-    planner = Planner(supervisor.build, config.data_dir.resolve(), sampler, CalibrationStore(store),
+                      [telemetry.write, alerts.evaluate], emit)
+    planner = Planner(supervisor.build, config.data_dir.resolve(), sampler, CalibrationStore(db),
                       traffic_max_tokens=lambda: ledger.longest_request(86400))
     supervisor.planner = planner
-    serving_history = SeriesStore(store.engine, "serving", "revision", HISTORY_METRICS,
+    writer = SettingsWriter(revisions, events, planner, config.data_dir.resolve(), config.model_roots,
+                            wake=supervisor.wake)
+    serving_history = SeriesStore(db, SERVING_RAW, SERVING_MINUTE, "revision", HISTORY_METRICS,
                                   config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
     serving = ServingMonitor(config.serving_scrape_interval_s, lambda: admission.upstream,
                              lambda: admission.revision, serving_history)
     local = "127.0.0.1" if config.host in ("0.0.0.0", "::", "localhost") or loopback else config.host
-    benchmarks = Benchmarks(store, supervisor, ledger, f"http://{local}:{config.port}", sampler.energy_now,
+    benchmarks = Benchmarks(db, revisions, events, supervisor, ledger, f"http://{local}:{config.port}",
+                            sampler.energy_now,
                             gateway_key=lambda: auth.create_token("benchmark", "prompter", "gateway", "engine",
                                                                   ttl_s=6 * 3600)[0] if gateway_keys else None,
                             revoke=lambda key: auth.revoke(token=key))
+    registry.register(EngineCollector(supervisor.status, lambda: sampler.latest, lambda: serving.latest,
+                                      lambda: events.event_counts(["rollback", "failed", "crash_loop"])))
+    services = Services(config=config, db=db, revisions=revisions, writer=writer, events=events, prompts=prompts,
+                        auth=auth, audit=audit, limits=RateLimiter(), supervisor=supervisor, planner=planner,
+                        sampler=sampler, telemetry=telemetry, alerts=alerts, serving=serving,
+                        serving_history=serving_history, ledger=ledger, benchmarks=benchmarks, gateway=gateway,
+                        registry=registry, public_url=config.public_url or f"http://{local}:{config.port}",
+                        gateway_keys=gateway_keys)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        store.add_event("engine_started", f"engine listening on {config.host}:{config.port}",
-                        data={"data_dir": str(config.data_dir.resolve()), "vllm_build": supervisor.build,
-                              "vllm_version": supervisor.vllm_version, "gateway_keys": gateway_keys})
-        supervisor.start_background()
-        sampler.start()
+        await events.emit("engine_started", f"engine listening on {config.host}:{config.port}",
+                          data={"data_dir": str(config.data_dir.resolve()), "vllm_build": supervisor.build,
+                                "vllm_version": supervisor.vllm_version, "gateway_keys": gateway_keys})
+        await asyncio.to_thread(sampler.start)  # its first sample (NVML) is there before anyone asks
+        await supervisor.start()
         serving.start()
         ledger.start()
         try:
@@ -109,39 +125,19 @@ def create_app(config: AppConfig) -> FastAPI:
         finally:
             await benchmarks.close()
             await serving.stop()
+            await supervisor.shutdown()  # before the sampler: waiting for the GPU's memory reads its samples
+            await asyncio.to_thread(sampler.stop)
             await ledger.close()
-            sampler.stop()
-            await supervisor.shutdown()
             await gateway.aclose()
-            store.add_event("engine_stopped", "engine stopped")
-            store.close()
+            await events.emit("engine_stopped", "engine stopped")
+            db.close()
 
     app = FastAPI(title="llmops engine", version="0.1.0", lifespan=lifespan)
-    app.state.config = config
-    app.state.store = store
-    app.state.supervisor = supervisor
-    app.state.auth = auth
+    app.state.services = services
     app.state.generated_admin_password = generated
-    install_error_handlers(app)
+    mount(app)
+    app.add_middleware(AccessGate, api=app, auth=auth)  # roles before bodies: it runs inside the audit
     app.add_middleware(AuditMiddleware, log=audit)
-    guarded: dict[str, Any] = {"dependencies": [Depends(access.authorize)], "responses": api_access.RESPONSES}
-    public_url = config.public_url or f"http://{local}:{config.port}"
-    app.include_router(build_router(store, supervisor, planner, public_url, gateway_keys), **guarded)
-    app.include_router(api_access.build_router(auth, audit), **guarded)
-    app.include_router(api_serving.build_router(serving, serving_history, ledger), **guarded)
-    app.include_router(api_benchmarks.build_router(benchmarks), **guarded)
-    app.include_router(api_telemetry.build_router(sampler, history, alerts), **guarded)
-    app.include_router(api_prompts.build_router(store), **guarded)
-    app.include_router(gateway.router(), dependencies=[Depends(access.authorize_gateway)],
-                       responses={401: api_access.RESPONSES[401], 429: {"description": "this key's rate limit"}})
-    registry.register(EngineCollector(supervisor.status, lambda: sampler.latest, lambda: serving.latest,
-                                      lambda: store.event_counts(["rollback", "failed", "crash_loop"])))
-
-    @app.get("/metrics", tags=["export"], response_class=Response, **guarded)
-    def metrics() -> Response:
-        """The engine's own metrics in Prometheus format (docs/grafana-dashboard.json reads them)."""
-        return Response(render(registry), media_type=CONTENT_TYPE_LATEST)
-
     return app
 
 

@@ -2,39 +2,37 @@
 
 from __future__ import annotations
 
-from engine.access.audit import AuditLog, AuditMiddleware, AuditRecord, action_of, redact, to_csv
+from engine.access.audit import AuditLog, AuditMiddleware, AuditNote, bound, generic_action, redact, to_csv
 from engine.access.auth import (
-    ROLES,
     TOKEN_PREFIX,
-    ApiToken,
     Auth,
     AuthError,
     BadCredentialsError,
     LockedError,
     Principal,
-    Role,
-    User,
     allows,
     digest,
 )
+from engine.access.ratelimit import RateLimiter
+from engine.schemas import ROLES, Role
 
 __all__ = [
     "ROLES",
     "TOKEN_PREFIX",
-    "ApiToken",
     "AuditLog",
     "AuditMiddleware",
-    "AuditRecord",
+    "AuditNote",
     "Auth",
     "AuthError",
     "BadCredentialsError",
     "LockedError",
     "Principal",
+    "RateLimiter",
     "Role",
-    "User",
-    "action_of",
     "allows",
+    "bound",
     "digest",
+    "generic_action",
     "redact",
     "to_csv",
 ]

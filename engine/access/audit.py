@@ -15,56 +15,58 @@ import logging
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.to_thread
-from sqlalchemy import JSON, Column, String, cast, text
+from sqlalchemy import String, cast
 from sqlalchemy.exc import SQLAlchemyError
-from sqlmodel import Field, Session, SQLModel, col, select
+from sqlmodel import col, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.db import Store, add_missing_columns
+from engine.db import AuditRecord, Database
 
 # a key that names a secret (password, hf_token, api_key, …), not one that merely contains the word
 # (max_num_batched_tokens, max_tokens and password_changed are kept)
 log = logging.getLogger("llmops.audit")
 SECRET_KEYS = re.compile(r"(?:^|[_-])(?:pass(?:word)?|token|secret|(?:api)?key|authorization)$", re.I)
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
-# (method, path pattern) → action name; the first match wins
-ACTIONS: list[tuple[str, re.Pattern[str], str]] = [
-    ("PUT", re.compile(r"^/api/settings$"), "settings.write"),
-    ("POST", re.compile(r"^/api/settings/rollback$"), "settings.rollback"),
-    ("POST", re.compile(r"^/api/engine/(\w+)$"), "engine.{0}"),
-    ("POST", re.compile(r"^/api/benchmarks/search$"), "benchmarks.search"),
-    ("POST", re.compile(r"^/api/benchmarks/(\d+)/cancel$"), "benchmarks.cancel"),
-    ("POST", re.compile(r"^/api/benchmarks$"), "benchmarks.sweep"),
-    ("POST", re.compile(r"^/api/users$"), "users.create"),
-    ("PATCH", re.compile(r"^/api/users/([^/]+)$"), "users.update"),
-    ("POST", re.compile(r"^/api/tokens$"), "tokens.create"),
-    ("DELETE", re.compile(r"^/api/tokens/(\d+)$"), "tokens.revoke"),
-    ("POST", re.compile(r"^/api/prompts$"), "prompts.save"),
-    ("DELETE", re.compile(r"^/api/prompts/(\d+)$"), "prompts.delete"),
-    ("POST", re.compile(r"^/api/auth/login$"), "auth.login"),
-    ("POST", re.compile(r"^/api/auth/logout$"), "auth.logout"),
-    ("POST", re.compile(r"^/api/auth/sso$"), "auth.sso"),
-]
+MAX_DEPTH, MAX_ITEMS, MAX_TEXT = 4, 50, 500  # what one audit value keeps: the record says what happened, bounded
 
 
-class AuditRecord(SQLModel, table=True):
-    __tablename__ = "audit"
+@dataclass
+class AuditNote:
+    """What a handler says of the action it did, for its audit record (the request carries it)."""
 
-    id: int | None = Field(default=None, primary_key=True)
-    ts: float = Field(default_factory=time.time, index=True)
-    actor: str = Field(default="anonymous", index=True)
-    role: str = ""
-    action: str = Field(index=True)
     target: str = ""
-    before: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
-    after: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
-    source: str = ""
-    result: int = 0  # the HTTP status, or 0 for the engine's own actions
+    before: dict[str, Any] | None = None
+    after: dict[str, Any] | None = None
     detail: str = ""
+    role: str = ""  # for a sign-in: the role of the user who signed in
+
+
+def bound(value: Any, depth: int = 0) -> Any:
+    """A JSON value cut to what an audit record keeps: nesting, items and text bounded (a 300-deep list or a 65 KB
+    string in a request must not become a row the listing cannot serialise, nor 25 MB of rows)."""
+    if isinstance(value, str):
+        return value if len(value) <= MAX_TEXT else value[:MAX_TEXT] + f"… ({len(value)} characters)"
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else str(value)
+    if depth >= MAX_DEPTH:
+        return f"[{type(value).__name__} nested deeper than {MAX_DEPTH}]"
+    if isinstance(value, dict):
+        items = list(value.items())
+        out = {str(k)[:100]: bound(v, depth + 1) for k, v in items[:MAX_ITEMS]}
+        if len(items) > MAX_ITEMS:
+            out["…"] = f"{len(items) - MAX_ITEMS} more"
+        return out
+    if isinstance(value, list | tuple):
+        kept = [bound(v, depth + 1) for v in list(value)[:MAX_ITEMS]]
+        return kept + ([f"… {len(value) - MAX_ITEMS} more"] if len(value) > MAX_ITEMS else [])
+    return str(value)[:MAX_TEXT]
 
 
 def redact(value: Any) -> Any:
@@ -76,34 +78,27 @@ def redact(value: Any) -> Any:
     return value
 
 
-def action_of(method: str, path: str) -> str | None:
-    for m, pattern, name in ACTIONS:
-        if m == method and (match := pattern.match(path)):
-            return name.format(*match.groups())
-    return f"{method.lower()} {path}" if method in MUTATING and path.startswith("/api/") else None
+def generic_action(method: str, path: str) -> str:
+    """The name of a mutating request that matched no route's declared action (a 404, a 405)."""
+    return f"{method.lower()} {path[:200]}"
 
 
 class AuditLog:
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        add_missing_columns(store.engine, AuditRecord.metadata)
-        with store.engine.begin() as conn:
-            for op in ("UPDATE", "DELETE"):
-                conn.execute(text(
-                    f"CREATE TRIGGER IF NOT EXISTS audit_no_{op.lower()} BEFORE {op} ON audit "
-                    "BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END"))
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def record(self, *, actor: str, action: str, role: str = "", target: str = "",
                before: dict[str, Any] | None = None, after: dict[str, Any] | None = None, source: str = "",
                result: int = 0, detail: str = "") -> None:
-        with Session(self.store.engine) as s, s.begin():
-            s.add(AuditRecord(actor=actor, role=role, action=action, target=target, before=redact(before),
-                              after=redact(after), source=source, result=result, detail=detail[:2000]))
+        with self.db.session() as s:
+            s.add(AuditRecord(actor=actor[:100], role=role[:20], action=action[:100], target=target[:300],
+                              before=bound(redact(before)), after=bound(redact(after)), source=source[:100],
+                              result=result, detail=detail[:2000]))
 
     def query(self, *, actor: str | None = None, action: str | None = None, target: str | None = None,
               since: float | None = None, until: float | None = None, result: int | None = None,
               text_: str | None = None, limit: int = 200, offset: int = 0) -> Sequence[AuditRecord]:
-        with Session(self.store.engine) as s:
+        with self.db.session() as s:
             q = select(AuditRecord)
             if actor:
                 q = q.where(AuditRecord.actor == actor)
@@ -149,7 +144,6 @@ class AuditMiddleware:
             await self.app(scope, receive, send)
             return
         state = scope.setdefault("state", {})
-        body = bytearray()
         status = 0
         recorded = False
 
@@ -160,15 +154,9 @@ class AuditMiddleware:
             recorded = True
             with anyio.CancelScope(shield=True):  # a client that hangs up still leaves its action on record
                 try:
-                    await anyio.to_thread.run_sync(self._write, scope, state, bytes(body), status or 500)
+                    await anyio.to_thread.run_sync(self._write, scope, state, status or 500)
                 except SQLAlchemyError:  # the action itself is done: say loudly that its record is missing
                     log.exception("audit: could not record %s %s", scope["method"], scope["path"])
-
-        async def receive_() -> Message:
-            message = await receive()
-            if message["type"] == "http.request" and len(body) < 65536:
-                body.extend(message.get("body", b""))
-            return message
 
         async def send_(message: Message) -> None:
             nonlocal status
@@ -179,26 +167,26 @@ class AuditMiddleware:
             await send(message)
 
         try:
-            await self.app(scope, receive_, send_)
+            await self.app(scope, receive, send_)
         finally:
             await record()  # the app failed before it answered
 
-    def _write(self, scope: Scope, state: dict[str, Any], body: bytes, status: int) -> None:
+    def _write(self, scope: Scope, state: dict[str, Any], status: int) -> None:
+        """The request's record: who (the authenticated principal, else a sign-in's user name, else anonymous),
+        the route's declared action, and what its handler said it did; never the request's bytes."""
         principal = state.get("principal")
-        extra: dict[str, Any] = state.get("audit") or {}
-        login = scope["path"] == "/api/auth/login"
-        try:
-            payload = json.loads(body) if body else None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            payload = {"body": f"{len(body)} bytes, not JSON"}  # never the bytes: they may hold a secret
-        if principal is None and not login:  # an unauthenticated caller does not get to write into the trail
-            payload = {"body": f"{len(body)} bytes"} if body else None
-        name = payload.get("username") if login and isinstance(payload, dict) else None
-        actor = principal.name if principal else (str(name)[:64] if isinstance(name, str) else "anonymous")
+        note: AuditNote = state.get("audit") or AuditNote()
+        if principal is not None:
+            actor, role = principal.name, principal.role
+        elif state.get("audit_action") == "auth.login" and note.target.startswith("user "):
+            actor, role = note.target.removeprefix("user "), note.role
+        else:
+            actor, role = "anonymous", ""
         client = scope.get("client")
-        self.log.record(
-            actor=actor, role=principal.role if principal else str(extra.get("role", "")),
-            source=client[0] if client else "",
-            action=action_of(scope["method"], scope["path"]) or scope["path"], target=str(extra.get("target", "")),
-            before=extra.get("before"), after=extra.get("after", payload if isinstance(payload, dict) else None),
-            result=status, detail=str(extra.get("detail", "")))
+        after = note.after
+        if after is None:  # refused before its handler said anything: how much was sent, never what
+            size = next((v.decode("latin-1") for k, v in scope.get("headers") or [] if k == b"content-length"), None)
+            after = {"body": f"{size} bytes"} if size and size.isdigit() else None
+        self.log.record(actor=actor, role=role, source=client[0] if client else "",
+                        action=state.get("audit_action") or generic_action(scope["method"], scope["path"]),
+                        target=note.target, before=note.before, after=after, result=status, detail=note.detail)

@@ -13,17 +13,15 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlmodel import Field, Session, SQLModel, col, select
+from sqlmodel import Session, col, select
 
-from engine.db import Store, add_missing_columns
+from engine.db import ApiToken, Database, User
 from engine.errors import EngineError
+from engine.schemas import ROLES
 
-Role = Literal["viewer", "prompter", "operator", "admin"]
-ROLES: tuple[Role, ...] = ("viewer", "prompter", "operator", "admin")
 TOKEN_PREFIX = "llmops_"
 USERNAME = re.compile(r"^[A-Za-z0-9_.@+-]{1,64}$")
 
@@ -46,38 +44,6 @@ class LockedError(AuthError):
         super().__init__(f"too many failed sign-ins: locked for {max(0, until - time.time()):.0f} s more")
 
 
-class User(SQLModel, table=True):
-    __tablename__ = "user"
-
-    id: int | None = Field(default=None, primary_key=True)
-    username: str = Field(index=True, unique=True)
-    password_hash: str
-    role: str = "viewer"
-    disabled: bool = False
-    failed_attempts: int = 0
-    locked_until: float | None = None
-    created_at: float = Field(default_factory=time.time)
-    last_login: float | None = None
-
-
-class ApiToken(SQLModel, table=True):
-    __tablename__ = "api_token"
-
-    id: int | None = Field(default=None, primary_key=True)
-    name: str
-    digest: str = Field(index=True, unique=True)  # SHA-256 of the token; the token itself is never stored
-    prefix: str  # its first characters, to tell tokens apart in lists
-    role: str = "viewer"
-    kind: str = "api"  # api (the engine's API) | gateway (an API key for /v1) | session (a console sign-in)
-    user_id: int | None = None
-    created_by: str = ""
-    created_at: float = Field(default_factory=time.time)
-    expires_at: float | None = None
-    revoked_at: float | None = None
-    last_used_at: float | None = None
-    rate_limit_per_min: int | None = None
-
-
 @dataclass(frozen=True)
 class Principal:
     name: str
@@ -92,27 +58,23 @@ def digest(token: str) -> str:
 
 
 class Auth:
-    def __init__(self, store: Store, session_ttl_s: float = 12 * 3600, max_failures: int = 5,
+    def __init__(self, db: Database, session_ttl_s: float = 12 * 3600, max_failures: int = 5,
                  lockout_s: float = 900) -> None:
-        self.store = store
+        self.db = db
         self.session_ttl_s = session_ttl_s
         self.max_failures = max_failures
         self.lockout_s = lockout_s
         self.hasher = PasswordHasher()
-        add_missing_columns(store.engine, SQLModel.metadata)
         self._last_used: dict[int, float] = {}
-
-    def _session(self) -> Session:
-        return Session(self.store.engine, expire_on_commit=False)
 
     # --- users ----------------------------------------------------------------------------------------------
 
     def users(self) -> Sequence[User]:
-        with self._session() as s:
+        with self.db.session() as s:
             return s.exec(select(User).order_by(col(User.id))).all()
 
     def has_users(self) -> bool:
-        with self._session() as s:
+        with self.db.session() as s:
             return s.exec(select(User.id).limit(1)).first() is not None
 
     def create_user(self, username: str, password: str, role: str) -> User:
@@ -122,7 +84,7 @@ class Auth:
             raise AuthError(f"role: one of {', '.join(ROLES)}")
         if len(password) < 10:
             raise AuthError("password: at least 10 characters")
-        with self._session() as s, s.begin():
+        with self.db.session() as s:
             if s.exec(select(User.id).where(User.username == username)).first() is not None:
                 raise AuthError(f"user {username!r} exists")
             user = User(username=username, password_hash=self.hasher.hash(password), role=role)
@@ -132,7 +94,7 @@ class Auth:
 
     def update_user(self, username: str, *, role: str | None = None, password: str | None = None,
                     disabled: bool | None = None) -> User:
-        with self._session() as s, s.begin():
+        with self.db.session() as s:
             user = s.exec(select(User).where(User.username == username)).first()
             if user is None:
                 raise AuthError(f"no user {username!r}")
@@ -166,7 +128,7 @@ class Auth:
     def login(self, username: str, password: str) -> tuple[str, ApiToken, User]:
         """A new session token for the user, or BadCredentialsError / LockedError."""
         now = time.time()
-        with self._session() as s:
+        with self.db.session() as s:
             found = s.exec(select(User).where(User.username == username)).first()
         if found is None or found.disabled:
             self.hasher.hash(password)  # same work whether or not the user exists
@@ -179,7 +141,7 @@ class Auth:
         except (VerificationError, InvalidHashError):
             failed = True
         locked_until: float | None = None
-        with self._session() as s, s.begin():
+        with self.db.session() as s:
             user = s.exec(select(User).where(User.username == username)).one()
             if user.locked_until and user.locked_until > now:  # a parallel attempt locked it while we verified
                 locked_until = user.locked_until
@@ -200,7 +162,7 @@ class Auth:
 
     def session_for(self, username: str) -> tuple[str, ApiToken, User]:
         """A session for an existing, enabled user whom an identity provider has signed in (no password)."""
-        with self._session() as s, s.begin():
+        with self.db.session() as s:
             user = s.exec(select(User).where(User.username == username)).first()
             if user is None or user.disabled:
                 raise AuthError(f"no enabled user {username!r}: an admin creates users and gives them a role")
@@ -229,17 +191,17 @@ class Auth:
         """A new token; the returned string is its only copy."""
         if kind not in ("api", "gateway"):
             raise AuthError("kind: api or gateway")
-        with self._session() as s, s.begin():
+        with self.db.session() as s:
             return self._new_token(s, name=name, role=role, kind=kind, user_id=None, created_by=created_by,
                                    ttl_s=ttl_s, rate_limit_per_min=rate_limit_per_min)
 
     def tokens(self) -> Sequence[ApiToken]:
         """API tokens and gateway keys (console sessions are not listed)."""
-        with self._session() as s:
+        with self.db.session() as s:
             return s.exec(select(ApiToken).where(ApiToken.kind != "session").order_by(col(ApiToken.id))).all()
 
     def revoke(self, token_id: int | None = None, token: str | None = None, name: str | None = None) -> ApiToken:
-        with self._session() as s, s.begin():
+        with self.db.session() as s:
             q = select(ApiToken)
             if token_id is not None:
                 q = q.where(ApiToken.id == token_id)
@@ -259,7 +221,7 @@ class Auth:
         if not token.startswith(TOKEN_PREFIX):
             return None
         now = time.time()
-        with self._session() as s:
+        with self.db.session() as s:
             row = s.exec(select(ApiToken).where(ApiToken.digest == digest(token))).first()
             if row is None or row.revoked_at or (row.expires_at and row.expires_at < now):
                 return None
@@ -272,7 +234,7 @@ class Auth:
         assert row.id is not None
         if now - self._last_used.get(row.id, 0) > 60:  # record use at most once a minute
             self._last_used[row.id] = now
-            with self._session() as s, s.begin():
+            with self.db.session() as s:
                 fresh = s.get(ApiToken, row.id)
                 if fresh is not None:
                     fresh.last_used_at = now

@@ -2,52 +2,46 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict, Field
 
-from engine.api.routes.access import actor
-from engine.db import SavedPrompt, Store
-from engine.errors import MAX_ID
+from engine.api.deps import NoteDep, PromptsDep, access, actor
+from engine.db import SavedPrompt
+from engine.schemas import MAX_ID, PromptIn, PromptOut, PromptParams
 
-
-class PromptIn(BaseModel):
-    model_config = ConfigDict(strict=True)  # a JSON 0 is not false, nor "1" a number
-
-    name: str = Field(min_length=1, max_length=200)
-    mode: Literal["chat", "completion"] = "chat"
-    system: str = Field("", max_length=20_000)
-    prompt: str = Field(min_length=1, max_length=200_000)
-    params: dict[str, Any] = Field(default_factory=dict, description="temperature, top_p, max_tokens, stop")
+router = APIRouter(tags=["playground"])
 
 
-class PromptOut(PromptIn):
-    id: int
-    author: str
-    created_at: float
+def prompt_out(p: SavedPrompt) -> PromptOut:
+    """A stored prompt; params saved before they were bounded keep only what the schema allows."""
+    assert p.id is not None
+    raw = p.params if isinstance(p.params, dict) else {}
+    try:
+        params = PromptParams.model_validate(raw)
+    except ValueError:
+        params = PromptParams()  # one malformed row must not break the list for everyone
+    return PromptOut(id=p.id, name=p.name, mode=p.mode, system=p.system, prompt=p.prompt,  # type: ignore[arg-type]
+                     params=params, author=p.author, created_at=p.created_at)
 
 
-def build_router(store: Store) -> APIRouter:
-    router = APIRouter(tags=["playground"])
+@router.get("/api/prompts", response_model=list[PromptOut], dependencies=access("prompter"))
+def list_prompts(prompts: PromptsDep) -> list[PromptOut]:
+    return [prompt_out(p) for p in prompts.prompts()]
 
-    def out(p: SavedPrompt) -> PromptOut:
-        assert p.id is not None
-        return PromptOut(id=p.id, name=p.name, mode=p.mode, system=p.system, prompt=p.prompt,  # type: ignore[arg-type]
-                         params=p.params, author=p.author, created_at=p.created_at)
 
-    @router.get("/api/prompts")
-    def list_prompts() -> list[PromptOut]:
-        return [out(p) for p in store.prompts()]
+@router.post("/api/prompts", status_code=201, response_model=PromptOut, dependencies=access("prompter", "prompts.save"))
+def save_prompt(body: PromptIn, request: Request, prompts: PromptsDep, note: NoteDep) -> PromptOut:
+    saved = prompts.save_prompt(SavedPrompt(name=body.name, mode=body.mode, system=body.system, prompt=body.prompt,
+                                            params=body.params.model_dump(by_alias=True, exclude_none=True),
+                                            author=actor(request)))
+    note.target, note.after = f"prompt {saved.id}", {"name": body.name, "mode": body.mode}
+    return prompt_out(saved)
 
-    @router.post("/api/prompts", status_code=201)
-    def save_prompt(body: PromptIn, request: Request) -> PromptOut:
-        return out(store.save_prompt(SavedPrompt(**body.model_dump(), author=actor(request))))
 
-    @router.delete("/api/prompts/{prompt_id}", status_code=204)
-    def delete_prompt(prompt_id: int = PathParam(ge=1, le=MAX_ID)) -> None:
-        if not store.delete_prompt(prompt_id):
-            raise HTTPException(404, detail=f"no saved prompt {prompt_id}")
-
-    return router
+@router.delete("/api/prompts/{prompt_id}", status_code=204, response_class=Response,
+               dependencies=access("prompter", "prompts.delete"))
+def delete_prompt(prompts: PromptsDep, note: NoteDep, prompt_id: int = PathParam(ge=1, le=MAX_ID)) -> Response:
+    note.target = f"prompt {prompt_id}"
+    if not prompts.delete_prompt(prompt_id):
+        raise HTTPException(404, detail=f"no saved prompt {prompt_id}")
+    return Response(status_code=204)

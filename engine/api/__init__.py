@@ -1,0 +1,39 @@
+"""The engine's HTTP API: routes by area (engine/api/routes), each declaring its role and audit action; typed
+dependencies over one services container; the access gate that checks roles before bodies are read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from engine.api.deps import route_meta
+from engine.api.errors import install_error_handlers
+from engine.api.gate import AccessGate
+from engine.api.routes import access, audit, benchmarks, engine, events, gateway, gpu, health, prompts, serving
+from engine.api.routes import settings as settings_routes
+from engine.api.services import Services
+
+ROUTERS = [health.router, engine.router, settings_routes.router, events.router, access.router, audit.router,
+           serving.router, gpu.router, benchmarks.router, prompts.router, gateway.router]
+
+
+COMMON: dict[int | str, dict[str, Any]] = {  # answers any route may give, documented for its clients
+    400: {"description": "The body could not be read as JSON"},
+    401: {"description": "No valid bearer token (missing, unknown, revoked or expired)"},
+    403: {"description": "The token's role may not do this"},
+    404: {"description": "No such revision, run, prompt, user or token"},
+    409: {"description": "Conflict: a stale base revision, or a benchmark already running"},
+    413: {"description": "The body is larger than this route takes"},
+    423: {"description": "Sign-in locked after repeated failures"},
+}
+
+
+def mount(app: FastAPI) -> None:
+    """Every route and the error handlers."""
+    for router in ROUTERS:
+        app.include_router(router, responses=COMMON)
+    install_error_handlers(app)
+
+
+__all__ = ["ROUTERS", "AccessGate", "Services", "mount", "route_meta"]

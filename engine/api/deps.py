@@ -1,0 +1,118 @@
+"""FastAPI dependencies: typed aliases over the services container, and what each route declares where it is
+defined: the least role it needs (``Require``, enforced before the body is read by engine/api/gate.py) and the
+name of its audit action (``Audited``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.routing import APIRoute
+
+from engine.access import AuditNote, Auth, Principal, Role
+from engine.api.services import Services
+from engine.benchmarks import Benchmarks
+from engine.capacity import Planner
+from engine.events import EventLog
+from engine.gpu import AlertEngine, Sampler, TelemetryStore
+from engine.metrics import SeriesStore, ServingMonitor
+from engine.prompts import PromptStore
+from engine.revisions import RevisionStore, SettingsWriter
+from engine.serving import Supervisor
+
+
+def services(request: Request) -> Services:
+    svc: Services = request.app.state.services
+    return svc
+
+
+def _part(name: str) -> Callable[[Request], Any]:
+    """A dependency that hands a route one service of the container (overridable in tests)."""
+    def part(request: Request) -> Any:
+        return getattr(services(request), name)
+    part.__name__ = name
+    return part
+
+
+ServicesDep = Annotated[Services, Depends(services)]
+RevisionsDep = Annotated[RevisionStore, Depends(_part("revisions"))]
+WriterDep = Annotated[SettingsWriter, Depends(_part("writer"))]
+EventsDep = Annotated[EventLog, Depends(_part("events"))]
+PromptsDep = Annotated[PromptStore, Depends(_part("prompts"))]
+AuthDep = Annotated[Auth, Depends(_part("auth"))]
+SupervisorDep = Annotated[Supervisor, Depends(_part("supervisor"))]
+PlannerDep = Annotated[Planner, Depends(_part("planner"))]
+SamplerDep = Annotated[Sampler, Depends(_part("sampler"))]
+TelemetryDep = Annotated[TelemetryStore, Depends(_part("telemetry"))]
+AlertsDep = Annotated[AlertEngine, Depends(_part("alerts"))]
+ServingDep = Annotated[ServingMonitor, Depends(_part("serving"))]
+ServingHistoryDep = Annotated[SeriesStore, Depends(_part("serving_history"))]
+BenchmarksDep = Annotated[Benchmarks, Depends(_part("benchmarks"))]
+
+
+@dataclass(frozen=True)
+class Require:
+    """The least role a route needs (None: open). The gate has checked it before the body was read; this
+    dependency hands the route its principal."""
+
+    role: Role | None
+
+    def __call__(self, request: Request) -> Principal | None:
+        principal: Principal | None = getattr(request.state, "principal", None)
+        if self.role is not None and principal is None:  # only a route the gate did not see can get here
+            raise HTTPException(401, detail="a valid bearer token is needed")
+        return principal
+
+
+@dataclass(frozen=True)
+class Audited:
+    """The audit action of a mutating route; the handler fills the note the record is made from."""
+
+    action: str
+
+    def __call__(self, request: Request) -> AuditNote:
+        note: AuditNote | None = getattr(request.state, "audit", None)
+        if note is None:
+            note = AuditNote()
+            request.state.audit = note
+        return note
+
+
+def access(role: Role | None, action: str | None = None) -> list[Any]:
+    """A route's declaration: ``dependencies=access("operator", "settings.write")``."""
+    return [Depends(Require(role))] + ([Depends(Audited(action))] if action else [])
+
+
+def route_meta(route: APIRoute) -> tuple[bool, Role | None, str | None]:
+    """(declares a role, the role, the audit action) of a route, read from its dependencies."""
+    declared, role, action = False, None, None
+    for dep in route.dependant.dependencies:
+        if isinstance(dep.call, Require):
+            declared, role = True, dep.call.role
+        elif isinstance(dep.call, Audited):
+            action = dep.call.action
+    return declared, role, action
+
+
+def principal_of(request: Request) -> Principal:
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None:
+        raise HTTPException(401, detail="a valid bearer token is needed")
+    return principal
+
+
+def actor(request: Request) -> str:
+    """Who acts: the authenticated principal (no body field or header can claim another name)."""
+    principal: Principal | None = getattr(request.state, "principal", None)
+    return principal.name if principal is not None else "api"
+
+
+def audit_note(request: Request) -> AuditNote:
+    """The note of this request's audit record (the route's ``Audited`` dependency made it)."""
+    return Audited("")(request)
+
+
+PrincipalDep = Annotated[Principal, Depends(principal_of)]
+NoteDep = Annotated[AuditNote, Depends(audit_note)]

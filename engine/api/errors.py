@@ -1,0 +1,55 @@
+"""How the engine's errors answer over HTTP: each a 4xx naming what was wrong and what to do, never a 500 for bad
+input, and never the input itself echoed back at length."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from engine.benchmarks import BenchmarkBusyError
+from engine.errors import InvalidSettingsError, PreflightError, RevisionNotFoundError, StaleRevisionError
+
+ECHO_LIMIT = 200  # characters of a refused input a 422 repeats
+
+
+def _short(value: Any) -> Any:
+    """A refused input as a 422 repeats it: short values as they are, long or nested ones summarised."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return value if len(value) <= ECHO_LIMIT else f"{value[:ECHO_LIMIT]}… ({len(value)} characters)"
+    if isinstance(value, dict | list | tuple):  # never repr'd: it may be huge, or nested too deep to repr
+        return f"{type(value).__name__} of {len(value)} items"
+    return f"{type(value).__name__}"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg"),
+                   **({"input": _short(e["input"])} if "input" in e else {})} for e in exc.errors()[:50]]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.exception_handler(InvalidSettingsError)
+    async def _invalid(_: Request, exc: InvalidSettingsError) -> JSONResponse:
+        return JSONResponse({"detail": [{**e, "input": _short(e.get("input"))} for e in exc.errors]},
+                            status_code=422)
+
+    @app.exception_handler(PreflightError)
+    async def _preflight_refused(_: Request, exc: PreflightError) -> JSONResponse:
+        return JSONResponse({"detail": exc.errors}, status_code=422)
+
+    @app.exception_handler(StaleRevisionError)
+    async def _stale(_: Request, exc: StaleRevisionError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "current_revision": exc.current}, status_code=409)
+
+    @app.exception_handler(RevisionNotFoundError)
+    async def _missing(_: Request, exc: RevisionNotFoundError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(BenchmarkBusyError)
+    async def _busy(_: Request, exc: BenchmarkBusyError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)

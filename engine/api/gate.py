@@ -1,0 +1,84 @@
+"""The access gate: every request's route is found and its declared role checked before a byte of its body is read
+(a 50 MB body on a route the caller may not use is refused with 401/403, not parsed first). Pure ASGI.
+
+Roles are declared by each route (``access(...)`` in its decorator); the gate reads them off the app's routes
+once. A route that matches nothing passes on (FastAPI answers 404 or 405)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
+from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from engine.access import Auth, Principal, allows
+from engine.api.deps import route_meta
+
+
+def bearer_of(scope: Scope) -> str | None:
+    for name, value in scope.get("headers") or []:
+        if name == b"authorization":
+            text = value.decode("latin-1")
+            return text[7:].strip() if text.lower().startswith("bearer ") else None
+    return None
+
+
+async def send_json(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] | None = None
+                    ) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": data})
+
+
+class AccessGate:
+    def __init__(self, app: ASGIApp, api: FastAPI, auth: Auth) -> None:
+        self.app = app
+        self.api = api
+        self.auth = auth
+        self._meta: dict[int, tuple[str | None, str | None]] | None = None
+
+    def _route(self, scope: Scope) -> tuple[str | None, str | None] | None:
+        """The matching route's (role, audit action), or None when no route matches fully."""
+        if self._meta is None:
+            self._meta = {}
+            for route in self.api.routes:
+                if isinstance(route, APIRoute):
+                    _, role, action = route_meta(route)
+                    self._meta[id(route)] = (role, action)
+        for route in self.api.routes:
+            match, _ = route.matches(scope)
+            if match == Match.FULL:
+                return self._meta.get(id(route), (None, None))
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        meta = self._route(scope)
+        state = scope.setdefault("state", {})
+        needed, state["audit_action"] = meta or (None, None)
+        if needed is None:
+            await self.app(scope, receive, send)
+            return
+        token = bearer_of(scope)
+        principal: Principal | None = await run_in_threadpool(self.auth.authenticate, token) if token else None
+        if principal is None:
+            await send_json(send, 401, {"detail": "a valid bearer token is needed: sign in, or create a token with "
+                                        "`llmops token create`"}, [(b"www-authenticate", b"Bearer")])
+            return
+        state["principal"] = principal
+        if principal.kind == "gateway":
+            await send_json(send, 403, {"detail": "a gateway API key serves /v1 only"})
+            return
+        if not allows(principal.role, needed):
+            await send_json(send, 403, {"detail": f"role {principal.role} may not {scope['method']} "
+                                        f"{scope['path']}: it needs {needed}"})
+            return
+        await self.app(scope, receive, send)

@@ -1,0 +1,62 @@
+"""The audit trail: append-only, newest first, with filters and export."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from fastapi import APIRouter, Query, Response
+
+from engine.access import AuditLog, bound, to_csv
+from engine.api.deps import ServicesDep, access
+from engine.db import AuditRecord
+from engine.schemas import MAX_ID, AuditOut
+
+router = APIRouter(tags=["access"])
+
+
+def audit_out(r: AuditRecord) -> AuditOut:
+    """A record as the API returns it, bounded again: a row written before records were bounded may hold any
+    JSON (a 300-deep list once made the whole listing answer 500)."""
+    return AuditOut(id=r.id or 0, ts=r.ts, actor=r.actor, role=r.role, action=r.action, target=r.target,
+                    before=bound(r.before) if isinstance(r.before, dict) else None,
+                    after=bound(r.after) if isinstance(r.after, dict) else None, source=r.source, result=r.result,
+                    detail=r.detail)
+
+
+def _query(audit: AuditLog, actor: str | None, action: str | None, target: str | None, since: float | None,
+           until: float | None, result: int | None, contains: str | None, limit: int,
+           offset: int) -> list[AuditRecord]:
+    return list(audit.query(actor=actor, action=action, target=target, since=since, until=until, result=result,
+                            text_=contains, limit=limit, offset=offset))
+
+
+Text = Query(None, max_length=200)
+
+
+@router.get("/api/audit", response_model=list[AuditOut], dependencies=access("operator"))
+def audit_trail(svc: ServicesDep, actor: str | None = Text,
+                action: str | None = Query(None, max_length=200, description="prefix, e.g. settings"),
+                target: str | None = Text, since: float | None = Query(None, ge=0, le=1e11),
+                until: float | None = Query(None, ge=0, le=1e11), result: int | None = Query(None, ge=0, le=999),
+                contains: str | None = Text, limit: int = Query(200, ge=1, le=10_000),
+                offset: int = Query(0, ge=0, le=MAX_ID)) -> list[AuditOut]:
+    """The append-only audit trail, newest first, with filters (times as Unix seconds)."""
+    return [audit_out(r) for r in _query(svc.audit, actor, action, target, since, until, result, contains, limit,
+                                         offset)]
+
+
+@router.get("/api/audit/export", response_class=Response, dependencies=access("operator"), responses={200: {
+    "description": "The filtered trail as a file", "content": {"text/csv": {}, "application/json": {}}}})
+def audit_export(svc: ServicesDep, format: Literal["csv", "json"] = "csv", actor: str | None = Text,
+                 action: str | None = Text, target: str | None = Text,
+                 since: float | None = Query(None, ge=0, le=1e11), until: float | None = Query(None, ge=0, le=1e11),
+                 result: int | None = Query(None, ge=0, le=999), contains: str | None = Text,
+                 limit: int = Query(100_000, ge=1, le=1_000_000)) -> Response:
+    rows = _query(svc.audit, actor, action, target, since, until, result, contains, limit, 0)
+    if format == "json":
+        body = json.dumps([audit_out(r).model_dump() for r in rows], indent=1, default=str)
+        return Response(body, media_type="application/json",
+                        headers={"Content-Disposition": 'attachment; filename="audit.json"'})
+    return Response(to_csv(rows), media_type="text/csv",
+                    headers={"Content-Disposition": 'attachment; filename="audit.csv"'})

@@ -1,0 +1,75 @@
+"""The engine: its status, start / stop / restart of vLLM, how clients reach the model, and /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from engine.api.deps import EventsDep, NoteDep, ServicesDep, SupervisorDep, access, actor
+from engine.capacity import find_model_config, load_shape, model_card
+from engine.metrics import render
+from engine.revisions import EngineSettings
+from engine.schemas import ActionOut, GatewayInfo, ModelCard, StatusOut
+
+router = APIRouter(tags=["engine"])
+
+
+@router.get("/api/status", response_model=StatusOut, dependencies=access("viewer"))
+def status(supervisor: SupervisorDep) -> StatusOut:
+    """State (and why, since when), running and desired revision, model, vLLM, the gateway, the start's phases."""
+    return supervisor.status()
+
+
+def _act(action: str, request: Request, supervisor: SupervisorDep, events: EventsDep, note: NoteDep) -> ActionOut:
+    before = supervisor.sm.state.value
+    {"start": supervisor.request_start, "stop": supervisor.request_stop,
+     "restart": supervisor.request_restart}[action]()
+    events.add(f"{action}_requested", f"{action} requested by {actor(request)}")
+    note.target, note.before = "vLLM", {"state": before}
+    return ActionOut(accepted=action, **supervisor.status().model_dump())
+
+
+@router.post("/api/engine/start", status_code=202, response_model=ActionOut,
+             dependencies=access("operator", "engine.start"))
+def start(request: Request, supervisor: SupervisorDep, events: EventsDep, note: NoteDep) -> ActionOut:
+    """Start vLLM (and clear a crash-loop halt); the state in the answer is the state before it takes effect."""
+    return _act("start", request, supervisor, events, note)
+
+
+@router.post("/api/engine/stop", status_code=202, response_model=ActionOut,
+             dependencies=access("operator", "engine.stop"))
+def stop(request: Request, supervisor: SupervisorDep, events: EventsDep, note: NoteDep) -> ActionOut:
+    """Stop vLLM (in-flight requests finish first; new ones get 503 until it starts)."""
+    return _act("stop", request, supervisor, events, note)
+
+
+@router.post("/api/engine/restart", status_code=202, response_model=ActionOut,
+             dependencies=access("operator", "engine.restart"))
+def restart(request: Request, supervisor: SupervisorDep, events: EventsDep, note: NoteDep) -> ActionOut:
+    """Restart vLLM on the desired revision."""
+    return _act("restart", request, supervisor, events, note)
+
+
+@router.get("/api/gateway", response_model=GatewayInfo, dependencies=access("viewer"))
+def gateway_info(svc: ServicesDep) -> GatewayInfo:
+    """How clients reach the served model: the /v1 base URL, whether an API key is needed, and the model's card
+    (architecture, parameters, context length, dtype, KV-cache bytes per token)."""
+    rev = svc.supervisor.running or svc.revisions.desired_revision()
+    values = rev.values if rev is not None else {}
+    card: ModelCard | None = None
+    folder = find_model_config(str(values.get("model") or ""), svc.config.data_dir.resolve())
+    if folder is not None:
+        try:
+            card = model_card(load_shape(folder), EngineSettings.model_construct(**values))
+        except (KeyError, ValueError, TypeError, OSError):
+            card = None  # a config.json this model does not understand: no card, not an error
+    served = values.get("served_model_name")
+    return GatewayInfo(base_url=svc.public_url.rstrip("/") + "/v1", keys_required=svc.gateway_keys,
+                       served_model=str(served) if served else None, model=card)
+
+
+@router.get("/metrics", tags=["export"], response_class=Response, dependencies=access("viewer"),
+            responses={200: {"description": "Prometheus text format", "content": {CONTENT_TYPE_LATEST: {}}}})
+def metrics(svc: ServicesDep) -> Response:
+    """The engine's own metrics in Prometheus format (docs/grafana-dashboard.json reads them)."""
+    return Response(render(svc.registry), media_type=CONTENT_TYPE_LATEST)

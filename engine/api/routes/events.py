@@ -1,0 +1,44 @@
+"""Events and logs: what the engine did and why, and vLLM's own output."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Query, Response
+
+from engine.api.convert import event_out
+from engine.api.deps import EventsDep, SupervisorDep, access
+from engine.schemas import MAX_ID, EventOut, LogsOut
+from engine.serving import filter_log
+
+router = APIRouter(tags=["events"])
+
+
+@router.get("/api/events", response_model=list[EventOut], dependencies=access("viewer"))
+def events(log: EventsDep, since: int = Query(0, ge=0, le=MAX_ID), limit: int = Query(200, ge=1, le=5000),
+           kind: list[str] | None = Query(None, max_length=64), newest_first: bool = False) -> list[EventOut]:
+    """Events after id ``since`` (oldest first, or newest first), of the given kinds."""
+    return [event_out(e) for e in log.events(since, limit, kind, newest_first)]
+
+
+@router.get("/api/logs", response_model=LogsOut, dependencies=access("viewer"))
+def logs(supervisor: SupervisorDep, tail: int = Query(200, ge=0, le=5000),
+         hide_polling: bool = Query(False, description="leave out /health and /metrics access lines"),
+         level: Literal["debug", "info", "warning", "error"] = Query("debug", description="the least level"),
+         contains: str | None = Query(None, max_length=200, description="only lines with this text "
+                                      "(case-insensitive)")) -> LogsOut:
+    """The last ``tail`` lines of vLLM's output that pass the filters (all runs since the engine started)."""
+    lines = filter_log(supervisor.log.tail(5000), hide_polling=hide_polling, level=level, contains=contains)
+    return LogsOut(lines=lines[-tail:] if tail else [], path=str(supervisor.log.path))
+
+
+@router.get("/api/logs/download", response_class=Response, dependencies=access("viewer"),
+            responses={200: {"description": "vLLM's current log file", "content": {"text/plain": {}}}})
+def logs_download(supervisor: SupervisorDep) -> Response:
+    """vLLM's current log file, whole (it rotates at log_max_bytes)."""
+    try:
+        body = supervisor.log.path.read_bytes()[-supervisor.config.log_max_bytes:]
+    except FileNotFoundError:
+        body = b""
+    return Response(body, media_type="text/plain; charset=utf-8",
+                    headers={"Content-Disposition": 'attachment; filename="vllm.log"'})

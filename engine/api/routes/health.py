@@ -1,0 +1,26 @@
+"""Health: the engine process is alive; vLLM is ready."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from engine.api.deps import SupervisorDep, access
+from engine.schemas import EngineState, HealthOut, ReadyOut
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=HealthOut, dependencies=access(None))
+def healthz() -> HealthOut:
+    """The engine process is alive (vLLM may not be)."""
+    return HealthOut(ok=True)
+
+
+@router.get("/readyz", response_model=ReadyOut, dependencies=access(None),
+            responses={503: {"description": "vLLM is not ready: state and why", "model": ReadyOut}})
+def readyz(supervisor: SupervisorDep) -> JSONResponse:
+    """vLLM is ready to serve: 200, else 503 with the state and why."""
+    ready = supervisor.sm.state == EngineState.READY
+    body = ReadyOut(ready=ready, state=supervisor.sm.state, reason=supervisor.sm.reason)
+    return JSONResponse(body.model_dump(mode="json"), status_code=200 if ready else 503)
