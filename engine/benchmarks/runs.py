@@ -18,14 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, Column
-from sqlmodel import Field, Session, SQLModel, col, select
+from sqlmodel import col, select
 
 from engine.aio import cancel_and_wait
 from engine.benchmarks.runner import RESULT_PREFIX
-from engine.db import Store, add_missing_columns
+from engine.db import BenchmarkRun, Database
+from engine.errors import EngineError
+from engine.events import EventLog
 from engine.gateway import Ledger
-from engine.revisions import resolve_local_model
+from engine.revisions import RevisionStore, resolve_local_model
 from engine.serving import Supervisor
 
 log = logging.getLogger("llmops.benchmarks")
@@ -41,26 +42,8 @@ KEPT = ("completed", "failed", "duration", "request_throughput", "output_through
         "total_input_tokens", "total_output_tokens")
 
 
-class BenchmarkBusyError(RuntimeError):
-    pass
-
-
-class BenchmarkRun(SQLModel, table=True):
-    __tablename__ = "benchmark_run"
-
-    id: int | None = Field(default=None, primary_key=True)
-    kind: str = "sweep"  # sweep | search
-    revision_id: int | None = Field(default=None, index=True)  # serving when the run started
-    preset: str = "short_chat"
-    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
-    status: str = "running"  # running | done | failed | cancelled
-    progress: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
-    results: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
-    proposal: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
-    error: str | None = None
-    author: str = "api"
-    started_at: float = Field(default_factory=time.time)
-    finished_at: float | None = None
+class BenchmarkBusyError(EngineError):
+    """A benchmark is already running: one at a time."""
 
 
 def lengths(preset: str, max_model_len: int) -> tuple[int, int]:
@@ -75,10 +58,13 @@ def lengths(preset: str, max_model_len: int) -> tuple[int, int]:
 
 
 class Benchmarks:
-    def __init__(self, store: Store, supervisor: Supervisor, ledger: Ledger, gateway_url: str,
+    def __init__(self, db: Database, revisions: RevisionStore, events: EventLog, supervisor: Supervisor,
+                 ledger: Ledger, gateway_url: str,
                  energy: Callable[[], float | None], gateway_key: Callable[[], str | None] = lambda: None,
                  revoke: Callable[[str], object] = lambda _: None) -> None:
-        self.store = store
+        self.db = db
+        self.revisions = revisions
+        self.events = events
         self.supervisor = supervisor
         self.ledger = ledger
         self.gateway_url = gateway_url
@@ -89,8 +75,8 @@ class Benchmarks:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
-        add_missing_columns(store.engine, BenchmarkRun.metadata)
-        with Session(store.engine) as s, s.begin():  # runs of an engine that stopped mid-run never finish
+        self._starting = asyncio.Lock()
+        with db.session() as s:  # runs of an engine that stopped mid-run never finish
             for stale in s.exec(select(BenchmarkRun).where(BenchmarkRun.status == "running")).all():
                 stale.status, stale.error = "failed", "the engine stopped during the run"
                 stale.finished_at = time.time()
@@ -99,18 +85,18 @@ class Benchmarks:
     # --- storage ------------------------------------------------------------------------------------------
 
     def get(self, run_id: int) -> BenchmarkRun | None:
-        with Session(self.store.engine) as s:
+        with self.db.session() as s:
             return s.get(BenchmarkRun, run_id)
 
     def list(self, revision: int | None = None, limit: int = 50) -> list[BenchmarkRun]:
-        with Session(self.store.engine) as s:
+        with self.db.session() as s:
             q = select(BenchmarkRun).order_by(col(BenchmarkRun.id).desc()).limit(limit)
             if revision is not None:
                 q = q.where(BenchmarkRun.revision_id == revision)
             return list(s.exec(q).all())
 
     def _save(self, run: BenchmarkRun) -> BenchmarkRun:
-        with Session(self.store.engine, expire_on_commit=False) as s, s.begin():
+        with self.db.session() as s:
             merged = s.merge(run)
         return merged
 
@@ -120,26 +106,29 @@ class Benchmarks:
     def busy(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    def start(self, kind: str, preset: str, params: dict[str, Any], author: str) -> BenchmarkRun:
-        """Begin a run in the background (call from the event loop)."""
-        if self.busy:
-            raise BenchmarkBusyError("a benchmark is already running; wait for it or cancel it")
-        run = self._save(BenchmarkRun(kind=kind, preset=preset, params=params, author=author,
-                                      revision_id=self.supervisor.running.id if self.supervisor.running else None,
-                                      progress={"stage": "starting", "done": 0, "total": 0}))
-        assert run.id is not None
-        self.store.add_event("benchmark_started", f"{kind} {run.id} ({preset}) by {author}",
-                             revision_id=run.revision_id, data={"benchmark": run.id, **params})
-        self._task = asyncio.create_task(self._execute(run), name=f"benchmark-{run.id}")
-        return run
+    async def start(self, kind: str, preset: str, params: dict[str, Any], author: str) -> BenchmarkRun:
+        """Begin a run in the background (on the event loop; its SQLite writes on a thread)."""
+        async with self._starting:  # a second start meanwhile waits, then finds this one running
+            if self.busy:
+                raise BenchmarkBusyError("a benchmark is already running; wait for it or cancel it")
+            run = await asyncio.to_thread(self._save, BenchmarkRun(
+                kind=kind, preset=preset, params=params, author=author,
+                revision_id=self.supervisor.running.id if self.supervisor.running else None,
+                progress={"stage": "starting", "done": 0, "total": 0}))
+            assert run.id is not None
+            await self.events.emit("benchmark_started", f"{kind} {run.id} ({preset}) by {author}",
+                                   revision_id=run.revision_id, data={"benchmark": run.id, **params})
+            self._task = asyncio.create_task(self._execute(run), name=f"benchmark-{run.id}")
+            return run
 
-    def cancel(self, run_id: int) -> bool:
-        """Stop a running run; it winds down in the background (a search restores the original settings)."""
-        run = self.get(run_id)
+    async def cancel(self, run_id: int) -> BenchmarkRun | None:
+        """Stop a running run (it winds down in the background; a search restores the original settings); the
+        run, or None when it is not the one running."""
+        run = await asyncio.to_thread(self.get, run_id)
         if run is None or run.status != "running" or not self.busy or self._task is None:
-            return False
+            return None
         self._task.cancel()
-        return True
+        return run
 
     async def close(self) -> None:
         """At engine shutdown: a search's original settings are written back, without waiting for a start."""
@@ -171,11 +160,11 @@ class Benchmarks:
                 self._key = None
             run.finished_at = time.time()
             run.progress = {**run.progress, "stage": run.status}
-            self._save(run)
-            self.store.add_event("benchmark_finished", f"{run.kind} {run.id}: {run.status}"
-                                 + (f" ({run.error})" if run.error else ""),
-                                 severity="info" if run.status == "done" else "warning", revision_id=run.revision_id,
-                                 data={"benchmark": run.id, "proposal": run.proposal})
+            await asyncio.to_thread(self._save, run)
+            await self.events.emit("benchmark_finished", f"{run.kind} {run.id}: {run.status}"
+                                   + (f" ({run.error})" if run.error else ""),
+                                   severity="info" if run.status == "done" else "warning",
+                                   revision_id=run.revision_id, data={"benchmark": run.id, "proposal": run.proposal})
 
     # --- one level ----------------------------------------------------------------------------------------
 
@@ -236,7 +225,7 @@ class Benchmarks:
             run.progress = {"stage": f"concurrency {concurrency}", "done": i, "total": len(levels)}
             run.results = [*run.results, await self._level(run, concurrency, max(num, concurrency),
                                                            f"c{concurrency}")]
-            self._save(run)
+            await asyncio.to_thread(self._save, run)
         run.progress = {**run.progress, "done": len(levels)}
 
     # --- a guided search ------------------------------------------------------------------------------------
@@ -245,13 +234,13 @@ class Benchmarks:
         candidates = sorted({int(c) for c in run.params["candidates"]})
         target = float(run.params["target_p95_s"])
         num = int(run.params.get("num_prompts") or PRESETS[run.preset]["num_prompts"])
-        origin = self.store.desired_revision()
+        origin = await asyncio.to_thread(self.revisions.desired_revision)
         if origin is None:
             raise RuntimeError("no desired revision to search from")
         run.params = {**run.params, "origin_revision": origin.id}
         for i, seqs in enumerate(candidates):
             run.progress = {"stage": f"max_num_seqs {seqs}: applying", "done": i, "total": len(candidates)}
-            self._save(run)
+            await asyncio.to_thread(self._save, run)
             rev_id = await self._apply({**origin.values, "max_num_seqs": seqs},
                                        f"guided search {run.id}: max_num_seqs={seqs}")
             if rev_id is None:
@@ -259,14 +248,15 @@ class Benchmarks:
                 continue
             level = await self._level(run, max(2, 2 * seqs), max(num, 4 * seqs), f"seqs{seqs}")
             run.results = [*run.results, {"max_num_seqs": seqs, **level}]
-            self._save(run)
+            await asyncio.to_thread(self._save, run)
         await self._restore(run)
         run.proposal = propose(run.results, target)
         run.progress = {**run.progress, "done": len(candidates), "stage": "done"}
 
     async def _apply(self, values: dict[str, Any], note: str, wait: bool = True) -> int | None:
         """Write a revision and wait until it is ready (its id) or rolled back (None)."""
-        rev = self.store.create_revision(values, base_revision=None, author="benchmark", note=note)
+        rev = await asyncio.to_thread(self.revisions.create_revision, values, base_revision=None,
+                                      author="benchmark", note=note)
         assert rev.id is not None
         self.supervisor.wake()
         if not wait:
@@ -276,7 +266,7 @@ class Benchmarks:
             running = self.supervisor.running
             if self.supervisor.sm.state == "ready" and running is not None and running.id == rev.id:
                 return rev.id
-            if self.store.get_revision(rev.id).status == "rejected":
+            if (await asyncio.to_thread(self.revisions.get_revision, rev.id)).status == "rejected":
                 return None
             await asyncio.sleep(0.5)
         raise TimeoutError(f"revision {rev.id} did not become ready")
@@ -285,12 +275,12 @@ class Benchmarks:
         origin_id = run.params.get("origin_revision")
         if origin_id is None:
             return
-        origin = self.store.get_revision(int(origin_id))
-        current = self.store.desired_revision()
+        origin = await asyncio.to_thread(self.revisions.get_revision, int(origin_id))
+        current = await asyncio.to_thread(self.revisions.desired_revision)
         if current is not None and current.values == origin.values:
             return
         run.progress = {**run.progress, "stage": "restoring the original settings"}
-        self._save(run)
+        await asyncio.to_thread(self._save, run)
         await self._apply(origin.values, f"guided search {run.id}: restore revision {origin_id}", wait)
 
 

@@ -3,7 +3,13 @@ that joins them to the live device."""
 
 from __future__ import annotations
 
-from engine.capacity.calibration import CalibrationRow, CalibrationStore, StartReport, parse_start, to_calibration
+from engine.capacity.calibration import (
+    CalibrationStore,
+    StartReport,
+    logged_batched_tokens,
+    parse_start,
+    to_calibration,
+)
 from engine.capacity.model import (
     BLOCK_SIZE,
     DEFAULT_BATCHED_TOKENS,
@@ -18,6 +24,7 @@ from engine.capacity.model import (
     estimate_activation,
     kv_bytes_per_token,
     load_shape,
+    model_card,
     predict,
     utilization_for,
     weight_bytes,
@@ -32,7 +39,6 @@ __all__ = [
     "GIB",
     "SAFE_UTILIZATION",
     "Calibration",
-    "CalibrationRow",
     "CalibrationStore",
     "Device",
     "Finding",
@@ -48,6 +54,8 @@ __all__ = [
     "find_model_config",
     "kv_bytes_per_token",
     "load_shape",
+    "logged_batched_tokens",
+    "model_card",
     "parse_start",
     "predict",
     "to_calibration",

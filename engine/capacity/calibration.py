@@ -7,17 +7,17 @@ so each term has a pattern per wording, all here.
 
 from __future__ import annotations
 
+import itertools
 import re
 import socket
 import statistics
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlmodel import Field, SQLModel, col, select
+from sqlmodel import col, select
 
 from engine.capacity.model import GIB, Calibration
-from engine.db import Store, add_missing_columns
+from engine.db import CalibrationRow, Database
 from engine.revisions import EngineSettings
 
 _NUM = r"(-?[\d,]+(?:\.\d+)?)"
@@ -94,36 +94,13 @@ def parse_start(lines: Iterable[str]) -> StartReport:
     return r
 
 
-class CalibrationRow(SQLModel, table=True):
-    __tablename__ = "calibration"
-
-    id: int | None = Field(default=None, primary_key=True)
-    ts: float = Field(default_factory=time.time)
-    host: str = Field(index=True)
-    model: str = Field(index=True)
-    revision_id: int | None = None
-    tensor_parallel_size: int = 1
-    dtype: str = "auto"
-    enforce_eager: bool = False
-    batched_tokens: int = 0
-    max_num_seqs: int = 0
-    weights: int = 0
-    activation: int = 0
-    activation_estimate: int = 0  # the capacity model's estimate for the same start, to learn its error
-    non_torch: int = 0
-    device_total: int | None = None
-    kv_bytes: int = 0
-    kv_tokens: int | None = None
-
-
 def _bytes(gib: float | None) -> int:
     return round((gib or 0.0) * GIB)
 
 
 class CalibrationStore:
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        add_missing_columns(store.engine, CalibrationRow.metadata)
+    def __init__(self, db: Database) -> None:
+        self.db = db
         self.host = socket.gethostname()
 
     def record(self, report: StartReport, settings: EngineSettings, batched_tokens: int, activation_estimate: int,
@@ -141,13 +118,13 @@ class CalibrationStore:
             device_total=_bytes(report.requested_gib / report.utilization),
             kv_bytes=_bytes(report.kv_gib), kv_tokens=report.kv_tokens,
         )
-        with self.store.session() as s:
+        with self.db.session() as s:
             s.add(row)
         return row
 
     def latest(self, model: str, tensor_parallel_size: int, dtype: str, starts: int = 5) -> Calibration | None:
         """The calibration from the last ``starts`` successful starts of this model on this host."""
-        with self.store.session() as s:
+        with self.db.session() as s:
             rows = s.exec(
                 select(CalibrationRow).where(CalibrationRow.host == self.host, CalibrationRow.model == model,
                                              CalibrationRow.tensor_parallel_size == tensor_parallel_size,
@@ -164,3 +141,14 @@ def to_calibration(rows: Sequence[CalibrationRow]) -> Calibration:
     return Calibration(weights=newest.weights, non_torch=newest.non_torch, device_total=newest.device_total,
                        activation_factor=statistics.median(factors) if factors else 1.0,
                        tensor_parallel_size=newest.tensor_parallel_size, dtype=newest.dtype, starts=len(rows))
+
+
+def logged_batched_tokens(lines: Iterable[str]) -> int | None:
+    """max_num_batched_tokens as vLLM chose it ("Chunked prefill is enabled with max_num_batched_tokens=8192")."""
+    for line in lines:
+        if "max_num_batched_tokens=" in line:
+            tail = line.split("max_num_batched_tokens=", 1)[1]
+            digits = "".join(itertools.takewhile(str.isdigit, tail))
+            if digits:
+                return int(digits)
+    return None

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.revisions import EngineSettings
+from engine.schemas import ModelCard
 
 GIB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1,
@@ -278,3 +279,11 @@ def utilization_for(shape: ModelShape, settings: EngineSettings, device: Device,
         if pred.usable_tokens >= tokens_needed:
             return util
     return None
+
+
+def model_card(shape: ModelShape, settings: EngineSettings) -> ModelCard:
+    """What a client wants to know of the served model."""
+    return ModelCard(architecture=", ".join(shape.architectures) or "unknown", parameters=shape.parameters(),
+                     context_length=int(settings.max_model_len or shape.max_position_embeddings),
+                     model_max_length=shape.max_position_embeddings, dtype=shape.dtype,
+                     kv_bytes_per_token=kv_bytes_per_token(shape, settings), layers=shape.layers)

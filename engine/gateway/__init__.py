@@ -3,7 +3,7 @@ ledger."""
 
 from __future__ import annotations
 
-from engine.gateway.ledger import Ledger, Record, RequestLog, percentile
+from engine.gateway.ledger import Ledger, Record, percentile
 from engine.gateway.proxy import Admission, Gateway, GenerateRequest, Upstream
 from engine.gateway.usage import USAGE_PATHS, RequestInfo, StreamMeter, usage_of
 
@@ -15,7 +15,6 @@ __all__ = [
     "Ledger",
     "Record",
     "RequestInfo",
-    "RequestLog",
     "StreamMeter",
     "Upstream",
     "percentile",

@@ -17,36 +17,17 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import Engine, delete, func
+from sqlalchemy import delete, func
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import defer
-from sqlmodel import Field, Session, SQLModel, col, select
+from sqlmodel import col, select
 
 from engine.aio import cancel_and_wait
-from engine.db import Event, add_missing_columns
+from engine.db import Database, Event, RequestLog
 from engine.metrics import RequestMetrics
 
 log = logging.getLogger("llmops.ledger")
 MAX_BUFFER = 100_000  # records kept in memory while the database cannot be written
-
-
-class RequestLog(SQLModel, table=True):
-    __tablename__ = "request_log"
-
-    id: int | None = Field(default=None, primary_key=True)
-    ts: float = Field(index=True)  # arrival at the gateway
-    revision_id: int | None = Field(default=None, index=True)
-    model: str = ""
-    endpoint: str = ""
-    stream: bool = False
-    status: int = 0
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    ttft_s: float | None = None
-    latency_s: float = 0.0
-    client: str = ""
-    error: str | None = None
-    prompt: str | None = None  # only when prompt sampling is on
 
 
 @dataclass
@@ -78,9 +59,9 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 class Ledger:
-    def __init__(self, engine: Engine, sample_rate: float = 0.0, flush_interval_s: float = 1.0,
+    def __init__(self, db: Database, sample_rate: float = 0.0, flush_interval_s: float = 1.0,
                  retention_s: float = 30 * 86400, metrics: RequestMetrics | None = None) -> None:
-        self.engine = engine
+        self.db = db
         self.metrics = metrics
         self.sample_rate = sample_rate
         self.flush_interval_s = flush_interval_s
@@ -89,7 +70,7 @@ class Ledger:
         self._lock = threading.Lock()
         self._pruned = 0.0
         self._task: asyncio.Task[None] | None = None
-        add_missing_columns(engine, RequestLog.metadata)
+        self._longest: dict[tuple[float, float], tuple[float, int | None]] = {}
 
     def sample_prompt(self) -> bool:
         return self.sample_rate > 0 and random.random() < self.sample_rate
@@ -125,7 +106,7 @@ class Ledger:
         if not batch and not prune:
             return 0
         try:
-            with Session(self.engine) as s, s.begin():
+            with self.db.session() as s:
                 s.add_all([RequestLog(**asdict(r)) for r in batch])
                 if prune:
                     s.exec(delete(RequestLog).where(col(RequestLog.ts) < time.time() - self.retention_s))
@@ -141,7 +122,7 @@ class Ledger:
 
     def rows(self, since: float, revision: int | None = None, client: str | None = None) -> Sequence[RequestLog]:
         """The window's rows for the KPIs: sampled prompt texts are not read."""
-        with Session(self.engine) as s:
+        with self.db.session() as s:
             prompt: Any = RequestLog.prompt  # the mapped attribute (SQLModel types it as its value)
             q = select(RequestLog).options(defer(prompt)).where(RequestLog.ts >= since)
             if revision is not None:
@@ -151,7 +132,7 @@ class Ledger:
             return s.exec(q.order_by(col(RequestLog.id))).all()
 
     def count(self, since: float, client: str) -> int:
-        with Session(self.engine) as s:
+        with self.db.session() as s:
             return int(s.exec(select(func.count()).select_from(RequestLog).where(
                 RequestLog.ts >= since, RequestLog.client == client)).one())
 
@@ -188,7 +169,7 @@ class Ledger:
         return out
 
     def _oom_counts(self, since: float, revision: int | None) -> dict[int | None, int]:
-        with Session(self.engine) as s:
+        with self.db.session() as s:
             q = select(Event.revision_id, func.count()).where(
                 Event.kind == "diagnosis", Event.ts >= since,
                 func.json_extract(Event.data, "$.is_oom") == 1).group_by(col(Event.revision_id))
@@ -196,13 +177,27 @@ class Ledger:
                 q = q.where(Event.revision_id == revision)
             return {r: int(n) for r, n in s.exec(q).all()}
 
-    def longest_request(self, window_s: float, q: float = 0.99) -> int | None:
-        """The p99 of input + output tokens of recent successful requests (what traffic actually needs)."""
-        rows = [r for r in self.rows(time.time() - window_s) if r.status < 400 and r.input_tokens is not None]
-        if len(rows) < 20:
-            return None
-        value = percentile([float((r.input_tokens or 0) + (r.output_tokens or 0)) for r in rows], q)
-        return None if value is None else int(value)
+    def longest_request(self, window_s: float, q: float = 0.99, cache_s: float = 30.0) -> int | None:
+        """The p99 of input + output tokens of recent successful requests (what traffic actually needs), as the
+        nearest rank, computed by SQLite and kept for ``cache_s``: pre-flight asks on every capacity check, and
+        reading a day of busy traffic row by row took 80-160 ms on the H200."""
+        now = time.monotonic()
+        key = (window_s, q)
+        with self._lock:
+            cached = self._longest.get(key)
+            if cached is not None and now - cached[0] < cache_s:
+                return cached[1]
+        total = col(RequestLog.input_tokens) + func.coalesce(col(RequestLog.output_tokens), 0)
+        with self.db.session() as s:
+            ok = (RequestLog.ts >= time.time() - window_s, RequestLog.status < 400,
+                  col(RequestLog.input_tokens).is_not(None))
+            n = int(s.exec(select(func.count()).select_from(RequestLog).where(*ok)).one())
+            value = None if n < 20 else s.exec(select(total).where(*ok).order_by(total)
+                                               .offset(int((n - 1) * q)).limit(1)).first()
+        result = None if value is None else int(value)
+        with self._lock:
+            self._longest[key] = (now, result)
+        return result
 
 
 def _r(value: float | None) -> float | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import anyio
 import httpx
-from fastapi import APIRouter, Request, Response
+from fastapi import Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Receive, Scope, Send
@@ -142,12 +142,11 @@ def _unavailable(message: str, retry_after: int) -> JSONResponse:
 
 
 class Gateway:
-    def __init__(self, admission: Admission, upstream_timeout_s: float, served_model: Callable[[], str | None],
-                 ledger: Ledger | None = None, retry_after_s: int = 5) -> None:
+    def __init__(self, admission: Admission, upstream_timeout_s: float, ledger: Ledger | None = None,
+                 retry_after_s: int = 5) -> None:
         self.admission = admission
         self.retry_after_s = retry_after_s
         self.ledger = ledger
-        self._served_model = served_model
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=5.0, read=upstream_timeout_s, write=60.0, pool=None),
             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64),
@@ -155,33 +154,6 @@ class Gateway:
 
     async def aclose(self) -> None:
         await self.client.aclose()
-
-    def router(self) -> APIRouter:
-        router = APIRouter()
-
-        @router.post("/v1/generate", tags=["gateway"])
-        async def generate(body: GenerateRequest, request: Request) -> Response:
-            """The simple endpoint of a hand-written FastAPI wrapper around vLLM: prompt in, text out."""
-            payload = {"model": self._served_model() or "", "prompt": body.prompt,
-                       "temperature": body.temperature, "max_tokens": body.max_tokens}
-            resp = await self.forward("POST", "/v1/completions", {}, {"content-type": "application/json"},
-                                      json.dumps(payload).encode(), client=_client(request))
-            if resp.status_code != 200 or not isinstance(resp, _Buffered):
-                return resp
-            data = json.loads(bytes(resp.body))
-            return JSONResponse({"result": data["choices"][0]["text"]})
-
-        async def proxy(path: str, request: Request) -> Response:
-            """OpenAI-compatible API of the running vLLM, streaming passed through."""
-            body = await request.body()
-            return await self.forward(request.method, f"/v1/{path}", dict(request.query_params),
-                                      dict(request.headers), body, client=_client(request))
-
-        for method in ("GET", "POST", "PUT", "DELETE", "PATCH"):
-            router.add_api_route("/v1/{path:path}", proxy, methods=[method], tags=["gateway"],
-                                 name=f"proxy_{method.lower()}", operation_id=f"proxy_{method.lower()}",
-                                 responses={503: {"description": "vLLM is restarting or stopped (Retry-After)"}})
-        return router
 
     async def forward(self, method: str, path: str, params: dict[str, str], headers: dict[str, str],
                       body: bytes, *, client: str = "") -> Response:
@@ -276,11 +248,6 @@ class Gateway:
             return
         rec.status, rec.error, rec.latency_s = status, error, time.monotonic() - t0
         self.ledger.record(rec)
-
-
-def _client(request: Request) -> str:
-    """Who sent it: the X-LLMOps-Client header if given (benchmarks tag themselves), else the peer address."""
-    return request.headers.get("x-llmops-client") or (request.client.host if request.client else "")
 
 
 class _TrackedStream(StreamingResponse):

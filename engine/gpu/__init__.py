@@ -6,6 +6,7 @@ from engine.gpu.alerts import ActiveAlert, AlertEngine, AlertThresholds
 from engine.gpu.history import HOST, METRICS, TelemetryStore, rows_of
 from engine.gpu.nvml import SLOWDOWN_REASONS, THROTTLE_REASONS, GpuLostError, GpuReader, GpuReading
 from engine.gpu.sampler import Emit, Sampler, Snapshot, host_reading
+from engine.gpu.views import balance, gpu_now, gpu_view
 
 __all__ = [
     "HOST",
@@ -22,6 +23,9 @@ __all__ = [
     "Sampler",
     "Snapshot",
     "TelemetryStore",
+    "balance",
+    "gpu_now",
+    "gpu_view",
     "host_reading",
     "rows_of",
 ]

@@ -5,17 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine
-
+from engine.db import TELEMETRY_METRICS, TELEMETRY_MINUTE, TELEMETRY_RAW, Database
 from engine.gpu.sampler import Snapshot
-from engine.metrics import MAX_POINTS, SeriesStore
+from engine.metrics import SeriesStore
 
 HOST = -1
-METRICS: tuple[str, ...] = (
-    "mem_used", "mem_total", "util_gpu", "util_mem", "power_w", "power_limit_w", "energy_j", "temp_c",
-    "mem_temp_c", "sm_clock_mhz", "mem_clock_mhz", "fan_pct", "pcie_tx_kbs", "pcie_rx_kbs", "vllm_mem",
-)
-__all__ = ["HOST", "MAX_POINTS", "METRICS", "TelemetryStore", "rows_of"]
+METRICS = TELEMETRY_METRICS
 
 
 def rows_of(snap: Snapshot) -> list[dict[str, Any]]:
@@ -28,8 +23,9 @@ def rows_of(snap: Snapshot) -> list[dict[str, Any]]:
 
 
 class TelemetryStore:
-    def __init__(self, engine: Engine, raw_retention_s: float, minute_retention_s: float) -> None:
-        self.series = SeriesStore(engine, "telemetry", "device", METRICS, raw_retention_s, minute_retention_s)
+    def __init__(self, db: Database, raw_retention_s: float, minute_retention_s: float) -> None:
+        self.series = SeriesStore(db, TELEMETRY_RAW, TELEMETRY_MINUTE, "device", METRICS, raw_retention_s,
+                                  minute_retention_s)
 
     @property
     def minute_retention_s(self) -> float:

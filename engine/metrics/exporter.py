@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.schemas import EngineState
+from engine.schemas import EngineState, StatusOut
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
 GPU_GAUGES = {  # telemetry metric → (Prometheus name, help)
@@ -65,7 +65,7 @@ class RequestMetrics:
 
 
 class EngineCollector(Collector):
-    def __init__(self, status: Callable[[], dict[str, Any]], gpu: Callable[[], Any],
+    def __init__(self, status: Callable[[], StatusOut], gpu: Callable[[], Any],
                  serving: Callable[[], dict[str, Any] | None], event_counts: Callable[[], dict[str, int]]) -> None:
         self.status = status
         self.gpu = gpu
@@ -76,23 +76,23 @@ class EngineCollector(Collector):
         st = self.status()
         state = GaugeMetricFamily("llmops_engine_state", "1 for the engine's current state", labels=["state"])
         for s in EngineState:
-            state.add_metric([s.value], 1.0 if st["state"] == s.value else 0.0)
+            state.add_metric([s.value], 1.0 if st.state == s else 0.0)
         yield state
-        for name, key, help_ in (("llmops_running_revision", "running_revision", "Revision vLLM runs"),
-                                 ("llmops_desired_revision", "desired_revision", "Revision vLLM should run")):
-            if st[key] is not None:
-                yield GaugeMetricFamily(name, help_, value=st[key])
-        yield CounterMetricFamily("llmops_vllm_restarts", "vLLM starts beyond the first", value=st["restarts"])
+        for name, value, help_ in (("llmops_running_revision", st.running_revision, "Revision vLLM runs"),
+                                   ("llmops_desired_revision", st.desired_revision, "Revision vLLM should run")):
+            if value is not None:
+                yield GaugeMetricFamily(name, help_, value=value)
+        yield CounterMetricFamily("llmops_vllm_restarts", "vLLM starts beyond the first", value=st.restarts)
         counts = self.event_counts()
         for kind, name, help_ in (("rollback", "llmops_rollbacks", "Revisions rolled back"),
                                   ("failed", "llmops_failures", "vLLM failures (failed starts and crashes)"),
                                   ("crash_loop", "llmops_crash_loops", "Crash loops that halted restarts")):
             yield CounterMetricFamily(name, help_, value=counts.get(kind, 0))
-        gw = st["gateway"]
+        gw = st.gateway
         yield GaugeMetricFamily("llmops_gateway_in_flight", "Requests in flight through the gateway",
-                                value=gw["in_flight"])
-        yield GaugeMetricFamily("llmops_gateway_queue_waiting", "Requests waiting for vLLM", value=gw["waiting"])
-        yield CounterMetricFamily("llmops_gateway_refused", "Requests refused with 503", value=gw["rejected"])
+                                value=gw.in_flight)
+        yield GaugeMetricFamily("llmops_gateway_queue_waiting", "Requests waiting for vLLM", value=gw.waiting)
+        yield CounterMetricFamily("llmops_gateway_refused", "Requests refused with 503", value=gw.rejected)
         serving = self.serving() or {}
         for key, (name, help_) in SERVING_GAUGES.items():
             if serving.get(key) is not None:

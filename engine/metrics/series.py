@@ -12,30 +12,26 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Column, Engine, Float, Index, Integer, MetaData, Table, cast, func, insert, select
+from sqlalchemy import Integer, Table, cast, func, insert, select
 
-from engine.db import add_missing_columns
+from engine.db import Database
 
 MAX_POINTS = 1000
 
 
 class SeriesStore:
-    def __init__(self, engine: Engine, name: str, key: str, metrics: Sequence[str], raw_retention_s: float,
-                 minute_retention_s: float) -> None:
-        self.engine = engine
+    """One series over its two tables (engine/db/tables.py): ``raw`` and its per-minute roll-up ``minute``."""
+
+    def __init__(self, db: Database, raw: Table, minute: Table, key: str, metrics: Sequence[str],
+                 raw_retention_s: float, minute_retention_s: float) -> None:
+        self.db = db
+        self.engine = db.engine
         self.key = key
         self.metrics = tuple(metrics)
         self.raw_retention_s = raw_retention_s
         self.minute_retention_s = minute_retention_s
-        meta = MetaData()
-        self.raw = Table(f"{name}_raw", meta, Column("ts", Float, nullable=False), Column(key, Integer),
-                         *(Column(m, Float) for m in self.metrics), Index(f"ix_{name}_raw_ts", "ts"))
-        self.minute = Table(f"{name}_minute", meta, Column("ts", Float, nullable=False), Column(key, Integer),
-                            Column("n", Integer),
-                            *(Column(f"{m}_{agg}", Float) for m in self.metrics for agg in ("min", "avg", "max")),
-                            Index(f"ix_{name}_minute_ts", "ts"))
-        add_missing_columns(engine, meta)
-        self.name = name
+        self.raw = raw
+        self.minute = minute
         self._last_rollup = float(math.floor(time.time() / 60) * 60)
 
     def write(self, ts: float, rows: list[dict[str, Any]]) -> None:

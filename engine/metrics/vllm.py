@@ -18,6 +18,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.aio import cancel_and_wait
+from engine.db import SERVING_FINISH_REASONS, SERVING_METRICS
 from engine.metrics.series import SeriesStore
 
 # Our name → vLLM's names over releases (family names as prometheus_client reports them: counters lose _total).
@@ -35,14 +36,9 @@ NAMES: dict[str, tuple[str, ...]] = {
     "queue_seconds": ("vllm:request_queue_time_seconds",),
 }
 GAUGES = ("requests_running", "requests_waiting", "kv_cache_usage")
-FINISH_REASONS = ("stop", "length", "abort", "error")
-# What the history keeps of each scrape (engine/series.py), keyed by the revision that was serving.
-HISTORY_METRICS: tuple[str, ...] = (
-    "requests_running", "requests_waiting", "kv_cache_usage", "preemptions_per_s", "prompt_tokens_per_s",
-    "generation_tokens_per_s", "ttft_seconds_p50", "ttft_seconds_p95", "ttft_seconds_p99", "itl_seconds_p50",
-    "itl_seconds_p95", "itl_seconds_p99", "e2e_seconds_p50", "e2e_seconds_p95", "e2e_seconds_p99",
-    "queue_seconds_p95", *(f"finished_{r}_per_s" for r in FINISH_REASONS),
-)
+FINISH_REASONS = SERVING_FINISH_REASONS
+# What the history keeps of each scrape (its columns, engine/db/tables.py), keyed by the revision that was serving.
+HISTORY_METRICS = SERVING_METRICS
 COUNTERS = ("preemptions", "prompt_tokens", "generation_tokens")
 HISTOGRAMS = ("ttft_seconds", "itl_seconds", "e2e_seconds", "queue_seconds")
 

@@ -4,7 +4,6 @@ diagnosis and recovery."""
 from __future__ import annotations
 
 from engine.serving.child import (
-    ChildLog,
     VllmChild,
     ensure_port_free,
     free_port,
@@ -14,6 +13,7 @@ from engine.serving.child import (
 )
 from engine.serving.command import build_command, build_env, vllm_distribution
 from engine.serving.diagnosis import OOM_KINDS, Diagnosis, diagnose
+from engine.serving.logs import ChildLog, filter_log
 from engine.serving.recovery import Decision, RecoveryPolicy
 from engine.serving.startup import Eta, PastStart, StartTracker, compile_key, estimate, past_start
 from engine.serving.state import InvalidTransitionError, StateMachine
@@ -38,6 +38,7 @@ __all__ = [
     "diagnose",
     "ensure_port_free",
     "estimate",
+    "filter_log",
     "free_port",
     "group_members",
     "kill_group",

@@ -10,53 +10,19 @@ import asyncio
 import contextlib
 import json
 import logging
-import logging.handlers
 import os
 import signal
 import socket
 import time
-from collections import deque
 from pathlib import Path
 
 import psutil
 
 from engine.errors import PortBusyError, StrayProcessError
+from engine.serving.logs import ChildLog
 from engine.serving.startup import StartTracker
 
 log = logging.getLogger("llmops.child")
-
-
-class ChildLog:
-    """vLLM's output: a rotating file under the data dir plus the recent lines in memory."""
-
-    def __init__(self, path: Path, max_bytes: int, backups: int, keep_lines: int = 5000) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self._handler = logging.handlers.RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups,
-                                                             encoding="utf-8")
-        self._handler.setFormatter(logging.Formatter("%(message)s"))
-        self._logger = logging.Logger(f"llmops.vllm.{id(self)}")
-        self._logger.addHandler(self._handler)
-        self._logger.propagate = False
-        self.lines: deque[str] = deque(maxlen=keep_lines)
-        self.run_lines: deque[str] = deque(maxlen=keep_lines)  # the current child's lines only
-
-    def new_run(self, banner: str) -> None:
-        self.run_lines.clear()
-        self.write(f"===== llmops: {banner} =====")
-
-    def write(self, line: str) -> None:
-        self.lines.append(line)
-        self.run_lines.append(line)
-        self._logger.info(line)
-
-    def tail(self, n: int) -> list[str]:
-        if n <= 0:
-            return []
-        return list(self.lines)[-n:]
-
-    def close(self) -> None:
-        self._handler.close()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

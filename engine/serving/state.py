@@ -28,7 +28,7 @@ class StateMachine:
     """Current state with the time it was entered and why; refuses transitions the diagram lacks."""
 
     state: EngineState = EngineState.STOPPED
-    since: float = field(default_factory=time.time)
+    since: float = field(default_factory=lambda: time.time())
     reason: str = "not started yet"
 
     def to(self, new: EngineState, reason: str) -> None:

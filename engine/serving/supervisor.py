@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import functools
 import logging
 import os
 import signal
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +24,27 @@ import psutil
 
 from engine.access import AuditLog
 from engine.aio import cancel_and_wait
-from engine.capacity import Planner, parse_start
+from engine.capacity import Planner, logged_batched_tokens, parse_start
 from engine.config import AppConfig
-from engine.db import Revision, Store
+from engine.db import Revision
 from engine.errors import SupervisorError
+from engine.events import EventLog
 from engine.gateway import Admission
-from engine.revisions import EngineSettings, model_path, names_local_path, resolve_local_model
-from engine.schemas import EngineState
-from engine.serving.child import ChildLog, VllmChild, free_port, kill_group, reap_orphans
+from engine.revisions import EngineSettings, RevisionStore, model_path, names_local_path, resolve_local_model
+from engine.schemas import EngineState, GatewayCounts, StartupView, StatusOut
+from engine.serving.child import VllmChild, free_port, kill_group, reap_orphans
 from engine.serving.command import build_command, build_env, vllm_distribution
+from engine.serving.logs import ChildLog
+from engine.serving.readiness import probe
 from engine.serving.recovery import Decision, RecoveryPolicy
 from engine.serving.startup import Eta, PastStart, compile_key, estimate, past_start
 from engine.serving.state import StateMachine
 
 log = logging.getLogger("llmops.supervisor")
+
+
+def when(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
 S = EngineState
 
 
@@ -50,10 +58,12 @@ class StartOutcome:
 
 
 class Supervisor:
-    def __init__(self, config: AppConfig, store: Store, admission: Admission, planner: Planner | None = None,
+    def __init__(self, config: AppConfig, revisions: RevisionStore, events: EventLog, admission: Admission,
+                 planner: Planner | None = None,
                  audit: AuditLog | None = None) -> None:
         self.config = config
-        self.store = store
+        self.revisions = revisions
+        self.events = events
         self.admission = admission
         self.sm = StateMachine()
         self.child: VllmChild | None = None
@@ -84,37 +94,29 @@ class Supervisor:
 
     # --- what the API sees and asks ---------------------------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
-        desired = self.store.desired_revision_id()
-        return {
-            "state": self.sm.state.value,
-            "since": self.sm.since,
-            "reason": self.sm.reason,
-            "running_revision": self.running.id if self.running else None,
-            "desired_revision": desired,
-            "model": self.running.values.get("served_model_name") if self.running else None,
-            "pid": self.child.pid if self.child else None,
-            "vllm_version": self.vllm_version,
-            "vllm_build": self.build,
-            "enabled": self.enabled,
-            "halted": self.halted,
-            "ready_since": self.ready_at,
-            "restarts": max(0, self.starts - 1),
-            "startup": self.startup_view(),
-            "gateway": {"in_flight": self.admission.in_flight, "waiting": self.admission.waiting,
-                        "rejected": self.admission.rejected},
-        }
+    def status(self) -> StatusOut:
+        """What the API shows of the engine (reads the desired revision: call from a thread)."""
+        return StatusOut(
+            state=self.sm.state, since=when(self.sm.since), reason=self.sm.reason,
+            running_revision=self.running.id if self.running else None,
+            desired_revision=self.revisions.desired_revision_id(),
+            model=str(self.running.values.get("served_model_name")) if self.running else None,
+            pid=self.child.pid if self.child else None, vllm_version=self.vllm_version, vllm_build=self.build,
+            enabled=self.enabled, halted=self.halted, ready_since=when(self.ready_at),
+            restarts=max(0, self.starts - 1), startup=self.startup_view(),
+            gateway=GatewayCounts(in_flight=self.admission.in_flight, waiting=self.admission.waiting,
+                                  rejected=self.admission.rejected))
 
-    def startup_view(self) -> dict[str, Any] | None:
+    def startup_view(self) -> StartupView | None:
         """The start in progress, phase by phase with its ETA; else the latest start's record."""
         child = self.child
         if child is not None and child.proc is not None and self.sm.state == S.STARTING:
-            return {"revision": child.revision_id, **child.tracker.view(self._eta)}
-        return self.last_start
+            return StartupView(revision=child.revision_id, **child.tracker.view(self._eta))
+        return StartupView.model_validate(self.last_start) if self.last_start else None
 
     def past_starts(self, limit: int = 100) -> list[PastStart]:
         """Successful starts recorded by this engine's ready events, oldest first (SQLite: call off the loop)."""
-        events = self.store.events(kinds=["ready"], limit=limit, newest_first=True)
+        events = self.events.events(kinds=["ready"], limit=limit, newest_first=True)
         return [s for s in (past_start(e.data) for e in reversed(events)) if s is not None]
 
     def eta_for(self, values: dict[str, Any]) -> Eta | None:
@@ -165,10 +167,11 @@ class Supervisor:
 
     # --- lifecycle --------------------------------------------------------------------------------------------
 
-    def start_background(self) -> None:
-        stray = reap_orphans(self.pidfile)
+    async def start(self) -> None:
+        """Begin supervising (from the event loop): stop what a dead engine left, then run the reconcile loop."""
+        stray = await asyncio.to_thread(reap_orphans, self.pidfile)
         if stray:
-            self._event("stray_killed", f"stopped vLLM processes {stray} left by an engine that died", "warning")
+            await self._event("stray_killed", f"stopped vLLM processes {stray} left by an engine that died", "warning")
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="supervisor")
 
@@ -209,7 +212,7 @@ class Supervisor:
         if self.sm.can(S.FAILED):
             await self._enter(S.FAILED, reason)
         self._next_attempt = time.monotonic() + self.config.backoff_max_s
-        self._event("failed", f"{reason}; next attempt in {self.config.backoff_max_s:.0f} s", "error")
+        await self._event("failed", f"{reason}; next attempt in {self.config.backoff_max_s:.0f} s", "error")
 
     async def _reconcile(self) -> None:
         if self.child is not None and self.child.returncode is not None and not self.child.stop_requested:
@@ -228,7 +231,7 @@ class Supervisor:
             return
         if self.admission.refusal is not None:
             await self.admission.refuse(None)
-        desired = await asyncio.to_thread(self.store.desired_revision)
+        desired = await asyncio.to_thread(self.revisions.desired_revision)
         if desired is None:
             if self.child is not None:
                 await self._drain_and_stop("no revision can be applied")
@@ -269,7 +272,7 @@ class Supervisor:
         self._eta = await asyncio.to_thread(self.eta_for, revision.values)
         self.last_start = None
         await self._enter(S.STARTING, f"starting revision {revision.id}")
-        self._event("starting", f"starting vLLM with revision {revision.id}"
+        await self._event("starting", f"starting vLLM with revision {revision.id}"
                     + (f"; expected ready in {self._eta.describe()}" if self._eta else ""), revision_id=revision.id,
                     data={"args": args[1:], "predicted": self._predicted,
                           "eta_s": self._eta.total_s if self._eta else None})
@@ -293,7 +296,7 @@ class Supervisor:
         self._health_failures = 0
         self._last_health = time.monotonic()
         self.ready_at = time.time()
-        await asyncio.to_thread(self.store.mark_applied, revision.id)
+        await asyncio.to_thread(self.revisions.mark_applied, revision.id)
         await self.admission.open(self.child.url, revision.id)
         seconds = tracker.ready_s or outcome.seconds
         await self._enter(S.READY, f"revision {revision.id} ready after {seconds:.1f} s")
@@ -307,9 +310,10 @@ class Supervisor:
             eta_text = f" (expected {self._eta.total_s:.0f} s, {error:+.0f} s)"
         self.last_start = {"revision": revision.id, **tracker.view(self._eta), **{
             k: startup.get(k) for k in ("error_s", "error_pct")}}
-        self._event("ready", f"vLLM ready with revision {revision.id} after {seconds:.1f} s{eta_text}",
-                    revision_id=revision.id, data={"startup_s": round(seconds, 2), "pid": self.child.pid,
-                                                   "startup": startup, **self._measure_start(settings, revision.id)})
+        measured = await asyncio.to_thread(self._measure_start, settings, revision.id)  # calibration writes SQLite
+        await self._event("ready", f"vLLM ready with revision {revision.id} after {seconds:.1f} s{eta_text}",
+                          revision_id=revision.id, data={"startup_s": round(seconds, 2), "pid": self.child.pid,
+                                                         "startup": startup, **measured})
 
     def _measure_start(self, settings: EngineSettings, revision_id: int) -> dict[str, Any]:
         """What vLLM logged about memory at this start; calibrates the capacity model on GPUs."""
@@ -320,7 +324,7 @@ class Supervisor:
         if self.planner is not None:
             out["capacity"] = self.planner.compare(settings, report, self._predicted)
             if self.build == "cuda":
-                self.planner.calibrate(report, settings, _logged_batched_tokens(self.log.run_lines), revision_id)
+                self.planner.calibrate(report, settings, logged_batched_tokens(self.log.run_lines), revision_id)
         return out
 
     async def _model_present(self, revision_id: int, model: str, data_dir: Path) -> bool:
@@ -336,7 +340,7 @@ class Supervisor:
                    f"name another model (`llmops demo-model --data-dir {self.config.data_dir}` builds the demo model)")
         if self._missing_model != revision_id:
             self._missing_model = revision_id
-            self._event("model_missing", message, "error", revision_id, data={"model": model, "path": str(where)})
+            await self._event("model_missing", message, "error", revision_id, data={"model": model, "path": str(where)})
         await self._enter(S.FAILED, message)
         self._next_attempt = time.monotonic() + 5.0
         return False
@@ -344,7 +348,7 @@ class Supervisor:
     async def _build_demo_model(self) -> bool:
         """Train the demo model into the data dir (about two minutes on two cores), its progress as the reason."""
         await self._enter(S.STARTING, "building the demo model: the first run of this data dir (about 2 minutes)")
-        self._event("demo_model_building", "building the demo model for the first run of this data dir")
+        await self._event("demo_model_building", "building the demo model for the first run of this data dir")
         args = [self.config.vllm_python, "-m", "engine.cli", "demo-model", "--data-dir", str(self.config.data_dir)]
         proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
                                                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -362,7 +366,7 @@ class Supervisor:
             kill_group(proc.pid, signal.SIGKILL)
             raise
         built = proc.returncode == 0 and (self.config.demo_model_dir / "config.json").is_file()
-        self._event("demo_model_built" if built else "demo_model_failed",
+        await self._event("demo_model_built" if built else "demo_model_failed",
                     f"demo model built in {time.monotonic() - t0:.0f} s" if built else
                     f"building the demo model failed (exit {proc.returncode}); see vLLM's log",
                     "info" if built else "error")
@@ -384,13 +388,13 @@ class Supervisor:
                     return StartOutcome(False, "stop requested during start-up", now - t0, aborted=True)
                 if now - last_desired_check >= 1.0:
                     last_desired_check = now
-                    desired = await asyncio.to_thread(self.store.desired_revision_id)
+                    desired = await asyncio.to_thread(self.revisions.desired_revision_id)
                     if desired != revision.id:
                         return StartOutcome(False, f"revision {desired} was written during start-up", now - t0,
                                             aborted=True)
                 if now >= deadline:
                     return StartOutcome(False, f"not ready within {self.config.startup_timeout_s:.0f} s", now - t0)
-                if await _probe(client, served):
+                if await probe(client, served):
                     return StartOutcome(True, "ready", time.monotonic() - t0)
                 await asyncio.sleep(0.5)
 
@@ -412,7 +416,7 @@ class Supervisor:
         if self.sm.state == S.READY:
             await self._enter(S.DRAINING, reason)
             left = await self.admission.drain(self.config.drain_timeout_s)
-            self._event("drained", f"draining for: {reason}; {left} requests still in flight after "
+            await self._event("drained", f"draining for: {reason}; {left} requests still in flight after "
                         f"{self.config.drain_timeout_s:.0f} s" if left else f"drained in-flight requests: {reason}",
                         "warning" if left else "info", self.running.id if self.running else None)
         await self._stop_child(reason)
@@ -427,7 +431,7 @@ class Supervisor:
             released = True
             if self.planner is not None:
                 released = await asyncio.to_thread(self.planner.wait_released, old_pids, 30.0)
-            self._event("stopped", f"vLLM stopped in {seconds:.1f} s: {reason}"
+            await self._event("stopped", f"vLLM stopped in {seconds:.1f} s: {reason}"
                         + ("" if released else "; its GPU memory was still held after 30 s"),
                         "info" if released else "warning", rev_id,
                         data={"stop_s": round(seconds, 2), "exit_code": child.returncode})
@@ -445,39 +449,41 @@ class Supervisor:
         self.child = None
         self.ready_at = None
         rev_id = rev.id if rev else None
-        status = (await asyncio.to_thread(self.store.get_revision, rev_id)).status if rev_id else None
+        status = (await asyncio.to_thread(self.revisions.get_revision, rev_id)).status if rev_id else None
         decision = self.recovery.decide(rev_id, status, was_ready, list(self.log.run_lines))
         diag = decision.diagnosis
         await self._enter(S.FAILED, f"{reason}: {diag.kind}")
-        self._event("failed", reason, "error", rev_id, data={"exit_code": exit_code, "was_ready": was_ready,
+        await self._event("failed", reason, "error", rev_id, data={"exit_code": exit_code, "was_ready": was_ready,
                                                              "last_lines": list(self.log.run_lines)[-30:]})
-        self._event("diagnosis", f"{diag.kind}: {diag.explanation} Fix: {diag.fix}", "error", rev_id,
+        await self._event("diagnosis", f"{diag.kind}: {diag.explanation} Fix: {diag.fix}", "error", rev_id,
                     data=diag.as_dict())
         await self._act(decision, rev_id)
 
     async def _act(self, decision: Decision, rev_id: int | None) -> None:
         diag = decision.diagnosis
         if decision.action == "rollback" and rev_id is not None:
-            await asyncio.to_thread(self.store.mark_rejected, rev_id, f"{diag.kind}: {diag.explanation}")
-            back = await asyncio.to_thread(self.store.desired_revision_id)
+            await asyncio.to_thread(self.revisions.mark_rejected, rev_id, f"{diag.kind}: {diag.explanation}")
+            back = await asyncio.to_thread(self.revisions.desired_revision_id)
             self._next_attempt = 0.0
-            self._event("rollback", decision.message + (f" (revision {back})" if back else
+            await self._event("rollback", decision.message + (f" (revision {back})" if back else
                                                         "; no revision was ever ready: write new settings"),
                         "error", rev_id, data={"rejected": rev_id, "back_to": back, "diagnosis": diag.kind})
             if self.audit is not None:
-                self.audit.record(actor="engine", action="settings.auto_rollback", target=f"revision {rev_id}",
-                                  before={"revision": rev_id}, after={"revision": back}, detail=decision.message)
+                await asyncio.to_thread(functools.partial(
+                    self.audit.record, actor="engine", action="settings.auto_rollback", target=f"revision {rev_id}",
+                    before={"revision": rev_id}, after={"revision": back}, detail=decision.message))
         elif decision.action == "halt":
             self.halted = decision.message
             await self.admission.refuse(f"vLLM is halted: {decision.message}")
             self.sm.reason = decision.message
-            self._event("crash_loop", decision.message, "critical", rev_id, data={"diagnosis": diag.kind})
+            await self._event("crash_loop", decision.message, "critical", rev_id, data={"diagnosis": diag.kind})
             if self.audit is not None:
-                self.audit.record(actor="engine", action="engine.halt", target=f"revision {rev_id}",
-                                  detail=decision.message)
+                await asyncio.to_thread(functools.partial(
+                    self.audit.record, actor="engine", action="engine.halt", target=f"revision {rev_id}",
+                    detail=decision.message))
         else:
             self._next_attempt = time.monotonic() + decision.delay_s
-            self._event("restart_scheduled", decision.message, "warning", rev_id,
+            await self._event("restart_scheduled", decision.message, "warning", rev_id,
                         data={"delay_s": decision.delay_s, "diagnosis": diag.kind})
 
     async def _enter(self, state: EngineState, reason: str) -> None:
@@ -487,28 +493,6 @@ class Supervisor:
         self.sm.to(state, reason)
         log.info("engine %s: %s", state, reason)
 
-    def _event(self, kind: str, message: str, severity: str = "info", revision_id: int | None = None,
-               data: dict[str, Any] | None = None) -> None:
-        self.store.add_event(kind, message, severity=severity, revision_id=revision_id, data=data)
-
-
-async def _probe(client: httpx.AsyncClient, served_model: str) -> bool:
-    try:
-        if (await client.get("/health")).status_code != 200:
-            return False
-        resp = await client.post("/v1/completions",
-                                 json={"model": served_model, "prompt": "Hello", "max_tokens": 1, "temperature": 0})
-        return resp.status_code == 200 and bool(resp.json().get("choices"))
-    except (httpx.HTTPError, ValueError):
-        return False
-
-
-def _logged_batched_tokens(lines: Any) -> int | None:
-    """max_num_batched_tokens as vLLM chose it ("Chunked prefill is enabled with max_num_batched_tokens=8192")."""
-    for line in lines:
-        if "max_num_batched_tokens=" in line:
-            tail = line.split("max_num_batched_tokens=", 1)[1]
-            digits = "".join(itertools.takewhile(str.isdigit, tail))
-            if digits:
-                return int(digits)
-    return None
+    async def _event(self, kind: str, message: str, severity: str = "info", revision_id: int | None = None,
+                     data: dict[str, Any] | None = None) -> None:
+        await self.events.emit(kind, message, severity=severity, revision_id=revision_id, data=data)
