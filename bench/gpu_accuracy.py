@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pynvml
 
 from engine.capacity import CalibrationStore, Device, load_shape, parse_start, predict
-from engine.db import Store
+from engine.db import open_database
 from engine.revisions import EngineSettings
 from engine.serving import ChildLog, VllmChild, build_command, build_env, free_port
 
@@ -75,7 +75,7 @@ def main() -> None:
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     shape = load_shape(Path(a.model))
-    calibrations = CalibrationStore(Store(a.data_dir / "llmops.db"))
+    calibrations = CalibrationStore(open_database(a.data_dir / "llmops.db"))
     rows = []
     t_start = time.monotonic()
     for n, case in enumerate(CASES):

@@ -69,14 +69,14 @@ def main() -> None:
         report["first_start_s"] = round(time.monotonic() - t0, 1)
         save()
         run = client.start_search("short_chat", a.target, a.candidates, a.num_prompts)
-        while (run := client.benchmark(run["id"]))["status"] == "running":
-            report["search"] = run
+        while (run := client.benchmark(run.id)).status == "running":
+            report["search"] = run.model_dump()
             save()
             time.sleep(5)
-        report["search"] = run
+        report["search"] = run.model_dump()
         report["ready_events"] = [e.model_dump() for e in client.events(kinds=["ready"], limit=50)]
-        report["kpis"] = client.kpis("1h")
-        report["gpu"] = client.gpu()
+        report["kpis"] = [k.model_dump() for k in client.kpis("1h")]
+        report["gpu"] = client.gpu().model_dump()
         report["history"] = client.settings().model_dump()
     finally:
         report["finished"] = time.time()

@@ -19,7 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.db import Store
+from engine.db import open_database
 from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
 
 
@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--per-call", action="store_true", help="also time each NVML call on GPU 0")
     args = parser.parse_args()
     if args.double:
-        from tests.nvml_double import FakeGpu, NvmlDouble
+        from tests.support.nvml_double import FakeGpu, NvmlDouble
 
         nvml: Any = NvmlDouble([FakeGpu(f"GPU-{i}") for i in range(args.double)])
     else:
@@ -39,8 +39,7 @@ def main() -> None:
 
         nvml = pynvml
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "bench.db")
-        history = TelemetryStore(store.engine, 3600, 7 * 86400)
+        history = TelemetryStore(open_database(Path(tmp) / "bench.db"), 3600, 7 * 86400)
         alerts = AlertEngine(AlertThresholds(), lambda *a: None)
         sampler = Sampler(nvml, args.interval, set, [history.write, alerts.evaluate], lambda *a: None)
         sampler.tick()  # NVML init and discovery are start-up costs, not per-tick

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,9 @@ from engine.access import ROLES, BadCredentialsError, LockedError
 from engine.app import UnsafeConfigError, create_app
 from engine.config import AppConfig
 from engine.serving import build_env
-from tests.conftest import DEMO_SHAPE
-from tests.engine_process import ADMIN_PASSWORD
+from tests.support.data import DEMO_SHAPE
+from tests.support.engine import ADMIN_PASSWORD
+from tests.support.wait import wait_until
 
 # (method, path, body, the least role allowed)
 MATRIX: list[tuple[str, str, dict[str, Any] | None, str]] = [
@@ -46,7 +46,7 @@ MATRIX: list[tuple[str, str, dict[str, Any] | None, str]] = [
 def app_and_tokens(data_dir: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
     app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD,
                                login_lockout_s=1, gateway_keys="on"))
-    tokens: dict[str, str] = {role: app.state.auth.create_token(f"{role}-token", role)[0] for role in ROLES}
+    tokens: dict[str, str] = {role: app.state.services.auth.create_token(f"{role}-token", role)[0] for role in ROLES}
     with TestClient(app) as client:
         yield client, tokens
 
@@ -116,12 +116,10 @@ def test_login_lockout_and_secrets_kept_out_of_the_trail(app_and_tokens: tuple[T
         assert client.post("/api/auth/login", json={"username": "admin", "password": "wrong"}).status_code == 401
     locked = client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD})
     assert locked.status_code == 423 and "locked" in locked.json()["detail"]
-    deadline = time.monotonic() + 10  # login_lockout_s is 1 s here; a locked attempt is not counted
-    while (status := client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD})
-           .status_code) == 423:
-        assert time.monotonic() < deadline, "still locked long after login_lockout_s"
-        time.sleep(0.1)
-    assert status == 200
+    # login_lockout_s is 1 s here; a locked attempt is not counted
+    wait_until(lambda: client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD})
+               .status_code != 423, 10, every=0.1, what="the end of the lockout")
+    assert client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).status_code == 200
     trail = client.get("/api/audit", params={"action": "auth"},
                        headers={"authorization": f"Bearer {tokens['admin']}"}).json()
     assert trail and all(r["after"]["password"] == "[redacted]" for r in trail)
@@ -131,7 +129,7 @@ def test_login_lockout_and_secrets_kept_out_of_the_trail(app_and_tokens: tuple[T
 def test_a_right_password_racing_a_lockout_is_refused(data_dir: Path) -> None:
     """Parallel wrong guesses lock the account while a right one is being verified: it must not sign in."""
     app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD))
-    auth = app.state.auth
+    auth = app.state.services.auth
     real = auth.hasher
 
     class GuessesMeanwhile:  # argon2 verification is slow; other sign-ins run while it does
@@ -167,7 +165,7 @@ def test_a_data_dir_reached_through_a_link_accepts_settings_writes(data_dir: Pat
     link = tmp_path_factory.mktemp("elsewhere") / "data"
     link.symlink_to(data_dir, target_is_directory=True)
     app = create_app(AppConfig(data_dir=link, autostart=False, admin_password=ADMIN_PASSWORD))
-    operator = {"authorization": f"Bearer {app.state.auth.create_token('op', 'operator')[0]}"}
+    operator = {"authorization": f"Bearer {app.state.services.auth.create_token('op', 'operator')[0]}"}
     with TestClient(app) as client:
         written = client.put("/api/settings", json={"base_revision": 1, "values": {"max_num_seqs": 3}},
                              headers=operator)
@@ -177,7 +175,7 @@ def test_a_data_dir_reached_through_a_link_accepts_settings_writes(data_dir: Pat
 def test_revoked_token_and_expired_session_are_refused(data_dir: Path) -> None:
     app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD, session_ttl_s=1))
     with TestClient(app) as client:
-        admin = {"authorization": f"Bearer {app.state.auth.create_token('a', 'admin')[0]}"}
+        admin = {"authorization": f"Bearer {app.state.services.auth.create_token('a', 'admin')[0]}"}
         created = client.post("/api/tokens", json={"name": "short-lived", "role": "viewer"}, headers=admin).json()
         viewer = {"authorization": f"Bearer {created['token']}"}
         assert client.get("/api/status", headers=viewer).status_code == 200
@@ -186,11 +184,9 @@ def test_revoked_token_and_expired_session_are_refused(data_dir: Path) -> None:
         assert client.get("/api/status", headers=viewer).status_code == 401
         login = client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).json()
         session = {"authorization": f"Bearer {login['token']}"}
-        deadline = time.monotonic() + 10  # session_ttl_s is 1 s here
-        while (status := client.get("/api/status", headers=session).status_code) == 200:
-            assert time.monotonic() < deadline, "the session outlived session_ttl_s"
-            time.sleep(0.1)
-        assert status == 401
+        wait_until(lambda: client.get("/api/status", headers=session).status_code != 200, 10, every=0.1,
+                   what="the session's expiry (session_ttl_s is 1 s here)")
+        assert client.get("/api/status", headers=session).status_code == 401
 
 
 def test_disabling_a_user_ends_their_sessions(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:

@@ -11,13 +11,14 @@ from fastapi.testclient import TestClient
 
 from engine.app import create_app
 from engine.config import AppConfig
-from tests.engine_process import ADMIN_PASSWORD
+from tests.support.engine import ADMIN_PASSWORD
+from tests.support.wait import wait_until
 
 
 def signed_in(app: FastAPI) -> TestClient:
     """A test client carrying an admin token (every /api route needs one)."""
     client = TestClient(app)
-    token, _ = app.state.auth.create_token("tests", "admin")
+    token, _ = app.state.services.auth.create_token("tests", "admin")
     client.headers["authorization"] = f"Bearer {token}"
     return client
 
@@ -103,13 +104,8 @@ def test_gateway_refuses_with_503_and_retry_after_when_vllm_is_down(data_dir: Pa
 
 def test_gpu_endpoint_is_honest_without_a_gpu(api: TestClient) -> None:
     """This machine has no NVIDIA driver: the API says so with NVML's reason and shows the host instead."""
-    import time
-
-    deadline = time.monotonic() + 10
-    body = api.get("/api/gpu").json()
-    while body["reason"] == "sampler not started" and time.monotonic() < deadline:
-        time.sleep(0.1)
-        body = api.get("/api/gpu").json()
+    body = wait_until(lambda: (b := api.get("/api/gpu").json())["reason"] != "sampler not started" and b, 10,
+                      what="the sampler's first sample")
     assert body["available"] is False
     assert "NVML" in body["reason"]
     assert body["gpus"] == []
@@ -192,21 +188,15 @@ def test_an_internal_error_fails_the_engine_visibly_and_supervision_goes_on(data
     monkeypatch.setattr(engine.serving.supervisor, "build_command", broken)
     config = AppConfig(data_dir=data_dir, autostart=True, backoff_max_s=3600)
     with signed_in(create_app(config)) as client:
-        import time
-
-        deadline = time.monotonic() + 10
-        while client.get("/api/status").json()["state"] != "failed":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: client.get("/api/status").json()["state"] == "failed", 10, every=0.05,
+                   what="the failed state")
         status = client.get("/api/status").json()
         assert "internal error RuntimeError: argument builder bug" in status["reason"]
         failed = client.get("/api/events", params={"kind": "failed"}).json()
         assert failed and "argument builder bug" in failed[-1]["message"]
         client.post("/api/engine/stop")  # the loop is alive: it acts on the stop request
-        deadline = time.monotonic() + 10
-        while client.get("/api/status").json()["state"] != "stopped":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: client.get("/api/status").json()["state"] == "stopped", 10, every=0.05,
+                   what="the stopped state")
 
 
 def test_engine_exports_prometheus_metrics(api: TestClient) -> None:
@@ -232,7 +222,7 @@ def test_grafana_dashboard_reads_only_metrics_the_engine_exports(api: TestClient
     from prometheus_client.parser import text_string_to_metric_families
 
     from engine.metrics import GPU_GAUGES, SERVING_GAUGES
-    from tests.engine_process import REPO
+    from tests.support.engine import REPO
 
     exported = {f.name for f in text_string_to_metric_families(api.get("/metrics").text)}
     exported |= {name for name, _ in (*GPU_GAUGES.values(), *SERVING_GAUGES.values())}  # need a GPU / vLLM up
@@ -244,7 +234,7 @@ def test_grafana_dashboard_reads_only_metrics_the_engine_exports(api: TestClient
 
 
 def test_log_filters_hide_polling_keep_levels_and_find_text() -> None:
-    from engine.api.routes.core import filter_log
+    from engine.serving import filter_log
 
     lines = ["(APIServer pid=1) INFO 12-01 [x.py:1] Starting vLLM server", 'INFO:     127.0.0.1:1 - "GET /health '
              'HTTP/1.1" 200 OK', 'INFO:     127.0.0.1:1 - "GET /metrics HTTP/1.1" 200 OK',

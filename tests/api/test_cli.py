@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine_process import REPO, EngineHandle, start_engine, stop_engine
+from tests.support.engine import REPO, EngineHandle, running_engine
 
 
 @pytest.fixture
 def idle_engine(data_dir: Path) -> Iterator[EngineHandle]:
-    handle = start_engine(data_dir, ("LLMOPS_AUTOSTART", "false"))
-    yield handle
-    stop_engine(handle)
+    with running_engine(data_dir, {"LLMOPS_AUTOSTART": "false"}) as handle:
+        yield handle
 
 
 def llmops(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -35,11 +34,11 @@ def test_settings_set_show_history_rollback(idle_engine: EngineHandle) -> None:
     assert "revision 2 (pending)" in out.stdout
     show = llmops("settings", "show", "--port", port, token=idle_engine.token).stdout
     assert "max_num_seqs" in show and "3" in show and "from the cli" in show
-    assert idle_engine.client.settings().values["enforce_eager"] is True
+    assert idle_engine.client.settings().values.enforce_eager is True
     history = llmops("settings", "history", "--port", port, token=idle_engine.token).stdout.splitlines()
     assert [line.split()[0] for line in history] == ["2", "1"]
     assert llmops("settings", "rollback", "1", "--port", port, token=idle_engine.token).returncode == 0
-    assert idle_engine.client.settings().values["max_num_seqs"] == 16
+    assert idle_engine.client.settings().values.max_num_seqs == 16
 
 
 def test_bad_value_is_reported_per_field(idle_engine: EngineHandle) -> None:

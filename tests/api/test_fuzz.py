@@ -16,10 +16,10 @@ from schemathesis import checks
 
 from engine.app import create_app
 from engine.config import AppConfig
-from tests.conftest import make_data_dir
-from tests.engine_process import ADMIN_PASSWORD
+from tests.support.data import make_data_dir
+from tests.support.engine import ADMIN_PASSWORD
 
-DATA = Path(__file__).resolve().parent / "artifacts" / "fuzz-data"
+DATA = Path(__file__).resolve().parent.parent / "artifacts" / "fuzz-data"
 COUNTED = ("revision", "user", "api_token", "saved_prompt", "benchmark_run")
 
 
@@ -29,7 +29,7 @@ def _app() -> FastAPI:
     shutil.rmtree(DATA, ignore_errors=True)
     app = create_app(AppConfig(data_dir=make_data_dir(DATA), autostart=False, admin_password=ADMIN_PASSWORD,
                                queue_timeout_s=0.1))
-    app.state.fuzz_token = app.state.auth.create_token("fuzz", "admin")[0]
+    app.state.fuzz_token = app.state.services.auth.create_token("fuzz", "admin")[0]
     return app
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +9,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from console.client import EngineClient
-from tests.engine_process import COLD_START_S, EngineHandle
+from tests.support.engine import COLD_START_S, EngineHandle
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -19,10 +19,8 @@ pytestmark = pytest.mark.integration
 def console_env(engine: EngineHandle, monkeypatch: pytest.MonkeyPatch) -> Iterator[EngineHandle]:
     monkeypatch.setenv("LLMOPS_ENGINE_URL", engine.url)
     engine.client.wait_for({"ready"}, COLD_START_S)
-    deadline = time.monotonic() + 30
-    while not engine.client.serving()["available"]:  # the first scrape of vLLM's /metrics after a start
-        assert time.monotonic() < deadline, engine.client.serving()
-        time.sleep(0.2)
+    wait_until(lambda: engine.client.serving().available, 30,  # the first scrape of /metrics after a start
+               what="vLLM's first metrics scrape")
     yield engine
 
 
@@ -66,9 +64,9 @@ def number(at: AppTest, label: str) -> Any:
 def test_settings_preview_follows_the_form_and_writes_nothing(console_env: EngineHandle) -> None:
     before = console_env.client.settings()
     at = page("settings", console_env.token)
-    assert number(at, "max_num_seqs").value == before.values["max_num_seqs"]
+    assert number(at, "max_num_seqs").value == before.values.max_num_seqs
     assert any(c.value.startswith("No edits") for c in at.caption)
-    number(at, "max_num_seqs").set_value(before.values["max_num_seqs"] + 1).run()
+    number(at, "max_num_seqs").set_value(before.values.max_num_seqs + 1).run()
     assert not at.exception
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Concurrency"].endswith("x") and metrics["KV tokens"][0].isdigit()
@@ -116,7 +114,7 @@ def test_saved_prompts_load_save_and_delete_at_once(console_env: EngineHandle) -
     assert at.selectbox(key="saved_choice").value == "second copy (chat)"
     next(b for b in at.button if b.label == "Delete").click().run()
     assert "second copy (chat)" not in at.selectbox(key="saved_choice").options
-    console_env.client.delete_prompt(saved["id"])
+    console_env.client.delete_prompt(saved.id)
 
 
 def test_events_and_log_tail(console_env: EngineHandle) -> None:
@@ -135,7 +133,7 @@ def test_metrics_page_shows_history_and_kpis(console_env: EngineHandle) -> None:
     at = page("metrics", console_env.token)
     assert len(at.get("plotly_chart")) == 6
     assert len(at.dataframe) == 1  # the KPI table: the request above is in it
-    assert int(at.dataframe[0].value["requests"].sum()) >= 1
+    assert int(at.dataframe[0].value.requests.sum()) >= 1
     assert [m.label for m in at.metric] == ["Generation", "Prompt", "P95 inter-token latency", "Preemptions"]
 
 
@@ -148,7 +146,7 @@ def test_benchmarks_page_offers_presets_sweeps_and_the_search(console_env: Engin
 
 def test_audit_page_answers_who_changed_what(console_env: EngineHandle) -> None:
     before = console_env.client.settings()  # a write of its own (vLLM restarts; the next test waits for it)
-    written = console_env.client.put_settings(before.revision, {"max_num_seqs": before.values["max_num_seqs"] + 1},
+    written = console_env.client.put_settings(before.revision, {"max_num_seqs": before.values.max_num_seqs + 1},
                                               note="audit page test")
     at = page("audit", console_env.token)
     assert len(at.dataframe) == 1
@@ -172,7 +170,7 @@ def test_access_page_creates_a_token_and_shows_it_once(console_env: EngineHandle
         assert viewer.status().state  # a working token, of the role chosen (viewer by default)
     at.run()
     assert not at.code  # shown once
-    assert "page test" in [t["name"] for t in console_env.client.tokens()]
+    assert "page test" in [t.name for t in console_env.client.tokens()]
 
 
 def test_an_expired_sign_in_asks_to_sign_in_again(console_env: EngineHandle) -> None:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from engine.serving import free_port
-from tests.engine_process import ADMIN_PASSWORD, COLD_START_S, REPO, EngineHandle
+from tests.support.engine import ADMIN_PASSWORD, COLD_START_S, REPO, EngineHandle
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = REPO / "tests" / "artifacts"

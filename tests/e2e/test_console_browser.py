@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.e2e.conftest import no_error_on, open_page, shot, sign_in, wait_rendered
-from tests.engine_process import ADMIN_PASSWORD, EngineHandle
+from tests.support.engine import ADMIN_PASSWORD, EngineHandle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 # title, screenshot name, a text that is there once the page (and its live fragment) has rendered
@@ -40,7 +40,7 @@ def test_every_page_opens_from_the_sidebar(page: Any, console_url: str) -> None:
 
 def test_sign_in_is_required_and_each_role_sees_its_pages(browser: Any, console_url: str,
                                                          engine: EngineHandle) -> None:
-    existing = {u["username"] for u in engine.client.users()}
+    existing = {u.username for u in engine.client.users()}
     for role in ("viewer", "prompter", "operator"):
         if f"{role}-user" not in existing:
             engine.client.create_user(f"{role}-user", f"{role}-password-123", role)
@@ -82,7 +82,7 @@ def test_apply_a_setting_and_watch_the_restart_finish(page: Any, console_url: st
     before = engine.client.settings()
     open_page(page, "Engine settings")
     seqs = page.get_by_label("max_num_seqs", exact=True)
-    seqs.fill(str(before.values["max_num_seqs"] + 1))
+    seqs.fill(str(before.values.max_num_seqs + 1))
     seqs.press("Tab")
     page.get_by_text("Capacity preview").wait_for()
     page.get_by_test_id("stDataFrame").wait_for()
@@ -99,7 +99,7 @@ def test_apply_a_setting_and_watch_the_restart_finish(page: Any, console_url: st
     no_error_on(page)
     after = engine.client.status()
     assert after.state == "ready" and after.running_revision == before.revision + 1
-    assert engine.client.settings().values["max_num_seqs"] == before.values["max_num_seqs"] + 1
+    assert engine.client.settings().values.max_num_seqs == before.values.max_num_seqs + 1
 
 
 def test_run_a_prompt_and_see_it_stream(page: Any, console_url: str) -> None:

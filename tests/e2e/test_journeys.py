@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
+from engine.schemas import SettingsValues
 from tests.e2e.conftest import External, cut_figures, eventually, no_error_on, open_page, shot, sign_in, wait_rendered
-from tests.engine_process import COLD_START_S, EngineHandle
+from tests.support.engine import COLD_START_S, EngineHandle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -22,12 +23,11 @@ def field(pg: Any, label: str) -> Any:
     return pg.get_by_role("spinbutton", name=label, exact=True)
 
 
-def form_shows(pg: Any, values: dict[str, Any]) -> None:
+def form_shows(pg: Any, values: SettingsValues) -> None:
     """The settings form shows the desired revision's values (retrying: the page may still be rendering)."""
-    expect(field(pg, "max_num_seqs")).to_have_value(str(values["max_num_seqs"]))
-    expect(field(pg, "max_model_len (0 = the model's maximum)")).to_have_value(str(values["max_model_len"] or 0))
-    expect(field(pg, "cpu_kv_cache_gib (memory for the KV cache)")).to_have_value(
-        f"{values['cpu_kv_cache_gib']:.3f}")
+    expect(field(pg, "max_num_seqs")).to_have_value(str(values.max_num_seqs))
+    expect(field(pg, "max_model_len (0 = the model's maximum)")).to_have_value(str(values.max_model_len or 0))
+    expect(field(pg, "cpu_kv_cache_gib (memory for the KV cache)")).to_have_value(f"{values.cpu_kv_cache_gib:.3f}")
 
 
 def choose(pg: Any, label: str, option: str) -> None:
@@ -40,7 +40,7 @@ def choose(pg: Any, label: str, option: str) -> None:
 
 def user(engine: EngineHandle, role: str) -> tuple[str, str]:
     name, password = f"journey-{role}", f"journey-{role}-password"
-    if name not in {u["username"] for u in engine.client.users()}:
+    if name not in {u.username for u in engine.client.users()}:
         engine.client.create_user(name, password, role)
     return name, password
 
@@ -67,11 +67,11 @@ def test_operator_tunes_applies_watches_the_phases_and_rolls_back(page: Any, eng
     use.click()
     expect(kv).to_have_value(f"{float(fit):.3f}")
     expect(page.get_by_role("button", name=re.compile(r"Use cpu_kv_cache_gib = "))).to_have_count(0)
-    kv.fill(f"{before.values['cpu_kv_cache_gib']:.3f}")
+    kv.fill(f"{before.values.cpu_kv_cache_gib:.3f}")
     kv.press("Tab")
 
     seqs = field(page, "max_num_seqs")
-    seqs.fill(str(before.values["max_num_seqs"] + 1))
+    seqs.fill(str(before.values.max_num_seqs + 1))
     seqs.press("Tab")
     page.get_by_test_id("stDataFrame").wait_for()  # "Changes": what was edited, and nothing else
     expect(page.get_by_role("button", name="Apply & restart")).to_be_enabled()
@@ -90,13 +90,14 @@ def test_operator_tunes_applies_watches_the_phases_and_rolls_back(page: Any, eng
         page.get_by_text(phase).first.wait_for(timeout=COLD_START_S * 1000)
     page.get_by_text(re.compile(r"Revision \d+ is ready after")).wait_for(timeout=COLD_START_S * 1000)
     applied = engine.client.settings()
-    assert applied.values["max_num_seqs"] == before.values["max_num_seqs"] + 1
+    assert applied.values.max_num_seqs == before.values.max_num_seqs + 1
     expect(page.get_by_label("Note (why)")).to_have_value("")
     form_shows(page, applied.values)
     page.get_by_text("Timeline of the restart").click()
     page.get_by_text(re.compile(r"Ready after .* expected .* off by")).first.wait_for()
     ready = engine.client.events(kinds=["ready"], newest_first=True, limit=1)[0]
-    assert ready.revision == applied.revision and "phases" in ready.data["startup"]
+    startup = ready.data["startup"]
+    assert ready.revision == applied.revision and isinstance(startup, dict) and "phases" in startup
     shot(page, "journey-operator-applied")
 
     page.get_by_text(re.compile(rf"^{before.revision} · ")).first.click()  # its history entry
@@ -106,7 +107,7 @@ def test_operator_tunes_applies_watches_the_phases_and_rolls_back(page: Any, eng
     dialog.get_by_role("button", name=f"Roll back to revision {before.revision}").click()
     page.get_by_role("heading", name=re.compile(r"Rolling back to revision \d+")).wait_for()
     page.get_by_text(re.compile(r"Revision \d+ is ready after")).wait_for(timeout=COLD_START_S * 1000)
-    assert engine.client.settings().values["max_num_seqs"] == before.values["max_num_seqs"]
+    assert engine.client.settings().values.max_num_seqs == before.values.max_num_seqs
     form_shows(page, engine.client.settings().values)
     no_error_on(page)
     shot(page, "journey-operator-rolled-back")
@@ -211,8 +212,8 @@ def test_product_team_chats_asks_for_json_saves_loads_and_compares(browser: Any,
     shot(pg, "journey-product-team")
     assert external.urls == []
     for p in engine.client.prompts():
-        if p["name"] == "journey prompt":
-            engine.client.delete_prompt(p["id"])
+        if p.name == "journey prompt":
+            engine.client.delete_prompt(p.id)
     context.close()
 
 
@@ -231,7 +232,7 @@ def test_a_viewer_follows_a_deep_link_reloads_and_signs_out(browser: Any, consol
     pg.get_by_role("button", name="Sign in").click()
     wait_rendered(pg, "Events & logs")
     assert time.monotonic() - t0 < 30
-    cookie = next(c for c in context.cookies() if c["name"] == "llmops_session")
+    cookie = next(c for c in context.cookies() if c.name == "llmops_session")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert "llmops_" not in pg.evaluate("document.cookie")  # out of page scripts' reach
     pg.reload()  # F5: still signed in, still on the same page

@@ -17,7 +17,7 @@ import pytest
 from engine.capacity import GIB, Device, load_shape, predict
 from engine.revisions import EngineSettings
 from engine.serving import ChildLog, VllmChild, build_command, build_env, free_port
-from tests.engine_process import REPO, ensure_demo_model
+from tests.support.engine import REPO, ensure_demo_model
 
 pytestmark = pytest.mark.integration
 

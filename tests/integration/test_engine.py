@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import sqlite3
-import time
 from pathlib import Path
 
 import httpx
@@ -15,9 +14,11 @@ import psutil
 import pytest
 
 from console.client import SettingsRejectedError
+from engine.schemas import StatusOut
 from engine.serving import group_members
-from tests.engine_process import COLD_START_S, HF_TOKEN, EngineHandle
-from tests.integration.load import Load, summary
+from tests.support.engine import COLD_START_S, HF_TOKEN, EngineHandle
+from tests.support.load import Load, summary
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -114,7 +115,7 @@ def test_max_num_seqs_change_under_load_restarts_vllm_and_drops_nothing(engine: 
 
 def test_revision_written_straight_into_sqlite_is_applied(engine: EngineHandle) -> None:
     current = engine.client.settings()
-    values = {**current.values, "max_num_seqs": 7}
+    values = {**current.values.model_dump(), "max_num_seqs": 7}
     with sqlite3.connect(engine.data_dir / "llmops.db") as conn:
         cur = conn.execute('INSERT INTO revision ("values", author, note) VALUES (?, ?, ?)',
                            (json.dumps(values), "dba", "written with sqlite3"))
@@ -133,10 +134,8 @@ def test_forced_revision_that_cannot_start_is_rolled_back_and_diagnosed(engine: 
     assert refused.value.fields[0][0] == "cpu_kv_cache_gib"
     bad = engine.client.put_settings(before.revision, {"cpu_kv_cache_gib": 0.001}, "forced", force=True)
     assert bad.forced
-    deadline = time.monotonic() + COLD_START_S
-    while engine.client.revision(bad.revision).status != "rejected":  # ... forced, it fails and is rejected
-        assert time.monotonic() < deadline, engine.client.status()
-        time.sleep(0.5)
+    wait_until(lambda: engine.client.revision(bad.revision).status == "rejected", COLD_START_S, every=0.5,
+               what="the forced revision's rejection")  # ... forced, it fails and is rejected
     rejected = engine.client.revision(bad.revision)
     assert rejected.status_reason.startswith("kv_cache_too_small")
     assert rejected.oom_count == 1
@@ -154,12 +153,11 @@ def test_sigkill_of_vllm_under_load_recovers_on_the_same_revision(engine: Engine
     load = Load(engine.url, clients=8).start()
     load.wait_for(16, timeout=120)
     os.kill(before.pid, signal.SIGKILL)  # the API server only: its engine core and worker are left behind
-    deadline = time.monotonic() + COLD_START_S
-    after = engine.client.status()
-    while not (after.state == "ready" and after.pid != before.pid):
-        assert time.monotonic() < deadline, after
-        time.sleep(0.5)
-        after = engine.client.status()
+    def replaced() -> StatusOut | None:
+        status = engine.client.status()
+        return status if status.state == "ready" and status.pid != before.pid else None
+
+    after = wait_until(replaced, COLD_START_S, every=0.5, what="a new vLLM, ready")
     assert after.running_revision == before.running_revision
     seen = load.count()
     load.wait_for(seen + 16, timeout=120)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.engine_process import COLD_START_S, EngineHandle
+from engine.schemas import BenchmarkRunOut
+from tests.support.engine import COLD_START_S, EngineHandle
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 TAG = {"x-llmops-client": "kpi-test"}
@@ -31,14 +32,12 @@ def stream_chat(url: str, include_usage: bool) -> tuple[list[dict[str, Any]], di
     return events, usage
 
 
-def wait_run(engine: EngineHandle, run_id: int, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+def wait_run(engine: EngineHandle, run_id: int, timeout: float) -> BenchmarkRunOut:
+    def ended() -> BenchmarkRunOut | None:
         run = engine.client.benchmark(run_id)
-        if run["status"] != "running":
-            return run
-        assert time.monotonic() < deadline, run["progress"]
-        time.sleep(1)
+        return run if run.status != "running" else None
+
+    return wait_until(ended, timeout, every=1, what=f"the end of benchmark {run_id}")
 
 
 def test_kpis_from_a_known_set_of_requests(engine: EngineHandle) -> None:
@@ -61,13 +60,14 @@ def test_kpis_from_a_known_set_of_requests(engine: EngineHandle) -> None:
     rows = engine.client.kpis("10m", client="kpi-test")
     assert len(rows) == 1
     k = rows[0]
-    assert k["revision"] == engine.client.status().running_revision
-    assert (k["requests"], k["succeeded"], k["error_rate"]) == (10, 10, 0.0)
-    assert k["avg_output_tokens"] == 8.0
-    assert k["avg_input_tokens"] == pytest.approx(sum(prompt_tokens) / 10)
-    assert 0 < k["latency_p50_s"] <= k["latency_p95_s"] <= k["latency_p99_s"]
-    assert k["ttft_p95_s"] is not None and k["ttft_p95_s"] <= k["latency_p99_s"]
-    assert k["output_tokens_per_s"] > 0
+    assert k.revision == engine.client.status().running_revision
+    assert (k.requests, k.succeeded, k.error_rate) == (10, 10, 0.0)
+    assert k.avg_output_tokens == 8.0
+    assert k.avg_input_tokens == pytest.approx(sum(prompt_tokens) / 10)
+    assert k.latency_p50_s is not None and k.latency_p95_s is not None and k.latency_p99_s is not None
+    assert 0 < k.latency_p50_s <= k.latency_p95_s <= k.latency_p99_s
+    assert k.ttft_p95_s is not None and k.ttft_p95_s <= k.latency_p99_s
+    assert (k.output_tokens_per_s or 0) > 0
     metrics = httpx.get(f"{engine.url}/metrics", headers=engine.auth).text
     families = {f.name: f for f in text_string_to_metric_families(metrics)}
     ok = [s for s in families["llmops_requests"].samples
@@ -80,33 +80,34 @@ def test_benchmark_sweep_is_stored_under_its_revision(engine: EngineHandle) -> N
     run = engine.client.start_sweep("short_chat", [1, 2], num_prompts=6)
     with pytest.raises(Exception, match="409"):
         engine.client.start_sweep("short_chat", [1])  # one run at a time
-    done = wait_run(engine, run["id"], 600)
-    assert done["status"] == "done", done["error"]
-    assert done["revision_id"] == status.running_revision
-    assert [lv["concurrency"] for lv in done["results"]] == [1, 2]
-    for level in done["results"]:
-        assert level["completed"] == 6 and level["failed"] == 0 and level["output_throughput"] > 0
-        assert level["p95_e2el_ms"] >= level["p50_e2el_ms"] > 0
-        assert "tokens_per_joule" not in level  # no GPU energy counter here, so no invented figure
+    done = wait_run(engine, run.id, 600)
+    assert done.status == "done", done.error
+    assert done.revision_id == status.running_revision
+    assert [lv.concurrency for lv in done.results] == [1, 2]
+    for level in done.results:
+        assert level.completed == 6 and level.failed == 0 and (level.output_throughput or 0) > 0
+        assert (level.p95_e2el_ms or 0) >= (level.p50_e2el_ms or 0) > 0
+        assert level.tokens_per_joule is None  # no GPU energy counter here, so no invented figure
     listed = engine.client.benchmarks(revision=status.running_revision)
-    assert run["id"] in [r["id"] for r in listed]
-    compared = engine.client.compare_benchmarks(run["id"], run["id"])
-    assert compared["levels"][0]["output_throughput"]["change_pct"] == 0.0
+    assert run.id in [r.id for r in listed]
+    compared = engine.client.compare_benchmarks(run.id, run.id)
+    assert compared.levels[0].output_throughput.change_pct == 0.0
 
 
 def test_guided_search_proposes_a_valid_max_num_seqs_and_restores(engine: EngineHandle) -> None:
     engine.client.wait_for({"ready"}, COLD_START_S)
     before = engine.client.settings()
     run = engine.client.start_search("short_chat", target_p95_s=120, candidates=[1, 2], num_prompts=4)
-    done = wait_run(engine, run["id"], 3 * COLD_START_S)
-    assert done["status"] == "done", done["error"]
-    assert [r["max_num_seqs"] for r in done["results"]] == [1, 2]
-    proposal = done["proposal"]
-    assert proposal is not None and proposal["p95_e2e_s"] <= 120
-    best = max(done["results"], key=lambda r: r["output_throughput"])  # both meet a 120 s target here
-    assert proposal["max_num_seqs"] == best["max_num_seqs"]
-    assert proposal["gain_over_max_num_seqs_1"] == pytest.approx(
-        best["output_throughput"] / done["results"][0]["output_throughput"], rel=0.01)
+    done = wait_run(engine, run.id, 3 * COLD_START_S)
+    assert done.status == "done", done.error
+    assert [r.max_num_seqs for r in done.results] == [1, 2]
+    proposal = done.proposal
+    assert proposal is not None and proposal.p95_e2e_s <= 120
+    best = max(done.results, key=lambda r: r.output_throughput or 0)  # both meet a 120 s target here
+    assert proposal.max_num_seqs == best.max_num_seqs
+    assert best.output_throughput and done.results[0].output_throughput
+    assert proposal.gain_over_max_num_seqs_1 == pytest.approx(
+        best.output_throughput / done.results[0].output_throughput, rel=0.01)
     after = engine.client.wait_for({"ready"}, COLD_START_S)
     assert engine.client.settings().values == before.values  # the original settings are back
     assert after.running_revision == engine.client.settings().revision

@@ -1,20 +1,27 @@
-"""The real engine as a test process: `llmops engine` on a free port and a fresh data dir, the real vLLM (CPU
-build here) serving the demo model. A cold start costs about a minute on two cores, so the session shares one
-(the ``engine`` fixture in tests/conftest.py)."""
+"""The one engine harness of the CPU and GPU suites: the real engine (``llmops engine``) as a process on a free
+port and its own data dir, with the real vLLM behind it. ``running_engine`` starts it, waits for /healthz (failing
+at once, with its output, if the process dies), and stops it terminate → kill, whatever happens in between.
+
+A cold start of vLLM costs about a minute on two cores, so the CPU suites share one (the ``engine`` fixture of
+tests/conftest.py)."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
-import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from console.client import EngineClient
 from engine.serving import free_port
+from tests.support.wait import wait_until
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "data" / "models" / "demo"
 COLD_START_S = 600
 ADMIN_PASSWORD = "admin-password-for-tests"
@@ -37,6 +44,10 @@ class EngineHandle:
     def vllm_log(self) -> str:
         return (self.data_dir / "logs" / "vllm.log").read_text(errors="replace")
 
+    def output(self) -> str:
+        path = self.data_dir / "engine-stdout.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
 
 def ensure_demo_model() -> Path:
     if not (DEMO / "config.json").exists():
@@ -53,37 +64,44 @@ def make_token(data_dir: Path, role: str = "admin", name: str = "tests", kind: s
     return out.stdout.strip()
 
 
-def start_engine(data_dir: Path, *extra_env: tuple[str, str], demo: bool = True) -> EngineHandle:
-    """``demo``: link the repository's demo model into the data dir (else the engine finds none: a first run)."""
+@contextmanager
+def running_engine(data_dir: Path, env: Mapping[str, str] | None = None, *, demo: bool = True,
+                   timeout: float = 60) -> Iterator[EngineHandle]:
+    """The engine on a free port and ``data_dir``, until the block ends. ``demo``: link the repository's demo model
+    into the data dir (else the engine finds none: a first run). ``env`` adds LLMOPS_* settings."""
     (data_dir / "models").mkdir(parents=True, exist_ok=True)
     link = data_dir / "models" / "demo"
     if demo and not link.exists():
         link.symlink_to(ensure_demo_model(), target_is_directory=True)
     port = free_port()
     token = make_token(data_dir)
-    env = {**os.environ, "LLMOPS_QUEUE_TIMEOUT_S": "300", "LLMOPS_ADMIN_PASSWORD": ADMIN_PASSWORD,
-           "LLMOPS_HF_TOKEN": HF_TOKEN,
-           **dict(extra_env)}
-    out = open(data_dir / "engine-stdout.log", "wb")  # noqa: SIM115 - lives as long as the engine
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.cli", "engine", "--data-dir", str(data_dir), "--port", str(port)],
-        stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env,
-    )
+    full_env = {**os.environ, "LLMOPS_QUEUE_TIMEOUT_S": "300", "LLMOPS_ADMIN_PASSWORD": ADMIN_PASSWORD,
+                "LLMOPS_HF_TOKEN": HF_TOKEN, "LLMOPS_MODEL_ROOTS": json.dumps([str(DEMO.parent)]), **(env or {})}
+    with open(data_dir / "engine-stdout.log", "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "engine", "--data-dir", str(data_dir),
+                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=full_env)
     url = f"http://127.0.0.1:{port}"
-    client = EngineClient(url, timeout=30, token=token)
-    deadline = time.monotonic() + 30
-    while not client.healthz():
-        assert proc.poll() is None, (data_dir / "engine-stdout.log").read_text()
-        assert time.monotonic() < deadline, "engine did not answer /healthz within 30 s"
-        time.sleep(0.2)
-    return EngineHandle(url, port, data_dir, proc, client, token)
-
-
-def stop_engine(handle: EngineHandle) -> None:
-    handle.proc.terminate()
+    client = EngineClient(url, timeout=60, token=token)
+    handle = EngineHandle(url, port, data_dir, proc, client, token)
     try:
-        handle.proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        handle.proc.kill()
-        raise
+        def up() -> bool:
+            assert proc.poll() is None, f"the engine exited with {proc.returncode}:\n{handle.output()[-3000:]}"
+            return client.healthz()
+
+        wait_until(up, timeout, what="the engine's /healthz")
+        yield handle
+    finally:
+        stop(handle)
+
+
+def stop(handle: EngineHandle, timeout: float = 120) -> None:
+    """SIGTERM, a bounded wait (the engine drains and stops vLLM), then SIGKILL."""
+    if handle.proc.poll() is None:
+        handle.proc.send_signal(signal.SIGTERM)
+        try:
+            handle.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            handle.proc.kill()
+            handle.proc.wait(timeout=10)
+            raise AssertionError(f"the engine did not stop within {timeout:.0f} s of SIGTERM") from None
     handle.client.close()

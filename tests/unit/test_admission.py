@@ -11,6 +11,7 @@ import pytest
 
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.gateway import Admission
+from tests.support.wait import eventually
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
@@ -33,8 +34,7 @@ def test_waiters_go_to_the_new_upstream_when_it_opens() -> None:
     async def go() -> None:
         gate = Admission(queue_size=4, queue_timeout_s=5)
         waiters = [asyncio.create_task(gate.acquire(time.monotonic() + 5)) for _ in range(3)]
-        await asyncio.sleep(0.05)
-        assert gate.waiting == 3
+        await eventually(lambda: gate.waiting == 3, 5, what="three waiters")
         await gate.open("http://new", revision=7)
         assert [(u.url, u.revision) for u in await asyncio.gather(*waiters)] == [("http://new", 7)] * 3
         assert gate.waiting == 0 and gate.in_flight == 3
@@ -46,7 +46,7 @@ def test_queue_is_bounded() -> None:
     async def go() -> None:
         gate = Admission(queue_size=1, queue_timeout_s=5)
         first = asyncio.create_task(gate.acquire(time.monotonic() + 5))
-        await asyncio.sleep(0.05)
+        await eventually(lambda: gate.waiting == 1, 5, what="the first waiter")
         with pytest.raises(QueueFullError):
             await gate.acquire(time.monotonic() + 5)
         assert gate.rejected == 1
@@ -72,13 +72,11 @@ def test_drain_waits_for_in_flight_requests() -> None:
         await gate.acquire(time.monotonic() + 1)
         await gate.close()
 
-        async def finish_later() -> None:
-            await asyncio.sleep(0.1)
-            await gate.release()
-
-        later = asyncio.create_task(finish_later())
-        assert await gate.drain(timeout=5) == 0
-        await later
+        draining = asyncio.create_task(gate.drain(timeout=5))
+        await asyncio.sleep(0)  # the drain is under way ...
+        assert not draining.done()
+        await gate.release()  # ... and ends when the last request does
+        assert await draining == 0
 
     run(go())
 
@@ -97,7 +95,7 @@ def test_refusal_turns_waiting_into_an_immediate_503() -> None:
     async def go() -> None:
         gate = Admission(queue_size=5, queue_timeout_s=10)
         waiter = asyncio.create_task(gate.acquire(time.monotonic() + 10))
-        await asyncio.sleep(0.05)
+        await eventually(lambda: gate.waiting == 1, 5, what="the waiter")
         await gate.refuse("stopped by an operator")
         with pytest.raises(UpstreamUnavailableError, match="operator"):
             await waiter
@@ -154,7 +152,7 @@ def test_an_unreadable_answer_is_a_502_and_frees_its_slot() -> None:
     async def go() -> None:
         gate = Admission(queue_size=5, queue_timeout_s=1)
         await gate.open("http://vllm", 1)
-        gateway = Gateway(gate, 5.0, lambda: "demo")
+        gateway = Gateway(gate, 5.0)
         gateway.client = httpx.AsyncClient(transport=httpx.MockTransport(garbled))
         resp = await gateway.forward("POST", "/v1/completions", {}, {}, b'{"prompt": "hi"}')
         await gateway.client.aclose()

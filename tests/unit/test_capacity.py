@@ -10,7 +10,6 @@ import pytest
 
 from engine.capacity import (
     GIB,
-    CalibrationRow,
     Device,
     ModelShape,
     batched_tokens,
@@ -22,9 +21,10 @@ from engine.capacity import (
     to_calibration,
     weight_bytes,
 )
+from engine.db import CalibrationRow
 from engine.revisions import EngineSettings
 
-LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
+LOGS = Path(__file__).parent.parent / "fixtures" / "vllm_logs"
 # Llama-3-8B's shape, as ../shared/gpu/make_shape_model.py writes it for the H200 runs.
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
@@ -174,9 +174,9 @@ def test_failed_h200_start_is_predicted_to_have_no_kv_memory(llama8b: ModelShape
 
 def test_calibration_store_keeps_the_last_starts_per_model(tmp_path: Path, llama8b: ModelShape) -> None:
     from engine.capacity import CalibrationStore
-    from engine.db import Store
+    from engine.db import open_database
 
-    calibrations = CalibrationStore(Store(tmp_path / "c.db"))
+    calibrations = CalibrationStore(open_database(tmp_path / "c.db"))
     assert calibrations.latest("m", 1, "auto") is None
     for name in ENGINE_STARTS:
         lines = read(f"h200-2026-11-30/{name}")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
 from engine.serving import ChildLog, VllmChild, free_port, group_members, reap_orphans
+from tests.support.wait import eventually
 
 # A server that forks a worker; the worker ignores SIGTERM, like a stuck vLLM worker holding memory.
 TREE = """
@@ -30,9 +30,7 @@ def test_stop_kills_the_whole_group_and_logs_output(tmp_path: Path) -> None:
         log = ChildLog(tmp_path / "logs" / "vllm.log", 10_000, 1)
         child = VllmChild([sys.executable, "-c", TREE], {}, free_port(), 1, log, tmp_path / "run" / "vllm.json")
         await child.spawn()
-        deadline = time.monotonic() + 10
-        while len(log.run_lines) < 3 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await eventually(lambda: len(log.run_lines) >= 3, 10, every=0.05, what="the tree's three lines")
         assert child.pid is not None
         members = group_members(child.pid)
         assert len(members) == 2

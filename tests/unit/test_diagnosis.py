@@ -9,7 +9,7 @@ import pytest
 
 from engine.serving import diagnose
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent.parent / "fixtures"
 SAMPLES = json.loads((FIXTURES / "diagnosis_samples.json").read_text())
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.db import Store
+from engine.db import open_database
+from engine.events import EventLog
 from engine.gateway import Ledger, Record, percentile
 
 
@@ -21,7 +22,7 @@ def rec(ts: float, revision: int, latency: float, tokens: tuple[int, int] | None
 
 @pytest.fixture
 def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(Store(tmp_path / "l.db").engine)
+    return Ledger(open_database(tmp_path / "l.db"))
 
 
 def test_kpis_per_revision(ledger: Ledger) -> None:
@@ -44,11 +45,11 @@ def test_kpis_per_revision(ledger: Ledger) -> None:
 
 
 def test_oom_rate_comes_from_diagnosed_failures(tmp_path: Path) -> None:
-    store = Store(tmp_path / "o.db")
-    ledger = Ledger(store.engine)
-    store.add_event("diagnosis", "kv_cache_too_small", revision_id=3, data={"kind": "kv_cache_too_small",
+    db = open_database(tmp_path / "o.db")
+    ledger, events = Ledger(db), EventLog(db)
+    events.add("diagnosis", "kv_cache_too_small", revision_id=3, data={"kind": "kv_cache_too_small",
                                                                              "is_oom": True})
-    store.add_event("diagnosis", "unknown", revision_id=3, data={"kind": "unknown", "is_oom": False})
+    events.add("diagnosis", "unknown", revision_id=3, data={"kind": "unknown", "is_oom": False})
     k = {r["revision"]: r for r in ledger.kpis(7200)}
     assert k[3]["oom_failures"] == 1 and k[3]["oom_per_hour"] == 0.5 and k[3]["requests"] == 0
 
@@ -67,3 +68,21 @@ def test_sampled_prompt_text_is_the_messages_as_json_cut_at_4000_characters() ->
     long = RequestInfo.parse(json.dumps({"prompt": "x" * 10_000}).encode()).prompt_text()
     assert long is not None and len(long) == 4000 and long.startswith('"xxx')
     assert RequestInfo.parse(b"not json").prompt_text() is None
+
+
+def test_longest_request_is_the_p99_of_successful_requests_and_is_cached(ledger: Ledger) -> None:
+    now = time.time()
+    for i in range(19):
+        ledger.record(rec(now - 10, 1, latency=0.1, tokens=(100 * (i + 1), 0)))
+    ledger.flush()
+    assert ledger.longest_request(3600, cache_s=0) is None  # fewer than 20: no claim about traffic
+    ledger.record(rec(now - 10, 1, latency=0.1, tokens=(2000, 50)))
+    ledger.record(rec(now - 10, 1, latency=0.1, tokens=(99_999, 0), status=500))  # failed: not traffic's need
+    ledger.flush()
+    assert ledger.longest_request(3600, cache_s=0) == 1900  # 20 rows: nearest rank of p99 is the 19th
+    ledger.record(rec(now - 10, 1, latency=0.1, tokens=(50_000, 0)))
+    ledger.flush()
+    assert ledger.longest_request(3600, cache_s=0) == 2050  # 21 rows: the 20th; the new row counts ...
+    ledger.record(rec(now - 10, 1, latency=0.1, tokens=(60_000, 0)))
+    ledger.flush()
+    assert ledger.longest_request(3600) == 2050  # ... and is kept for 30 s

@@ -6,7 +6,8 @@ import sqlite3
 from pathlib import Path
 
 from engine.capacity import CalibrationStore
-from engine.db import Store
+from engine.db import open_database
+from engine.revisions import RevisionStore
 
 
 def test_old_tables_gain_new_columns_and_keep_their_rows(tmp_path: Path) -> None:
@@ -24,10 +25,10 @@ def test_old_tables_gain_new_columns_and_keep_their_rows(tmp_path: Path) -> None
     """)
     conn.commit()
     conn.close()
-    store = Store(db)
-    rev = store.desired_revision()
+    opened = open_database(db)
+    rev = RevisionStore(opened).desired_revision()
     assert rev is not None and rev.values == {"max_num_seqs": 4} and rev.warnings == []
-    calibrations = CalibrationStore(store)
+    calibrations = CalibrationStore(opened)
     assert calibrations.latest("m", 1, "auto") is None
     columns = {r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(calibration)")}
     assert "activation_estimate" in columns

@@ -9,7 +9,7 @@ import pytest
 
 from engine.capacity import GIB, Device, check
 from engine.revisions import EngineSettings
-from tests.test_capacity import H200, LLAMA3_8B
+from tests.unit.test_capacity import H200, LLAMA3_8B
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 
 from engine.metrics import Histogram, derive, parse
 
-REAL = (Path(__file__).parent / "fixtures" / "vllm-0.32-cpu-metrics.txt").read_text()
+REAL = (Path(__file__).parent.parent / "fixtures" / "vllm-0.32-cpu-metrics.txt").read_text()
 
 OLD_NAMES = """
 # TYPE vllm:gpu_cache_usage_perc gauge

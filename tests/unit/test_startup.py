@@ -6,7 +6,7 @@ from pathlib import Path
 
 from engine.serving import PastStart, StartTracker, compile_key, estimate, past_start
 
-LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
+LOGS = Path(__file__).parent.parent / "fixtures" / "vllm_logs"
 
 
 def replay(name: str) -> StartTracker:

@@ -24,8 +24,15 @@ def test_impossible_transitions_are_refused(start: EngineState, target: EngineSt
     assert sm.state == start
 
 
-def test_since_moves_with_each_transition() -> None:
+def test_since_is_the_time_of_the_latest_transition(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter([100.0, 250.0, 400.0])
+    monkeypatch.setattr("engine.serving.state.time.time", lambda: next(clock))
     sm = StateMachine()
-    before = sm.since
+    assert sm.since == 100.0
     sm.to(S.STARTING, "go")
-    assert sm.since >= before
+    assert sm.since == 250.0
+    with pytest.raises(InvalidTransitionError):
+        sm.to(S.DRAINING, "starting -> draining is not a transition")
+    assert sm.since == 250.0  # a refused transition does not move it
+    sm.to(S.READY, "up")
+    assert sm.since == 400.0

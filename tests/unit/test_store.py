@@ -6,30 +6,32 @@ from pathlib import Path
 
 import pytest
 
-from engine.db import Store
+from engine.db import open_database
 from engine.errors import RevisionNotFoundError, StaleRevisionError
+from engine.events import EventLog
+from engine.revisions import RevisionStore
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    s = Store(tmp_path / "t.db")
+def store(tmp_path: Path) -> RevisionStore:
+    s = RevisionStore(open_database(tmp_path / "t.db"))
     assert s.ensure_initial({"max_num_seqs": 16})
     return s
 
 
-def test_database_is_a_wal_file(store: Store) -> None:
-    conn = sqlite3.connect(store.path)
+def test_database_is_a_wal_file(store: RevisionStore) -> None:
+    conn = sqlite3.connect(store.db.path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_initial_revision_is_created_once(store: Store) -> None:
+def test_initial_revision_is_created_once(store: RevisionStore) -> None:
     assert not store.ensure_initial({"max_num_seqs": 99})
     desired = store.desired_revision()
     assert desired is not None and desired.id == 1 and desired.values == {"max_num_seqs": 16}
     assert desired.status == "pending"
 
 
-def test_new_revision_becomes_desired_and_keeps_author_note_parent(store: Store) -> None:
+def test_new_revision_becomes_desired_and_keeps_author_note_parent(store: RevisionStore) -> None:
     rev = store.create_revision({"max_num_seqs": 4}, base_revision=1, author="ana", note="smaller batch")
     assert rev.id == 2 and rev.parent_id == 1
     again = store.get_revision(2)
@@ -39,7 +41,7 @@ def test_new_revision_becomes_desired_and_keeps_author_note_parent(store: Store)
     assert store.get_revision(1).status == "superseded"  # pending revision 1 never ran
 
 
-def test_stale_base_is_refused_and_writes_nothing(store: Store) -> None:
+def test_stale_base_is_refused_and_writes_nothing(store: RevisionStore) -> None:
     store.create_revision({"max_num_seqs": 4}, base_revision=1, author="a")
     with pytest.raises(StaleRevisionError) as info:
         store.create_revision({"max_num_seqs": 8}, base_revision=1, author="b")
@@ -47,7 +49,7 @@ def test_stale_base_is_refused_and_writes_nothing(store: Store) -> None:
     assert store.head_revision_id() == 2
 
 
-def test_applied_revision_supersedes_the_previous_one(store: Store) -> None:
+def test_applied_revision_supersedes_the_previous_one(store: RevisionStore) -> None:
     store.mark_applied(1)
     store.create_revision({"max_num_seqs": 4}, base_revision=1, author="a")
     assert store.get_revision(1).status == "applied"  # still running until 2 is ready
@@ -55,7 +57,7 @@ def test_applied_revision_supersedes_the_previous_one(store: Store) -> None:
     assert [store.get_revision(i).status for i in (1, 2)] == ["superseded", "applied"]
 
 
-def test_rejected_revision_hands_desired_back_to_last_applied(store: Store) -> None:
+def test_rejected_revision_hands_desired_back_to_last_applied(store: RevisionStore) -> None:
     store.mark_applied(1)
     store.create_revision({"max_num_seqs": 4}, base_revision=1, author="a")
     store.mark_rejected(2, "did not start")
@@ -63,31 +65,32 @@ def test_rejected_revision_hands_desired_back_to_last_applied(store: Store) -> N
     assert store.get_revision(2).status_reason == "did not start"
 
 
-def test_row_inserted_with_plain_sql_becomes_desired(store: Store) -> None:
-    conn = sqlite3.connect(store.path)
+def test_row_inserted_with_plain_sql_becomes_desired(store: RevisionStore) -> None:
+    conn = sqlite3.connect(store.db.path)
     conn.execute('INSERT INTO revision ("values", author) VALUES (?, ?)', (json.dumps({"max_num_seqs": 2}), "dba"))
     conn.commit()
     rev = store.desired_revision()
     assert rev is not None and rev.id == 2 and rev.status == "pending" and rev.created_at > 1e9
 
 
-def test_missing_revision(store: Store) -> None:
+def test_missing_revision(store: RevisionStore) -> None:
     with pytest.raises(RevisionNotFoundError):
         store.get_revision(42)
 
 
-def test_events_are_ordered_and_filterable(store: Store) -> None:
+def test_events_are_ordered_and_filterable(store: RevisionStore) -> None:
+    log = EventLog(store.db)
     for kind in ("starting", "ready", "failed"):
-        store.add_event(kind, f"{kind} happened", revision_id=1)
-    events = store.events()
+        log.add(kind, f"{kind} happened", revision_id=1)
+    events = log.events()
     assert [e.kind for e in events] == ["starting", "ready", "failed"]
-    assert [e.kind for e in store.events(since=events[0].id or 0)] == ["ready", "failed"]
-    assert [e.kind for e in store.events(kinds=["failed"])] == ["failed"]
-    assert [e.kind for e in store.events(newest_first=True, limit=1)] == ["failed"]
+    assert [e.kind for e in log.events(since=events[0].id or 0)] == ["ready", "failed"]
+    assert [e.kind for e in log.events(kinds=["failed"])] == ["failed"]
+    assert [e.kind for e in log.events(newest_first=True, limit=1)] == ["failed"]
 
 
 def test_two_store_objects_see_each_other(tmp_path: Path) -> None:
-    a, b = Store(tmp_path / "x.db"), Store(tmp_path / "x.db")
+    a, b = RevisionStore(open_database(tmp_path / "x.db")), RevisionStore(open_database(tmp_path / "x.db"))
     a.ensure_initial({"v": 1})
     b.create_revision({"v": 2}, base_revision=1, author="other process")
     assert a.desired_revision_id() == 2

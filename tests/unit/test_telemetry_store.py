@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.db import Store
-from engine.gpu import GpuReading, Snapshot
-from engine.gpu.history import HOST, MAX_POINTS, TelemetryStore
+from engine.db import open_database
+from engine.gpu import HOST, GpuReading, Snapshot, TelemetryStore
+from engine.metrics import MAX_POINTS
 
 T0 = 1_800_000_000.0  # a fixed, minute-aligned clock
 
@@ -19,8 +19,7 @@ def snap(ts: float, util: float) -> Snapshot:
 
 
 def fill(tmp_path: Path, seconds: int, raw_retention: float = 3600) -> TelemetryStore:
-    store = Store(tmp_path / "t.db")
-    history = TelemetryStore(store.engine, raw_retention, 7 * 86400)
+    history = TelemetryStore(open_database(tmp_path / "t.db"), raw_retention, 7 * 86400)
     history.series._last_rollup = T0
     for s in range(seconds):
         history.write(snap(T0 + s, util=float(s % 60)))
