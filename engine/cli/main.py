@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -106,8 +107,11 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
 
 def _console_command(port: int, engine_url: str, host: str = "127.0.0.1") -> tuple[list[str], dict[str, str]]:
-    app = Path(__file__).resolve().parent.parent / "console" / "server.py"
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.address", host,
+    spec = importlib.util.find_spec("console.server")  # located, not imported: the console is its own process
+    if spec is None or spec.origin is None:
+        raise SystemExit("the console package is not installed beside the engine (console/server.py not found)")
+    app = spec.origin
+    cmd = [sys.executable, "-m", "streamlit", "run", app, "--server.port", str(port), "--server.address", host,
            "--server.headless", "true", "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
     return cmd, {**os.environ, "LLMOPS_ENGINE_URL": engine_url}
 

@@ -79,3 +79,13 @@ def test_token_create_list_revoke(idle_engine: EngineHandle) -> None:
     assert "oncall" in listing and viewer not in listing  # tokens are never shown again
     assert llmops("token", "revoke", "oncall", "--data-dir", str(idle_engine.data_dir)).returncode == 0
     assert "401" in llmops("status", "--port", str(idle_engine.port), token=viewer).stderr
+
+
+def test_console_command_runs_the_console_server_script() -> None:
+    """`llmops console` once pointed at engine/console/server.py after the CLI moved into engine/cli/."""
+    from engine.cli.main import _console_command
+
+    cmd, env = _console_command(8501, "http://127.0.0.1:8000")
+    script = Path(cmd[cmd.index("run") + 1])
+    assert script.is_file() and script.name == "server.py" and script.parent.name == "console"
+    assert env["LLMOPS_ENGINE_URL"] == "http://127.0.0.1:8000"
