@@ -21,8 +21,18 @@ class InvalidSettingsError(SettingsError):
 
     def __init__(self, errors: list[dict[str, object]]) -> None:
         self.errors = errors
-        fields = ", ".join(str(e.get("loc", ["?"])[-1]) for e in errors)  # type: ignore[index]
-        super().__init__(f"invalid settings: {fields}")
+        super().__init__(f"invalid settings: {self.describe()}")
+
+    def fields(self) -> list[str]:
+        out = []
+        for e in self.errors:
+            loc = e.get("loc")
+            out.append(str(loc[-1]) if isinstance(loc, list | tuple) and loc else "?")
+        return out
+
+    def describe(self) -> str:
+        """Each bad field and why, in one line."""
+        return "; ".join(f"{f}: {e.get('msg')}" for f, e in zip(self.fields(), self.errors, strict=True))
 
 
 class PreflightError(SettingsError):

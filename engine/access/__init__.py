@@ -13,6 +13,7 @@ from engine.access.auth import (
     allows,
     digest,
 )
+from engine.access.keys import GatewayKeys, KeyRefusedError, bearer
 from engine.access.ratelimit import RateLimiter
 from engine.schemas import ROLES, Role
 
@@ -25,11 +26,14 @@ __all__ = [
     "Auth",
     "AuthError",
     "BadCredentialsError",
+    "GatewayKeys",
+    "KeyRefusedError",
     "LockedError",
     "Principal",
     "RateLimiter",
     "Role",
     "allows",
+    "bearer",
     "bound",
     "digest",
     "generic_action",

@@ -92,7 +92,7 @@ class AuditLog:
                result: int = 0, detail: str = "") -> None:
         with self.db.session() as s:
             s.add(AuditRecord(actor=actor[:100], role=role[:20], action=action[:100], target=target[:300],
-                              before=bound(redact(before)), after=bound(redact(after)), source=source[:100],
+                              before=redact(bound(before)), after=redact(bound(after)), source=source[:100],
                               result=result, detail=detail[:2000]))
 
     def query(self, *, actor: str | None = None, action: str | None = None, target: str | None = None,

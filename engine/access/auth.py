@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +24,8 @@ from engine.errors import EngineError
 from engine.schemas import ROLES
 
 TOKEN_PREFIX = "llmops_"
-USERNAME = re.compile(r"^[A-Za-z0-9_.@+-]{1,64}$")
+USERNAME = re.compile(r"[A-Za-z0-9_.@+][A-Za-z0-9_.@+-]{0,63}")  # fullmatch: "admin\n" is not "admin"
+UNKNOWN_KEPT = 10_000  # unknown user names whose failed sign-ins are counted (in memory, oldest dropped)
 
 
 def allows(role: str, needed: str) -> bool:
@@ -66,6 +68,11 @@ class Auth:
         self.lockout_s = lockout_s
         self.hasher = PasswordHasher()
         self._last_used: dict[int, float] = {}
+        # A name that is no user fails and locks like one that is: same answer, same time, same lockout.
+        self._unknown: dict[str, tuple[int, float]] = {}  # name -> (failures, locked until)
+        self._unknown_lock = threading.Lock()
+        self._dummy_hash = self.hasher.hash(secrets.token_urlsafe(16))
+        self.changes = 0  # counts revocations and user changes: caches of authenticate() start over
 
     # --- users ----------------------------------------------------------------------------------------------
 
@@ -78,8 +85,8 @@ class Auth:
             return s.exec(select(User.id).limit(1)).first() is not None
 
     def create_user(self, username: str, password: str, role: str) -> User:
-        if not USERNAME.match(username):
-            raise AuthError("username: use 1-64 letters, digits and . _ @ + -")
+        if not USERNAME.fullmatch(username):
+            raise AuthError("username: use 1-64 letters, digits and . _ @ + -, not starting with -")
         if role not in ROLES:
             raise AuthError(f"role: one of {', '.join(ROLES)}")
         if len(password) < 10:
@@ -110,6 +117,7 @@ class Auth:
             if disabled is not None:
                 user.disabled = disabled
             s.add(user)
+            self.changes += 1
             if disabled or role is not None or password is not None:  # their sessions end
                 for tok in s.exec(select(ApiToken).where(ApiToken.user_id == user.id, ApiToken.kind == "session",
                                                          col(ApiToken.revoked_at).is_(None))).all():
@@ -125,27 +133,49 @@ class Auth:
         self.create_user("admin", password or generated or "", "admin")
         return generated
 
+    def _verify(self, password_hash: str, password: str) -> bool:
+        try:  # argon2 takes tens of milliseconds: never while holding the database's write lock
+            return bool(self.hasher.verify(password_hash, password))
+        except (VerificationError, InvalidHashError):
+            return False
+
+    def _unknown_failure(self, username: str, now: float) -> None:
+        """Count a failed sign-in of a name that is no user, with the lockout a user would get."""
+        with self._unknown_lock:
+            failures, until = self._unknown.pop(username, (0, 0.0))
+            if until and until <= now:
+                failures, until = 0, 0.0
+            failures += 1
+            if failures >= self.max_failures:
+                failures, until = 0, now + self.lockout_s
+            self._unknown[username] = (failures, until)
+            while len(self._unknown) > UNKNOWN_KEPT:
+                self._unknown.pop(next(iter(self._unknown)))
+
     def login(self, username: str, password: str) -> tuple[str, ApiToken, User]:
-        """A new session token for the user, or BadCredentialsError / LockedError."""
+        """A new session token for the user, or BadCredentialsError / LockedError. Whether the user exists, is
+        disabled or is locked, the same argon2 work is done and the same answers come back: neither the time nor
+        the message tells an attacker which names are users."""
         now = time.time()
         with self.db.session() as s:
             found = s.exec(select(User).where(User.username == username)).first()
         if found is None or found.disabled:
-            self.hasher.hash(password)  # same work whether or not the user exists
+            self._verify(self._dummy_hash, password)
+            with self._unknown_lock:
+                until = self._unknown.get(username, (0, 0.0))[1]
+            if until > now:
+                raise LockedError(until)
+            self._unknown_failure(username, now)
             raise BadCredentialsError("unknown user or wrong password")
+        ok = self._verify(found.password_hash, password)
         if found.locked_until and found.locked_until > now:
             raise LockedError(found.locked_until)
-        try:  # argon2 takes tens of milliseconds: not while holding the database's write lock
-            self.hasher.verify(found.password_hash, password)
-            failed = False
-        except (VerificationError, InvalidHashError):
-            failed = True
         locked_until: float | None = None
         with self.db.session() as s:
             user = s.exec(select(User).where(User.username == username)).one()
             if user.locked_until and user.locked_until > now:  # a parallel attempt locked it while we verified
                 locked_until = user.locked_until
-            elif failed:  # counted and committed before refusing
+            elif not ok:  # counted and committed before refusing
                 user.failed_attempts += 1
                 if user.failed_attempts >= self.max_failures:
                     user.locked_until, user.failed_attempts = now + self.lockout_s, 0
@@ -156,7 +186,7 @@ class Auth:
             s.add(user)
         if locked_until is not None:
             raise LockedError(locked_until)
-        if failed:
+        if not ok:
             raise BadCredentialsError("unknown user or wrong password")
         return token, row, user
 
@@ -214,7 +244,8 @@ class Auth:
                 raise AuthError("no such token")
             row.revoked_at = row.revoked_at or time.time()
             s.add(row)
-            return row
+        self.changes += 1
+        return row
 
     def authenticate(self, token: str) -> Principal | None:
         """The principal a bearer token stands for, or None (unknown, revoked, expired, or its user disabled)."""

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 
 from engine.benchmarks import BenchmarkBusyError
 from engine.errors import InvalidSettingsError, PreflightError, RevisionNotFoundError, StaleRevisionError
@@ -49,6 +50,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RevisionNotFoundError)
     async def _missing(_: Request, exc: RevisionNotFoundError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.exception_handler(OperationalError)
+    async def _database(_: Request, exc: OperationalError) -> JSONResponse:
+        # a full disk, a read-only file, a lock held past the timeout: the request's own write was rolled back
+        reason = str(exc.orig)[:200] if exc.orig is not None else type(exc).__name__
+        return JSONResponse({"detail": f"the engine's database could not be written ({reason}); the change was not "
+                                       "recorded: free disk space under the data dir, or try again"},
+                            status_code=503, headers={"Retry-After": "5"})
 
     @app.exception_handler(BenchmarkBusyError)
     async def _busy(_: Request, exc: BenchmarkBusyError) -> JSONResponse:

@@ -7,6 +7,7 @@ once. A route that matches nothing passes on (FastAPI answers 404 or 405)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -15,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.access import Auth, Principal, allows
+from engine.access import Auth, GatewayKeys, KeyRefusedError, Principal, allows
 from engine.api.deps import route_meta
 
 
@@ -37,10 +38,13 @@ async def send_json(send: Send, status: int, body: dict[str, Any], headers: list
 
 
 class AccessGate:
-    def __init__(self, app: ASGIApp, api: FastAPI, auth: Auth) -> None:
+    def __init__(self, app: ASGIApp, api: FastAPI, auth: Auth, keys: GatewayKeys,
+                 writable: Callable[[], str | None] = lambda: None) -> None:
         self.app = app
         self.api = api
         self.auth = auth
+        self.keys = keys
+        self.writable = writable  # None, or why the database cannot take a change now
         self._meta: dict[int, tuple[str | None, str | None]] | None = None
 
     def _route(self, scope: Scope) -> tuple[str | None, str | None] | None:
@@ -64,21 +68,29 @@ class AccessGate:
         meta = self._route(scope)
         state = scope.setdefault("state", {})
         needed, state["audit_action"] = meta or (None, None)
-        if needed is None:
-            await self.app(scope, receive, send)
-            return
-        token = bearer_of(scope)
-        principal: Principal | None = await run_in_threadpool(self.auth.authenticate, token) if token else None
-        if principal is None:
-            await send_json(send, 401, {"detail": "a valid bearer token is needed: sign in, or create a token with "
-                                        "`llmops token create`"}, [(b"www-authenticate", b"Bearer")])
-            return
-        state["principal"] = principal
-        if principal.kind == "gateway":
-            await send_json(send, 403, {"detail": "a gateway API key serves /v1 only"})
-            return
-        if not allows(principal.role, needed):
-            await send_json(send, 403, {"detail": f"role {principal.role} may not {scope['method']} "
-                                        f"{scope['path']}: it needs {needed}"})
+        if scope["path"].startswith("/v1/"):  # the engine's own /v1 routes: the gateway's key, before the body
+            try:
+                state["principal"] = await self.keys.check(scope.get("headers") or [])
+            except KeyRefusedError as exc:
+                await send_json(send, exc.status, {"detail": str(exc)}, exc.headers)
+                return
+        if needed is not None:
+            token = bearer_of(scope)
+            principal: Principal | None = await run_in_threadpool(self.auth.authenticate, token) if token else None
+            if principal is None:
+                await send_json(send, 401, {"detail": "a valid bearer token is needed: sign in, or create a token "
+                                            "with `llmops token create`"}, [(b"www-authenticate", b"Bearer")])
+                return
+            state["principal"] = principal
+            if principal.kind == "gateway":
+                await send_json(send, 403, {"detail": "a gateway API key serves /v1 only"})
+                return
+            if not allows(principal.role, needed):
+                await send_json(send, 403, {"detail": f"role {principal.role} may not {scope['method']} "
+                                            f"{scope['path']}: it needs {needed}"})
+                return
+        if state["audit_action"] and (why := await run_in_threadpool(self.writable)):
+            # a change the database could not record is refused before it is made, not made and answered 500
+            await send_json(send, 507, {"detail": f"nothing was done: {why}"})
             return
         await self.app(scope, receive, send)

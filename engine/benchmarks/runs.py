@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from engine.errors import EngineError
 from engine.events import EventLog
 from engine.gateway import Ledger
 from engine.revisions import RevisionStore, resolve_local_model
-from engine.serving import Supervisor
+from engine.serving import Supervisor, at_nice
 
 log = logging.getLogger("llmops.benchmarks")
 
@@ -57,6 +57,23 @@ def lengths(preset: str, max_model_len: int) -> tuple[int, int]:
     return inp, out
 
 
+REPO = Path(__file__).resolve().parents[2]  # where `python -m engine.benchmarks.runner` finds the package
+_BENCH_ENV = ("PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR", "TEMP", "TMP", "PYTHONPATH", "VIRTUAL_ENV",
+              "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "XDG_CACHE_HOME", "SSL_CERT_FILE")
+_BENCH_ENV_PREFIXES = ("LC_", "TRANSFORMERS_", "TOKENIZERS_", "VLLM_", "OMP_")
+
+
+def bench_env(environ: Mapping[str, str], hf_token: str | None = None) -> dict[str, str]:
+    """The benchmark's environment: what Python, the tokenizer and vLLM's benchmark need, nothing of the engine's
+    (no LLMOPS_* setting: the admin password, the hub token, tokens). A hub tokenizer gets the hub token as
+    HF_TOKEN, as vLLM does."""
+    env = {k: v for k, v in environ.items() if k in _BENCH_ENV or k.startswith(_BENCH_ENV_PREFIXES)}
+    if hf_token:
+        env["HF_TOKEN"] = hf_token
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
 class Benchmarks:
     def __init__(self, db: Database, revisions: RevisionStore, events: EventLog, supervisor: Supervisor,
                  ledger: Ledger, gateway_url: str,
@@ -71,6 +88,8 @@ class Benchmarks:
         self.energy = energy
         self.gateway_key = gateway_key  # mints a /v1 key for a run when the gateway requires keys
         self._revoke = revoke
+        config_token = supervisor.config.hf_token
+        self.hf_token = config_token.get_secret_value() if config_token else None
         self._key: str | None = None
         self._closing = False
         self._task: asyncio.Task[None] | None = None
@@ -186,14 +205,15 @@ class Benchmarks:
                 "--header", f"x-llmops-client={tag}", "--seed", "0", "--label", tag]
         # SQLite and NVML off the event loop while it carries the benchmark's own traffic
         energy0, since = await asyncio.to_thread(self.energy), time.time()
-        env = dict(os.environ)
+        env = bench_env(os.environ, hf_token=None if local is not None else self.hf_token)
         if self._key is None:
             self._key = self.gateway_key()  # one key per run, revoked when it ends
         if self._key:  # vLLM's benchmark sends OPENAI_API_KEY as its bearer token
             env["OPENAI_API_KEY"] = self._key
+        args = at_nice(args, self.supervisor.config.vllm_nice)  # the client competes with vLLM as any client would
         self._proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
                                                           stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-                                                          cwd=str(Path(__file__).resolve().parent.parent), env=env)
+                                                          cwd=str(REPO), env=env)
         assert self._proc.stdout is not None
         reader = asyncio.create_task(self._proc.stdout.read())
         while not reader.done():

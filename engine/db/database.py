@@ -77,4 +77,9 @@ def open_database(path: Path) -> Database:
             for op in ("UPDATE", "DELETE"):
                 conn.execute(text(f"CREATE TRIGGER IF NOT EXISTS {table}_no_{op.lower()} BEFORE {op} ON {table} "
                                   f"BEGIN SELECT RAISE(ABORT, 'the {table} trail is append-only'); END"))
+            # INSERT OR REPLACE deletes the row it replaces without firing DELETE triggers (unless
+            # recursive_triggers is on): refuse any insert that would meet an existing row
+            conn.execute(text(f"CREATE TRIGGER IF NOT EXISTS {table}_no_replace BEFORE INSERT ON {table} "
+                              f"WHEN EXISTS (SELECT 1 FROM {table} WHERE id = NEW.id) "
+                              f"BEGIN SELECT RAISE(ABORT, 'the {table} trail is append-only'); END"))
     return db

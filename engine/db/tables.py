@@ -153,6 +153,7 @@ class RequestLog(SQLModel, table=True):
     client: str = ""
     error: str | None = None
     prompt: str | None = None  # only when prompt sampling is on
+    instance: str | None = None  # which vLLM instance answered (None: refused before reaching one)
 
 
 class BenchmarkRun(SQLModel, table=True):

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from engine.db import Revision
 from engine.errors import PreflightError
 from engine.events import EventLog
-from engine.revisions.settings import EngineSettings, merge_values, validate_settings
+from engine.revisions.settings import EngineSettings, FlagSource, merge_values, validate_settings
 from engine.revisions.store import RevisionStore
 
 
@@ -54,16 +54,18 @@ class Change:
 
 class SettingsWriter:
     def __init__(self, revisions: RevisionStore, events: EventLog, checker: Checker, data_dir: Path,
-                 model_roots: list[Path], wake: Callable[[], None] = lambda: None) -> None:
+                 model_roots: list[Path], wake: Callable[[], None] = lambda: None,
+                 flags: FlagSource | None = None) -> None:
         self.revisions = revisions
         self.events = events
         self.checker = checker
         self.data_dir = data_dir
         self.model_roots = model_roots
         self.wake = wake
+        self.flags = flags
 
     def validate(self, values: dict[str, Any]) -> EngineSettings:
-        return validate_settings(values, self.data_dir, self.model_roots)
+        return validate_settings(values, self.data_dir, self.model_roots, self.flags)
 
     def write(self, base_revision: int | None, changes: dict[str, Any], *, author: str, note: str = "",
               force: bool = False) -> Change:

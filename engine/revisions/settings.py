@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from engine.errors import InvalidSettingsError
+from engine.revisions.models import ModelPathError, allowed_roots, locate_model
 from engine.schemas import SettingsValues
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
-SERVED_NAME = re.compile(r"^[\w.:/-]{1,128}$")
+SERVED_NAME = re.compile(r"[\w.:/-]{1,128}")  # fullmatch: "demo\n" is not "demo"
 
 # Further vLLM flags an operator may pass through ``extra_args``. Flags that the fields above own, and flags
 # that would read arbitrary files or open the network, are deliberately absent.
@@ -51,7 +53,18 @@ ALLOWED_EXTRA_FLAGS: frozenset[str] = frozenset(
         "--no-async-scheduling",
     }
 )
-_EXTRA_ARG = re.compile(r"^(--[a-z0-9][a-z0-9-]*)(?:=([^\x00-\x1f]{0,256}))?$")
+_EXTRA_ARG = re.compile(r"(--[a-z0-9][a-z0-9-]*)(?:=([^\x00-\x1f\x7f]{1,256}))?")  # fullmatch
+# flags whose other values name files: only these values are accepted
+EXTRA_VALUES: dict[str, tuple[str, ...]] = {"--generation-config": ("auto", "vllm")}
+
+
+@dataclass(frozen=True)
+class VllmFlag:
+    """One option of the installed vLLM's API server, as its argument parser declares it."""
+
+    name: str
+    takes_value: bool
+    choices: tuple[str, ...] | None = None
 
 
 class EngineSettings(SettingsValues):
@@ -62,44 +75,47 @@ class EngineSettings(SettingsValues):
 
     @field_validator("model")
     @classmethod
-    def _model_exists(cls, value: str, info: ValidationInfo) -> str:
+    def _model_allowed(cls, value: str, info: ValidationInfo) -> str:
         context = info.context or {}
-        data_dir = context.get("data_dir")
-        if resolve_local_model(value, data_dir) is not None:
-            roots = context.get("model_roots")  # given by validate_settings, which every write goes through
-            where = model_path(value, data_dir)
-            if roots is not None and not any(where == root or root in where.parents for root in roots):
-                raise ValueError(f"{value!r} is outside the folders models may come from "
-                                 f"({', '.join(map(str, roots))}); add one with LLMOPS_MODEL_ROOTS")
-            return value
-        if any(part in (".", "..") for part in value.split("/")):
-            raise ValueError(f"{value!r}: no . or .. in a hub id")
-        if value.startswith(("/", ".", "~")) or "\\" in value:
-            raise ValueError(f"no model folder with a config.json at {value!r}")
-        if not HUB_ID.match(value):
-            raise ValueError(
-                f"{value!r} is neither a local model folder (with config.json) nor a hub id like org/name"
-            )
+        # the roots are given by validate_settings, which every write (and every start) goes through
+        locate_model(value, context.get("data_dir"), context.get("model_roots"))
         return value
 
     @field_validator("served_model_name")
     @classmethod
     def _served_name(cls, value: str) -> str:
-        if not SERVED_NAME.match(value):
-            raise ValueError("use 1-128 letters, digits and . _ : / -")
+        if not SERVED_NAME.fullmatch(value) or value.startswith("-"):
+            raise ValueError("use 1-128 letters, digits and . _ : / -, not starting with -")
         return value
 
     @field_validator("extra_args")
     @classmethod
-    def _extra_args(cls, value: list[str]) -> list[str]:
+    def _extra_args(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        context = info.context or {}
+        flags: Mapping[str, VllmFlag] | None = context.get("vllm_flags")
+        if value and "vllm_flags" in context and flags is None:
+            raise ValueError(f"the installed vLLM's flags could not be read ({context.get('vllm_flags_error')}): "
+                             "extra flags cannot be checked, so none are accepted")
+        allowed = sorted(ALLOWED_EXTRA_FLAGS if flags is None else ALLOWED_EXTRA_FLAGS & flags.keys())
         for arg in value:
-            m = _EXTRA_ARG.match(arg)
+            m = _EXTRA_ARG.fullmatch(arg)
             if not m:
-                raise ValueError(f"{arg!r} is not of the form --flag or --flag=value")
-            if m.group(1) not in ALLOWED_EXTRA_FLAGS:
-                raise ValueError(
-                    f"{m.group(1)} is not allowed; allowed flags: {', '.join(sorted(ALLOWED_EXTRA_FLAGS))}"
-                )
+                raise ValueError(f"{arg[:100]!r} is not of the form --flag or --flag=value")
+            name, given = m.group(1), m.group(2)
+            if name not in allowed:
+                missing = flags is not None and name in ALLOWED_EXTRA_FLAGS
+                raise ValueError(f"{name} is {'not a flag of the installed vLLM' if missing else 'not allowed'}; "
+                                 f"allowed flags: {', '.join(allowed)}")
+            flag = flags.get(name) if flags is not None else None
+            if flag is not None and not flag.takes_value and given is not None:
+                raise ValueError(f"{name} takes no value")
+            if flag is not None and flag.takes_value and given is None:
+                raise ValueError(f"{name} needs a value: {name}=VALUE")
+            if flag is not None and flag.choices and given is not None and given not in flag.choices:
+                raise ValueError(f"{name}={given[:60]}: one of {', '.join(flag.choices)}")
+            if name in EXTRA_VALUES and given not in EXTRA_VALUES[name]:
+                raise ValueError(f"{name}={str(given)[:60]}: only {' or '.join(EXTRA_VALUES[name])} (a folder "
+                                 "would be read from outside the model roots)")
         return value
 
 
@@ -111,59 +127,30 @@ def field_help(name: str) -> str:
     return EngineSettings.model_fields[name].description or ""
 
 
-def resolve_local_model(value: str, data_dir: Path | str | None) -> Path | None:
-    """The local folder ``value`` names, if it holds a config.json; else None (a hub id, or missing)."""
-    candidates = [Path(value).expanduser()]
-    if data_dir is not None and not Path(value).is_absolute():
-        candidates.insert(0, Path(data_dir) / value)
-    for path in candidates:
-        if (path / "config.json").is_file():
-            return path.resolve()
-    return None
+class FlagSource(Protocol):
+    """The installed vLLM's flags (engine/serving/flags.py); ``get`` may take seconds the first time."""
+
+    error: str | None
+
+    def get(self) -> Mapping[str, VllmFlag] | None: ...
 
 
-def names_local_path(value: str) -> bool:
-    """Whether a model value names a folder on this machine (absolute, or ./ ../ ~), not a hub id."""
-    return value.startswith(("/", "./", "../", "~"))
-
-
-def hf_home() -> Path:
-    """Hugging Face's folder, found as huggingface_hub finds it: HF_HOME, else $XDG_CACHE_HOME/huggingface
-    (default ~/.cache/huggingface)."""
-    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface"
-    return Path(home).expanduser()
-
-
-def hf_hub_cache() -> Path:
-    """Where vLLM's hub downloads land: HF_HUB_CACHE, else HF_HOME/hub."""
-    cache = os.environ.get("HF_HUB_CACHE")
-    return Path(cache).expanduser() if cache else hf_home() / "hub"
-
-
-def default_model_roots(data_dir: Path | str | None) -> list[Path]:
-    roots = [Path(os.path.normpath(p.absolute())) for p in (hf_home(), hf_hub_cache())]
-    if data_dir is not None:
-        roots.insert(0, Path(os.path.normpath(Path(data_dir).absolute() / "models")))
-    return roots
-
-
-def model_path(value: str, data_dir: Path | str | None) -> Path:
-    """Where a local model value points, normalised but with links not followed (a link an operator placed in
-    an allowed folder is allowed; a ../ escape is not)."""
-    path = Path(value).expanduser()
-    if not path.is_absolute() and data_dir is not None and (Path(data_dir) / value / "config.json").is_file():
-        path = Path(data_dir) / value
-    return Path(os.path.normpath(path.absolute()))
-
-
-def validate_settings(values: dict[str, Any], data_dir: Path | None,
-                      model_roots: list[Path] | None = None) -> EngineSettings:
+def validate_settings(values: dict[str, Any], data_dir: Path | None, model_roots: list[Path] | None = None,
+                      flags: FlagSource | None = None) -> EngineSettings:
     """Validate full values; raise InvalidSettingsError naming each bad field (loc ["body","values",field]).
 
-    Local models must lie under ``model_roots`` (default: DATA_DIR/models and the Hugging Face cache)."""
-    roots = [Path(os.path.normpath(Path(r).absolute())) for r in (model_roots or [])] + default_model_roots(data_dir)
+    Local models must lie under ``model_roots`` (besides DATA_DIR/models and the Hugging Face cache); extra flags
+    must be allowed and known to the installed vLLM (``flags``; read only when there are extra flags)."""
+    context: dict[str, Any] = {"data_dir": data_dir}
+    if flags is not None and values.get("extra_args"):
+        context.update(vllm_flags=flags.get(), vllm_flags_error=flags.error)
     try:
-        return EngineSettings.model_validate(values, context={"data_dir": data_dir, "model_roots": roots})
+        roots = allowed_roots(data_dir, model_roots)
+    except ModelPathError as exc:
+        raise InvalidSettingsError([{"type": "value_error", "loc": ["body", "values", "model"], "msg": str(exc),
+                                     "input": None}]) from None
+    try:
+        return EngineSettings.model_validate(values, context={**context, "model_roots": roots})
     except ValidationError as exc:
         errors: list[dict[str, object]] = []
         for err in exc.errors(include_url=False):

@@ -232,7 +232,7 @@ def test_a_viewer_follows_a_deep_link_reloads_and_signs_out(browser: Any, consol
     pg.get_by_role("button", name="Sign in").click()
     wait_rendered(pg, "Events & logs")
     assert time.monotonic() - t0 < 30
-    cookie = next(c for c in context.cookies() if c.name == "llmops_session")
+    cookie = next(c for c in context.cookies() if c["name"] == "llmops_session")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert "llmops_" not in pg.evaluate("document.cookie")  # out of page scripts' reach
     pg.reload()  # F5: still signed in, still on the same page

@@ -9,6 +9,7 @@ from engine.revisions import (
     ALLOWED_EXTRA_FLAGS,
     FIELD_NAMES,
     EngineSettings,
+    VllmFlag,
     field_help,
     initial_settings,
     merge_values,
@@ -60,7 +61,8 @@ def test_every_bad_field_is_reported_at_once(data_dir: Path) -> None:
 def test_model_is_a_folder_with_config_or_a_hub_id(data_dir: Path) -> None:
     assert validate_settings(full(data_dir, model="meta-llama/Llama-3.1-8B-Instruct"), data_dir)
     assert validate_settings(full(data_dir, model="models/demo"), data_dir)  # relative to the data dir
-    assert "no model folder" in bad_fields(data_dir, model="/tmp/definitely/not/here")["model"]
+    assert "outside the folders" in bad_fields(data_dir, model="/tmp/definitely/not/here")["model"]
+    assert "no model folder" in bad_fields(data_dir, model=str(data_dir / "models" / "missing"))["model"]
     assert "hub id" in bad_fields(data_dir, model="not a model")["model"]
     (data_dir / "empty").mkdir()
     assert "model" in bad_fields(data_dir, model=str(data_dir / "empty"))
@@ -90,6 +92,86 @@ def test_partial_values_keep_the_base(data_dir: Path) -> None:
 
 
 def test_every_field_is_documented_once() -> None:
-    assert len(FIELD_NAMES) == 15
+    assert len(FIELD_NAMES) == 16
     for name in FIELD_NAMES:
         assert len(field_help(name)) > 20, name
+
+
+def test_a_link_out_of_the_roots_is_outside_them_whatever_the_path_says(data_dir: Path, tmp_path: Path) -> None:
+    """models/link/../victim with link a symlink: normalised it reads models/victim, resolved it is the victim's
+    parent's sibling; a link inside models/ to a folder elsewhere is elsewhere."""
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "victim").mkdir()
+    (outside / "victim" / "config.json").write_text("{}")
+    (data_dir / "models" / "link").symlink_to(outside / "deep")
+    assert "no . or .." in bad_fields(data_dir, model=str(data_dir / "models/link/../victim"))["model"]
+    (data_dir / "models" / "elsewhere").symlink_to(outside / "victim")
+    assert "outside the folders" in bad_fields(data_dir, model=str(data_dir / "models/elsewhere"))["model"]
+    assert "outside the folders" in bad_fields(data_dir, model="models/elsewhere")["model"]
+    ok = validate_settings(full(data_dir, model=str(data_dir / "models/elsewhere")), data_dir, [outside])
+    assert ok.model.endswith("elsewhere")  # its target's folder added as a root: allowed
+
+
+def test_outside_the_roots_the_answer_does_not_depend_on_what_exists(data_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "config.json").write_text("{}")
+    exists = bad_fields(data_dir, model=str(tmp_path / "real"))["model"]
+    missing = bad_fields(data_dir, model=str(tmp_path / "nothing"))["model"]
+    assert exists.replace("real", "X") == missing.replace("nothing", "X")
+
+
+@pytest.mark.parametrize("model", ["/" + "a" * 300, "models/" + "b" * 256, "org/" + "c" * 300])
+def test_a_path_part_too_long_for_the_filesystem_is_a_clear_refusal(data_dir: Path, model: str) -> None:
+    assert "longer than 255" in bad_fields(data_dir, model=model)["model"]
+
+
+@pytest.mark.parametrize("model", ["org/name\n", "org/na\x00me", "-org/name", "--trust-remote-code", "org\\name"])
+def test_hub_ids_with_control_characters_dashes_or_backslashes_are_refused(data_dir: Path, model: str) -> None:
+    assert "model" in bad_fields(data_dir, model=model.encode().decode("unicode_escape"))
+
+
+@pytest.mark.parametrize("name", ["demo\n", "demo\r", "--trust-remote-code", "-x", "de mo", "d\x00"])
+def test_served_names_vllm_would_misread_are_refused(data_dir: Path, name: str) -> None:
+    assert "served_model_name" in bad_fields(data_dir, served_model_name=name.encode().decode("unicode_escape"))
+
+
+class Flags:
+    """The installed vLLM's flags as engine/serving/flags.py reads them (a fixed set here: vLLM 0.32's)."""
+
+    error: str | None = None
+
+    def get(self) -> dict[str, VllmFlag]:
+        return {f.name: f for f in (VllmFlag("--seed", True), VllmFlag("--disable-log-stats", False),
+                                    VllmFlag("--generation-config", True),
+                                    VllmFlag("--scheduling-policy", True, ("fcfs", "priority")))}
+
+
+def test_extra_flags_must_exist_in_the_installed_vllm_and_take_what_it_parses(data_dir: Path) -> None:
+    def refused(*args: str) -> str:
+        with pytest.raises(InvalidSettingsError) as info:
+            validate_settings(full(data_dir, extra_args=list(args)), data_dir, flags=Flags())
+        return str(info.value.errors[0]["msg"])
+
+    ok = validate_settings(full(data_dir, extra_args=["--seed=3", "--scheduling-policy=priority"]), data_dir,
+                           flags=Flags())
+    assert ok.extra_args == ["--seed=3", "--scheduling-policy=priority"]
+    assert "not a flag of the installed vLLM" in refused("--swap-space=4")  # allowed once, gone in 0.32
+    assert "takes no value" in refused("--disable-log-stats=yes")
+    assert "needs a value" in refused("--seed")
+    assert "one of fcfs, priority" in refused("--scheduling-policy=lifo")
+    assert "only auto or vllm" in refused("--generation-config=/outside")
+    assert validate_settings(full(data_dir, extra_args=["--generation-config=vllm"]), data_dir, flags=Flags())
+
+
+def test_without_the_installed_vllm_flags_no_extra_flag_is_accepted(data_dir: Path) -> None:
+    class Broken:
+        error: str | None = "no vLLM here"
+
+        def get(self) -> None:
+            return None
+
+    with pytest.raises(InvalidSettingsError) as info:
+        validate_settings(full(data_dir, extra_args=["--seed=3"]), data_dir, flags=Broken())
+    assert "could not be read (no vLLM here)" in str(info.value.errors[0]["msg"])
+    assert validate_settings(full(data_dir), data_dir, flags=Broken())  # no extra flags: nothing to check

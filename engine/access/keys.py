@@ -1,0 +1,82 @@
+"""The /v1 gateway's own check: an API key (a ``gateway`` token, or a prompter's token) when keys are required,
+and its per-key rate limit. It runs before a byte of the request's body is read.
+
+A token is looked up in SQLite once and then kept for ``cache_s`` (the data path must not query the database per
+request); a revocation or user change made through this engine clears the cache at once, one made by another
+process (``llmops token revoke``) takes effect within ``cache_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from engine.access.auth import Auth, Principal, allows, digest
+from engine.access.ratelimit import RateLimiter
+from engine.errors import EngineError
+
+
+class KeyRefusedError(EngineError):
+    """A /v1 request refused for its key: status (401 or 429), message and headers for the answer."""
+
+    def __init__(self, status: int, message: str, headers: list[tuple[bytes, bytes]]) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers
+
+
+@dataclass(frozen=True)
+class _Entry:
+    principal: Principal | None
+    at: float
+    changes: int
+
+
+def bearer(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The bearer credential of raw ASGI headers (or an ``x-api-key`` header, which Anthropic's clients send)."""
+    for name, value in headers:
+        if name == b"authorization":
+            text = value.decode("latin-1")
+            return text[7:].strip() if text[:7].lower() == "bearer " else None
+        if name == b"x-api-key":
+            return value.decode("latin-1").strip()
+    return None
+
+
+class GatewayKeys:
+    def __init__(self, auth: Auth, limits: RateLimiter, required: bool, cache_s: float = 5.0,
+                 max_cached: int = 10_000) -> None:
+        self.auth = auth
+        self.limits = limits
+        self.required = required
+        self.cache_s = cache_s
+        self.max_cached = max_cached
+        self._cache: dict[str, _Entry] = {}
+
+    async def _principal(self, token: str) -> Principal | None:
+        key = digest(token)
+        now = time.monotonic()
+        entry = self._cache.get(key)
+        if entry is not None and now - entry.at < self.cache_s and entry.changes == self.auth.changes:
+            return entry.principal
+        principal = await asyncio.to_thread(self.auth.authenticate, token)  # SQLite: never on the event loop
+        if len(self._cache) >= self.max_cached:
+            self._cache.clear()
+        self._cache[key] = _Entry(principal, now, self.auth.changes)
+        return principal
+
+    async def check(self, headers: list[tuple[bytes, bytes]]) -> Principal | None:
+        """The caller's principal (None when keys are not required), or KeyRefusedError."""
+        if not self.required:
+            return None
+        token = bearer(headers)
+        principal = await self._principal(token) if token else None
+        if principal is None or (principal.kind != "gateway" and not allows(principal.role, "prompter")):
+            raise KeyRefusedError(401, "this gateway needs an API key: Authorization: Bearer <key>",
+                                  [(b"www-authenticate", b"Bearer")])
+        limit = principal.rate_limit_per_min
+        if limit and principal.token_id is not None and (retry := self.limits.take(principal.token_id, limit)):
+            raise KeyRefusedError(429, f"rate limit of {limit} requests per minute for this key",
+                                  [(b"retry-after", str(retry).encode())])
+        return principal

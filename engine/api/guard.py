@@ -1,0 +1,76 @@
+"""The body guard: what a request body of the API may be before any route parses it. Pure ASGI, inside the
+access gate (a caller who may not use a route is refused before its body is read at all).
+
+- Size, per route class (``body_limit_*`` in engine/config.py): a declared Content-Length past the limit is
+  answered 413 at once; a body that grows past it while arriving is cut off with 413.
+- Time: the body must arrive within ``body_timeout_s`` of the headers (408).
+- JSON: checked by engine/bodies.py (UTF-8, finite numbers, paired surrogates, depth), 422 naming the reason.
+
+Answers never echo the body. The /v1 data path (engine/gateway) reads its bodies with the same functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from engine.api.gate import send_json
+from engine.bodies import BodyError, header, parse_json_async, read_body, replay
+
+
+@dataclass(frozen=True)
+class Limits:
+    auth_bytes: int
+    api_bytes: int
+    v1_bytes: int
+    max_depth: int
+    body_timeout_s: float
+
+
+class BodyGuard:
+    def __init__(self, app: ASGIApp, limits: Limits) -> None:
+        self.app = app
+        self.limits = limits
+
+    def _limit(self, path: str) -> int:
+        if path.startswith("/v1/"):
+            return self.limits.v1_bytes
+        if path.startswith("/api/auth/"):
+            return self.limits.auth_bytes
+        return self.limits.api_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        v1 = path.startswith("/v1/")
+        limit = self._limit(path)
+        headers = scope.get("headers") or []
+        declared = header(headers, b"content-length")
+        try:
+            if declared is not None and declared.isdigit() and int(declared) > limit:
+                raise BodyError(413, f"the body is {int(declared):,} bytes; this route takes at most {limit:,} "
+                                "(body_limit_*)")
+            body, tail = await read_body(receive, limit, self.limits.body_timeout_s)
+            if body:
+                await parse_json_async(body, self.limits.max_depth)
+        except BodyError as exc:
+            await refuse(send, v1, exc)
+            return
+        await self.app(scope, replay(body, tail, receive), send)
+
+
+async def refuse(send: Send, v1: bool, exc: BodyError) -> None:
+    """The refusal in the route's own dialect: OpenAI's error object on /v1; on /api a body that is not
+    acceptable JSON is a 422 shaped like every other validation error of the API (FastAPI's detail list)."""
+    status = exc.status
+    if v1:
+        kind = {400: "invalid_request_error", 408: "timeout", 413: "request_too_large"}.get(status, "error")
+        body: dict[str, object] = {"error": {"message": str(exc), "type": kind, "code": status}}
+    elif status == 400:
+        status, body = 422, {"detail": [{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}]}
+    else:
+        body = {"detail": str(exc)}
+    await send_json(send, status, body, [(b"connection", b"close")])
