@@ -1,22 +1,38 @@
-"""The /v1 gateway: admission (the gate and its queue), the data path to vLLM, usage metering and the request
-ledger."""
+"""The /v1 gateway: admission (the open upstreams, the queue), the raw ASGI data path to vLLM, the routes it
+forwards, usage metering and the request ledger."""
 
 from __future__ import annotations
 
+from engine.gateway.datapath import BodyLimits, DataPath
 from engine.gateway.ledger import Ledger, Record, percentile
-from engine.gateway.proxy import Admission, Gateway, GenerateRequest, Upstream
-from engine.gateway.usage import USAGE_PATHS, RequestInfo, StreamMeter, usage_of
+from engine.gateway.proxy import (
+    USAGE_PATHS,
+    Admission,
+    Gateway,
+    GenerateRequest,
+    StreamMeter,
+    Upstream,
+    forward_query,
+    usage_of,
+    with_usage,
+)
+from engine.gateway.routes import ROUTES, check_path
 
 __all__ = [
+    "ROUTES",
     "USAGE_PATHS",
     "Admission",
+    "BodyLimits",
+    "DataPath",
     "Gateway",
     "GenerateRequest",
     "Ledger",
     "Record",
-    "RequestInfo",
     "StreamMeter",
     "Upstream",
+    "check_path",
+    "forward_query",
     "percentile",
     "usage_of",
+    "with_usage",
 ]

@@ -45,6 +45,7 @@ class Record:
     ttft_s: float | None = None
     error: str | None = None
     prompt: str | None = None
+    instance: str | None = None
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -1,114 +1,142 @@
-"""The /v1 gateway: one stable address in front of whichever vLLM child is ready.
+"""The /v1 gateway: one stable address in front of whichever vLLM instances are ready.
 
-Admission decides where a request goes. While vLLM is ready, requests pass straight to it. While it restarts
-(apply, crash), new requests wait in a bounded queue, up to a longest wait, and go to the new child once it is
-ready; past either bound they get 503 with Retry-After. On apply the supervisor closes admission, waits for the
-requests in flight (streams included) to finish, and only then stops the old child.
+Admission decides where a request goes: to the open upstream with the fewest requests outstanding. While none
+is open (an apply, a crash), new requests wait in a bounded queue, up to a longest wait, and go to the next one
+that opens; past either bound they get 503 with Retry-After. On apply the supervisor closes an upstream, waits
+for its requests in flight (streams included) to finish, and only then stops its vLLM.
+
+The data path is raw ASGI, in front of FastAPI (every token of every stream passes here): the key is checked
+before the body is read, the path against the routes it forwards, and each stream event costs one read from
+vLLM (engine/gateway/upstream.py, keep-alive) and one ``send``. The first byte from vLLM is the time to first
+token; the token counts come from vLLM's final usage chunk, asked for on every stream and hidden from clients
+that did not ask; no event is parsed as JSON but that one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, urlencode
 
-import anyio
-import httpx
-from fastapi import Response
-from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Send
 
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.gateway.ledger import Ledger, Record
-from engine.gateway.usage import USAGE_PATHS, RequestInfo, StreamMeter, usage_of
+from engine.gateway.upstream import Client, Connection, Head, UpstreamError, UpstreamTimeoutError
 
 log = logging.getLogger("llmops.gateway")
 
-_HOP_HEADERS = {
-    "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
-    "proxy-authorization", "proxy-authenticate", "accept-encoding", "content-encoding",
-    "authorization",  # the gateway's own API key or token: vLLM has no business with it
-}
-# Errors that mean the request never produced an answer from vLLM: safe to send again to the next child.
-_RETRYABLE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+HOP_HEADERS = frozenset({
+    b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade",
+    b"proxy-authorization", b"proxy-authenticate", b"accept-encoding", b"content-encoding", b"expect",
+    b"authorization", b"x-api-key",  # the gateway's own API key or token: vLLM has no business with it
+})
+_SECRET_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "token", "access_token", "password", "secret"})
+USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+_USAGE = b'"usage":{'
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Upstream:
+    """One vLLM instance the gateway may send to."""
+
     url: str
     revision: int | None
+    instance: str = "a"
+    outstanding: int = 0
 
 
 class Admission:
-    """Who may send to vLLM now: a gate with a bounded waiting room and a count of requests in flight."""
+    """Who may send to vLLM now: the open upstreams, a bounded waiting room, and the requests in flight."""
 
     def __init__(self, queue_size: int, queue_timeout_s: float) -> None:
         self.queue_size = queue_size
         self.queue_timeout_s = queue_timeout_s
-        self._upstream: Upstream | None = None
+        self._open: list[Upstream] = []
         self._cond = asyncio.Condition()
+        self._watchers = 0  # drains and waiters that want to hear of every change
         self.in_flight = 0
         self.waiting = 0
         self.rejected = 0
         self.refusal: str | None = None  # set while vLLM is down on purpose: refuse at once, do not queue
 
     @property
+    def upstreams(self) -> list[Upstream]:
+        return list(self._open)
+
+    @property
     def upstream(self) -> str | None:
-        return self._upstream.url if self._upstream else None
+        return self._open[0].url if self._open else None
 
     @property
     def revision(self) -> int | None:
-        return self._upstream.revision if self._upstream else None
+        return self._open[0].revision if self._open else None
+
+    def _take(self) -> Upstream:
+        best = min(self._open, key=lambda u: u.outstanding) if len(self._open) > 1 else self._open[0]
+        best.outstanding += 1
+        self.in_flight += 1
+        return best
 
     async def acquire(self, deadline: float) -> Upstream:
-        """Wait (until ``deadline``, monotonic) for an open gate; count the caller in flight; return the URL."""
+        """The upstream with the fewest outstanding requests, counted in flight; waits (until ``deadline``,
+        monotonic) while none is open."""
+        if self._open:  # the path of nearly every request: no lock, no await between check and count
+            return self._take()
         async with self._cond:
-            if self._upstream is None and self.refusal is not None:
+            if not self._open and self.refusal is not None:
                 self.rejected += 1
                 raise UpstreamUnavailableError(self.refusal)
-            if self._upstream is None:
+            if not self._open:
                 if self.waiting >= self.queue_size:
                     self.rejected += 1
                     raise QueueFullError(f"{self.waiting} requests already wait for vLLM (queue_size)")
                 self.waiting += 1
+                self._watchers += 1
                 try:
-                    await asyncio.wait_for(
-                        self._cond.wait_for(lambda: self._upstream is not None or self.refusal is not None),
-                        max(0.0, deadline - time.monotonic()))
+                    await asyncio.wait_for(self._cond.wait_for(lambda: bool(self._open) or self.refusal is not None),
+                                           max(0.0, deadline - time.monotonic()))
                 except TimeoutError:
                     self.rejected += 1
                     raise QueueTimeoutError("vLLM did not become ready within queue_timeout_s") from None
                 finally:
                     self.waiting -= 1
-                if self._upstream is None:
+                    self._watchers -= 1
+                if not self._open:
                     self.rejected += 1
                     raise UpstreamUnavailableError(self.refusal or "vLLM is down")
-            self.in_flight += 1
-            assert self._upstream is not None
-            return self._upstream
+            return self._take()
 
-    async def release(self) -> None:
-        async with self._cond:
-            self.in_flight -= 1
-            self._cond.notify_all()
+    async def release(self, upstream: Upstream) -> None:
+        upstream.outstanding -= 1
+        self.in_flight -= 1
+        if self._watchers:
+            async with self._cond:
+                self._cond.notify_all()
 
-    async def open(self, url: str, revision: int | None = None) -> None:
+    async def open(self, url: str, revision: int | None = None, instance: str = "a") -> Upstream:
+        """Send to ``url`` (instance ``instance``, replacing an upstream of the same instance)."""
         async with self._cond:
-            self._upstream = Upstream(url, revision)
+            old = next((u for u in self._open if u.instance == instance), None)
+            up = Upstream(url, revision, instance, old.outstanding if old and old.url == url else 0)
+            self._open = [u for u in self._open if u.instance != instance] + [up]
             self.refusal = None
             self._cond.notify_all()
+            return up
 
-    async def close(self) -> None:
-        """Stop admitting: new requests wait (bounded) for the next open."""
+    async def close(self, instance: str | None = None) -> list[Upstream]:
+        """Stop admitting to ``instance`` (None: every upstream); new requests go to the others, or wait (bounded)
+        for the next open. Returns the upstreams closed, whose requests may still be in flight."""
         async with self._cond:
-            self._upstream = None
+            closed = [u for u in self._open if instance is None or u.instance == instance]
+            self._open = [u for u in self._open if u not in closed]
+            return closed
 
     async def refuse(self, refusal: str | None) -> None:
         """While closed, refuse new requests at once with ``refusal`` instead of queueing them (None: queue)."""
@@ -117,12 +145,20 @@ class Admission:
             if refusal is not None:
                 self._cond.notify_all()
 
-    async def drain(self, timeout: float) -> int:
-        """Wait until no request is in flight, or ``timeout``; return how many were still in flight."""
+    async def drain(self, timeout: float, upstreams: list[Upstream] | None = None) -> int:
+        """Wait until no request is in flight (on ``upstreams``, if given), or ``timeout``; return how many still
+        are."""
+        def left() -> int:
+            return self.in_flight if upstreams is None else sum(u.outstanding for u in upstreams)
+
         async with self._cond:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._cond.wait_for(lambda: self.in_flight == 0), timeout)
-            return self.in_flight
+            self._watchers += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._cond.wait_for(lambda: left() == 0), timeout)
+            finally:
+                self._watchers -= 1
+            return left()
 
 
 class GenerateRequest(BaseModel):
@@ -133,115 +169,142 @@ class GenerateRequest(BaseModel):
     max_tokens: int = Field(512, ge=1, le=1_000_000)
 
 
-def _unavailable(message: str, retry_after: int) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": "service_unavailable", "code": 503}},
-        status_code=503,
-        headers={"Retry-After": str(retry_after)},
-    )
+@dataclass
+class Exchange:
+    """One request through the gateway: what it asked, and what the ledger will record."""
+
+    method: str
+    path: str
+    query: str
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    stream: bool = False
+    hide_usage: bool = False
+    record: Record = field(default_factory=lambda: Record(ts=0, revision_id=None, model="", endpoint="", stream=False,
+                                                          status=0, latency_s=0.0, client=""))
+
+
+@dataclass(frozen=True)
+class Refused:
+    """An answer the gateway gives itself, vLLM not reached."""
+
+    status: int
+    body: bytes
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+def _error(status: int, message: str, kind: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+
+
+async def send_simple(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+                      ) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def forward_query(query: bytes) -> str:
+    """The query string vLLM gets: without parameters that carry secrets (keys sent in the URL)."""
+    if not query:
+        return ""
+    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+    return urlencode([(k, v) for k, v in pairs if k.lower() not in _SECRET_PARAMS])
+
+
+def with_usage(body: bytes, data: Any) -> bytes | None:
+    """The request asking vLLM for a final usage chunk, or None if it already does or cannot be asked."""
+    if not isinstance(data, dict) or data.get("stream") is not True or not data:
+        return None
+    options = data.get("stream_options")
+    if options is None and "stream_options" not in data:
+        start = body.index(b"{")  # an object with at least one key: prepend ours, no re-encoding
+        return body[:start + 1] + b'"stream_options":{"include_usage":true},' + body[start + 1:]
+    if isinstance(options, dict) and not options.get("include_usage"):
+        return json.dumps({**data, "stream_options": {**options, "include_usage": True}}).encode()
+    return None
+
+
+def usage_of(content: bytes) -> tuple[int | None, int | None]:
+    """(prompt_tokens, completion_tokens) of a non-streamed OpenAI response."""
+    try:
+        usage = json.loads(content).get("usage") or {}
+    except (ValueError, AttributeError):
+        return None, None
+    if not isinstance(usage, dict):
+        return None, None
+    return usage.get("prompt_tokens"), usage.get("completion_tokens")
+
+
+class StreamMeter:
+    """What a server-sent-event stream tells as it passes, at near-zero cost per event: the first byte (time to
+    first token) and vLLM's final usage chunk, which it leaves out for clients that did not ask for it. Bytes are
+    passed on up to the last complete event; a partial one waits for its end (vLLM writes whole events, so this
+    is almost never)."""
+
+    __slots__ = ("_tail", "error", "hide_usage", "input_tokens", "output_tokens")
+
+    def __init__(self, hide_usage: bool) -> None:
+        self.hide_usage = hide_usage
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.error: str | None = None
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self._tail:
+            chunk = self._tail + chunk
+            self._tail = b""
+        if not chunk.endswith(b"\n\n"):
+            cut = chunk.rfind(b"\n\n") + 2
+            if cut == 1:  # no event complete yet
+                self._tail = chunk
+                return b""
+            chunk, self._tail = chunk[:cut], chunk[cut:]
+        if _USAGE in chunk:
+            return self._usage(chunk)
+        return chunk
+
+    def rest(self) -> bytes:
+        rest, self._tail = self._tail, b""
+        return rest
+
+    def _usage(self, chunk: bytes) -> bytes:
+        kept = []
+        for event in chunk.split(b"\n\n")[:-1]:
+            if _USAGE in event and event.startswith(b"data: "):
+                try:
+                    data = json.loads(event[6:])
+                except ValueError:
+                    kept.append(event)
+                    continue
+                usage = data.get("usage") if isinstance(data, dict) else None
+                if isinstance(usage, dict):
+                    self.input_tokens = usage.get("prompt_tokens", self.input_tokens)
+                    self.output_tokens = usage.get("completion_tokens", self.output_tokens)
+                    if self.hide_usage and not data.get("choices"):
+                        continue
+            kept.append(event)
+        return b"".join(e + b"\n\n" for e in kept)
 
 
 class Gateway:
     def __init__(self, admission: Admission, upstream_timeout_s: float, ledger: Ledger | None = None,
                  retry_after_s: int = 5) -> None:
         self.admission = admission
+        self.upstream_timeout_s = upstream_timeout_s
         self.retry_after_s = retry_after_s
         self.ledger = ledger
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=5.0, read=upstream_timeout_s, write=60.0, pool=None),
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64),
-        )
+        self.client = Client(upstream_timeout_s)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        self.client.close()
 
-    async def forward(self, method: str, path: str, params: dict[str, str], headers: dict[str, str],
-                      body: bytes, *, client: str = "") -> Response:
-        t0, ts = time.monotonic(), time.time()
-        info = RequestInfo.parse(body)
-        ask_usage = info.body_with_usage() if path in USAGE_PATHS else None
-        send = ask_usage or body
-        deadline = t0 + self.admission.queue_timeout_s
-        fwd_headers = {k: v for k, v in headers.items() if k.lower() not in _HOP_HEADERS}
-        rec = Record(ts=ts, revision_id=None, model=info.model, endpoint=path, stream=info.stream, status=0,
-                     latency_s=0.0, client=client,
-                     prompt=info.prompt_text() if self.ledger is not None and self.ledger.sample_prompt() else None)
-        while True:
-            try:
-                upstream = await self.admission.acquire(deadline)
-            except QueueFullError as exc:
-                return self._refuse(rec, t0, f"vLLM is restarting and the queue is full: {exc}")
-            except QueueTimeoutError as exc:
-                return self._refuse(rec, t0, f"vLLM is not ready: {exc}")
-            except UpstreamUnavailableError as exc:
-                return self._refuse(rec, t0, str(exc))
-            rec.revision_id = upstream.revision
-            request = self.client.build_request(method, upstream.url + path, params=params, headers=fwd_headers,
-                                                content=send)
-            try:
-                upstream_resp = await self.client.send(request, stream=True)
-                if not info.stream:
-                    content = await upstream_resp.aread()
-                    await upstream_resp.aclose()
-            except _RETRYABLE as exc:
-                # The child died or is being replaced before answering: send it again to the next one.
-                await self.admission.release()
-                log.info("upstream %s failed before answering (%s); retrying", upstream.url, type(exc).__name__)
-                if time.monotonic() >= deadline:
-                    return self._refuse(rec, t0, "vLLM failed while serving this request")
-                await asyncio.sleep(0.25)
-                continue
-            except httpx.TimeoutException:
-                await self.admission.release()
-                self._done(rec, t0, 504, "timeout")
-                return JSONResponse({"error": {"message": "vLLM did not answer within upstream_timeout_s",
-                                               "type": "timeout", "code": 504}}, status_code=504)
-            except httpx.HTTPError as exc:  # an answer vLLM began but that cannot be read
-                await self.admission.release()
-                self._done(rec, t0, 502, type(exc).__name__)
-                return JSONResponse({"error": {"message": f"vLLM's answer could not be read ({type(exc).__name__})",
-                                               "type": "upstream_error", "code": 502}}, status_code=502)
-            except BaseException:  # cancelled (the client left): the slot must not stay taken
-                with anyio.CancelScope(shield=True):
-                    await self.admission.release()
-                raise
-            resp_headers = {k: v for k, v in upstream_resp.headers.items() if k.lower() not in _HOP_HEADERS}
-            if not info.stream:
-                await self.admission.release()
-                rec.input_tokens, rec.output_tokens = usage_of(content)
-                self._done(rec, t0, upstream_resp.status_code, None)
-                return _Buffered(content, upstream_resp.status_code, resp_headers)
-            meter = StreamMeter(t0, hide_usage=ask_usage is not None)
-            return _TrackedStream(self._relay(upstream_resp, meter),
-                                  functools.partial(self._finish_stream, upstream_resp, meter, rec, t0),
-                                  status_code=upstream_resp.status_code, headers=resp_headers)
-
-    async def _relay(self, upstream_resp: httpx.Response, meter: StreamMeter) -> AsyncIterator[bytes]:
-        """Pass a stream through event by event (the response, _TrackedStream, ends the request)."""
-        try:
-            async for chunk in upstream_resp.aiter_raw():
-                out = meter.feed(chunk)
-                if out:
-                    yield out
-            if rest := meter.rest():
-                yield rest
-        except httpx.HTTPError as exc:  # vLLM died or timed out mid-stream: tell the client, count an error
-            meter.error = f"vLLM failed during the stream ({type(exc).__name__})"
-            event = {"error": {"message": meter.error, "type": "upstream_error", "code": 502}}
-            yield f"data: {json.dumps(event)}\n\n".encode()
-
-    async def _finish_stream(self, upstream_resp: httpx.Response, meter: StreamMeter, rec: Record,
-                             t0: float) -> None:
-        await upstream_resp.aclose()
-        await self.admission.release()
-        rec.ttft_s = meter.ttft_s
-        rec.input_tokens = meter.input_tokens
-        rec.output_tokens = meter.output_tokens if meter.output_tokens is not None else meter.content_events
-        self._done(rec, t0, upstream_resp.status_code, meter.error)
-
-    def _refuse(self, rec: Record, t0: float, message: str) -> JSONResponse:
+    def _refused(self, rec: Record, t0: float, message: str) -> Refused:
         self._done(rec, t0, 503, message)
-        return _unavailable(message, self.retry_after_s)
+        return Refused(503, _error(503, message, "service_unavailable"),
+                       [(b"retry-after", str(self.retry_after_s).encode())])
 
     def _done(self, rec: Record, t0: float, status: int, error: str | None) -> None:
         if self.ledger is None:
@@ -249,24 +312,137 @@ class Gateway:
         rec.status, rec.error, rec.latency_s = status, error, time.monotonic() - t0
         self.ledger.record(rec)
 
+    async def _open_upstream(self, ex: Exchange, t0: float, deadline: float
+                             ) -> tuple[Upstream, Connection, Head] | Refused:
+        """Send the request to an upstream; on a connection that fails before any answer, to the next one."""
+        rec = ex.record
+        target = ex.path + (f"?{ex.query}" if ex.query else "")
+        while True:
+            try:
+                upstream = await self.admission.acquire(deadline)
+            except QueueFullError as exc:
+                return self._refused(rec, t0, f"vLLM is restarting and the queue is full: {exc}")
+            except QueueTimeoutError as exc:
+                return self._refused(rec, t0, f"vLLM is not ready: {exc}")
+            except UpstreamUnavailableError as exc:
+                return self._refused(rec, t0, str(exc))
+            rec.revision_id, rec.instance = upstream.revision, upstream.instance
+            try:
+                conn, head = await self.client.request(upstream.url, ex.method, target, ex.headers, ex.body)
+            except UpstreamTimeoutError:
+                await self.admission.release(upstream)
+                self._done(rec, t0, 504, "timeout")
+                return Refused(504, _error(504, "vLLM did not answer within upstream_timeout_s", "timeout"))
+            except UpstreamError as exc:
+                await self.admission.release(upstream)
+                if not exc.before_response:  # an answer vLLM began that cannot be read
+                    self._done(rec, t0, 502, str(exc))
+                    return Refused(502, _error(502, f"vLLM's answer could not be read: {exc}", "upstream_error"))
+                # The instance died or is being replaced before answering: send it again to the next one.
+                log.info("upstream %s failed before answering (%s); retrying", upstream.url, exc)
+                if time.monotonic() >= deadline:
+                    return self._refused(rec, t0, "vLLM failed while serving this request")
+                await asyncio.sleep(0.25)
+                continue
+            except BaseException:  # cancelled (the client left): the slot must not stay taken
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(self.admission.release(upstream))
+                raise
+            return upstream, conn, head
 
-class _TrackedStream(StreamingResponse):
-    """A stream that ends its request exactly once, shielded, however it ends: finished, broken, or the client
-    gone (even before the body began, when Starlette never starts the body iterator). The body iterator itself
-    must not do it: a client's departure cancels it, and cleanup awaited in a cancelled scope can be lost."""
+    async def _read_all(self, conn: Connection) -> bytes:
+        parts = []
+        while data := await conn.read():
+            parts.append(data)
+        return b"".join(parts)
 
-    def __init__(self, body: AsyncIterator[bytes], finish: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
-        super().__init__(body, **kwargs)
-        self._finish = finish
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def complete(self, path: str, body: bytes, client: str) -> tuple[int, bytes]:
+        """A non-streamed request (POST ``path``), for the engine's own /v1/generate: (status, body)."""
+        t0 = time.monotonic()
+        ex = Exchange("POST", path, "", [(b"content-type", b"application/json")], body)
+        ex.record = Record(ts=time.time(), revision_id=None, model="", endpoint=path, stream=False, status=0,
+                           latency_s=0.0, client=client)
+        opened = await self._open_upstream(ex, t0, t0 + self.admission.queue_timeout_s)
+        if isinstance(opened, Refused):
+            return opened.status, opened.body
+        upstream, conn, head = opened
         try:
-            await super().__call__(scope, receive, send)
+            content = await self._read_all(conn)
+        except UpstreamError as exc:
+            self._done(ex.record, t0, 502, str(exc))
+            return 502, _error(502, f"vLLM's answer could not be read: {exc}", "upstream_error")
         finally:
-            with anyio.CancelScope(shield=True):
-                await self._finish()
+            conn.finish()
+            await asyncio.shield(self.admission.release(upstream))
+        ex.record.input_tokens, ex.record.output_tokens = usage_of(content)
+        self._done(ex.record, t0, head.status, None)
+        return head.status, content
+
+    async def serve(self, ex: Exchange, client_receive: Receive, send: Send) -> None:
+        """Forward one request and relay its answer, streamed event by event when it is a stream."""
+        t0 = time.monotonic()
+        ex.record.ts = time.time()
+        opened = await self._open_upstream(ex, t0, t0 + self.admission.queue_timeout_s)
+        if isinstance(opened, Refused):
+            await send_simple(send, opened.status, opened.body, opened.headers)
+            return
+        upstream, conn, head = opened
+        rec = ex.record
+        try:
+            headers = [(k, v) for k, v in head.headers if k not in HOP_HEADERS]
+            streaming = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+            if not streaming:
+                try:
+                    content = await self._read_all(conn)
+                except UpstreamError as exc:
+                    self._done(rec, t0, 502, str(exc))
+                    await send_simple(send, 502, _error(502, f"vLLM's answer could not be read: {exc}",
+                                                        "upstream_error"))
+                    return
+                rec.input_tokens, rec.output_tokens = usage_of(content) if ex.path in USAGE_PATHS else (None, None)
+                await send({"type": "http.response.start", "status": head.status,
+                            "headers": [*headers, (b"content-length", str(len(content)).encode())]})
+                await send({"type": "http.response.body", "body": content})
+                self._done(rec, t0, head.status, None)
+                return
+            meter = StreamMeter(ex.hide_usage)
+            await self._relay(conn, head, meter, headers, client_receive, send, rec, t0)
+            rec.input_tokens, rec.output_tokens = meter.input_tokens, meter.output_tokens
+            self._done(rec, t0, head.status, meter.error)
+        finally:
+            conn.finish()  # read to its end: back to the pool; else closed, and vLLM aborts the request
+            await asyncio.shield(self.admission.release(upstream))
+
+    async def _relay(self, conn: Connection, head: Head, meter: StreamMeter, headers: list[tuple[bytes, bytes]],
+                     client_receive: Receive, send: Send, rec: Record, t0: float) -> None:
+        """Pass a stream on as it comes: one read, one send per event. A client that hangs up ends the upstream
+        request too (its connection is closed, and vLLM aborts the request)."""
+        gone = asyncio.ensure_future(_disconnected(client_receive))
+        try:
+            await send({"type": "http.response.start", "status": head.status, "headers": headers})
+            first = True
+            try:
+                while data := await conn.read():
+                    if first:
+                        rec.ttft_s = time.monotonic() - t0
+                        first = False
+                    out = meter.feed(data)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    if gone.done():
+                        meter.error = "the client disconnected"
+                        return
+            except UpstreamError as exc:  # vLLM died, timed out or garbled its answer mid-stream
+                meter.error = f"vLLM failed during the stream: {exc}"
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": b"data: " + _error(502, meter.error, "upstream_error") + b"\n\n"})
+            await send({"type": "http.response.body", "body": meter.rest(), "more_body": False})
+        finally:
+            gone.cancel()
 
 
-class _Buffered(Response):
-    def __init__(self, content: bytes, status_code: int, headers: dict[str, str]) -> None:
-        super().__init__(content=content, status_code=status_code, headers=headers)
+async def _disconnected(receive: Receive) -> None:
+    while True:
+        message: Message = await receive()
+        if message["type"] == "http.disconnect":
+            return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -22,10 +22,11 @@ def test_open_gate_admits_at_once() -> None:
     async def go() -> None:
         gate = Admission(queue_size=2, queue_timeout_s=1)
         await gate.open("http://x")
-        assert (await gate.acquire(time.monotonic() + 1)).url == "http://x"
-        assert gate.in_flight == 1
-        await gate.release()
-        assert gate.in_flight == 0
+        up = await gate.acquire(time.monotonic() + 1)
+        assert up.url == "http://x"
+        assert gate.in_flight == 1 and up.outstanding == 1
+        await gate.release(up)
+        assert gate.in_flight == 0 and up.outstanding == 0
 
     run(go())
 
@@ -69,13 +70,13 @@ def test_drain_waits_for_in_flight_requests() -> None:
     async def go() -> None:
         gate = Admission(queue_size=5, queue_timeout_s=1)
         await gate.open("http://x")
-        await gate.acquire(time.monotonic() + 1)
+        up = await gate.acquire(time.monotonic() + 1)
         await gate.close()
 
         draining = asyncio.create_task(gate.drain(timeout=5))
         await asyncio.sleep(0)  # the drain is under way ...
         assert not draining.done()
-        await gate.release()  # ... and ends when the last request does
+        await gate.release(up)  # ... and ends when the last request does
         assert await draining == 0
 
     run(go())
@@ -108,55 +109,35 @@ def test_refusal_turns_waiting_into_an_immediate_503() -> None:
     run(go())
 
 
-def test_stream_slot_is_released_when_the_client_is_gone() -> None:
-    """However the stream ends (even if its body never starts, as when the client left while queued), the slot
-    is released exactly once."""
-    from starlette.types import Message
-
-    from engine.gateway.proxy import _TrackedStream
-
+def test_requests_go_to_the_upstream_with_the_fewest_outstanding() -> None:
     async def go() -> None:
         gate = Admission(queue_size=5, queue_timeout_s=1)
-        await gate.open("http://x")
-        await gate.acquire(time.monotonic() + 1)
-
-        async def body() -> AsyncIterator[bytes]:
-            while True:
-                yield b"data: {}\n\n"
-                await asyncio.sleep(0.01)
-
-        response = _TrackedStream(body(), gate.release, status_code=200)
-
-        async def receive() -> Message:
-            return {"type": "http.disconnect"}
-
-        async def send(message: Message) -> None:
-            return None
-
-        await response({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send)
-        assert gate.in_flight == 0  # released, and only once (twice would leave -1)
+        await gate.open("http://a", 1, instance="a")
+        await gate.open("http://b", 2, instance="b")
+        taken = [await gate.acquire(time.monotonic() + 1) for _ in range(4)]
+        assert sorted(u.instance for u in taken) == ["a", "a", "b", "b"]
+        a_slots = [u for u in taken if u.instance == "a"]
+        await gate.release(a_slots[0])
+        await gate.release(a_slots[1])  # a is idle, b has two
+        assert (await gate.acquire(time.monotonic() + 1)).instance == "a"
 
     run(go())
 
 
-def test_an_unreadable_answer_is_a_502_and_frees_its_slot() -> None:
-    """Fault injection through a scripted upstream (not vLLM, which cannot garble its answer on demand): an error
-    that is neither a retry nor a timeout must still leave the request's slot free for the next drain."""
-    import httpx
-
-    from engine.gateway import Gateway
-
-    def garbled(request: httpx.Request) -> httpx.Response:
-        raise httpx.DecodingError("the answer's gzip is garbled", request=request)
-
+def test_closing_one_upstream_drains_it_while_the_other_serves() -> None:
     async def go() -> None:
         gate = Admission(queue_size=5, queue_timeout_s=1)
-        await gate.open("http://vllm", 1)
-        gateway = Gateway(gate, 5.0)
-        gateway.client = httpx.AsyncClient(transport=httpx.MockTransport(garbled))
-        resp = await gateway.forward("POST", "/v1/completions", {}, {}, b'{"prompt": "hi"}')
-        await gateway.client.aclose()
-        assert resp.status_code == 502 and b"DecodingError" in bytes(resp.body)
-        assert gate.in_flight == 0
+        await gate.open("http://a", 1, instance="a")
+        old = await gate.acquire(time.monotonic() + 1)
+        await gate.open("http://b", 2, instance="b")
+        closed = await gate.close("a")
+        assert [u.instance for u in closed] == ["a"]
+        assert (await gate.acquire(time.monotonic() + 1)).instance == "b"  # new requests: b only
+        draining = asyncio.create_task(gate.drain(5, closed))
+        await asyncio.sleep(0)
+        assert not draining.done()  # a's request is still in flight; b's does not count
+        await gate.release(old)
+        assert await draining == 0
+        assert gate.in_flight == 1
 
     run(go())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -61,13 +60,13 @@ def test_percentile_matches_numpy_linear() -> None:
 
 
 def test_sampled_prompt_text_is_the_messages_as_json_cut_at_4000_characters() -> None:
-    from engine.gateway import RequestInfo
+    from engine.gateway.datapath import prompt_text
 
-    chat = RequestInfo.parse(json.dumps({"model": "demo", "messages": [{"role": "user", "content": "hi"}]}).encode())
-    assert chat.prompt_text() == '[{"role": "user", "content": "hi"}]'
-    long = RequestInfo.parse(json.dumps({"prompt": "x" * 10_000}).encode()).prompt_text()
+    assert prompt_text({"model": "demo", "messages": [{"role": "user", "content": "hi"}]}) == \
+        '[{"role": "user", "content": "hi"}]'
+    long = prompt_text({"prompt": "x" * 10_000})
     assert long is not None and len(long) == 4000 and long.startswith('"xxx')
-    assert RequestInfo.parse(b"not json").prompt_text() is None
+    assert prompt_text(None) is None and prompt_text(["not", "an", "object"]) is None
 
 
 def test_longest_request_is_the_p99_of_successful_requests_and_is_cached(ledger: Ledger) -> None:

@@ -1,0 +1,287 @@
+"""What the /v1 gateway costs clients: vLLM's own serving benchmark, direct to the vLLM child and through the
+engine's gateway, alternated in one run, at several concurrencies.
+
+    python bench/gateway_overhead.py --out DIR                                   # CPU: the demo model
+    python bench/gateway_overhead.py --out DIR --model /tmp/m8b --load-format dummy --utilization 0.85 \\
+        --max-num-seqs 256 --concurrency 64 256 512 --input-len 200 --output-len 128 --prompts-per-client 4
+    python bench/gateway_overhead.py --out DIR --tree before=/path/to/old/checkout --tree after=.
+
+Each ``--tree`` is a checkout of this project: its engine is started in turn (one at a time, same settings),
+so "before" and "after" are measured side by side in one run. For each concurrency and round it runs
+direct, gateway, gateway, direct (so drift does not favour either) and records vLLM's figures, the
+inter-token gaps of every request, and the CPU of the engine process (and of vLLM's API server) during the
+run. Prints the ratio table and writes ``gateway-overhead.json`` and ``gateway-overhead.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+ADMIN_PASSWORD = "gateway-overhead-bench"
+
+
+def vllm_bench(argv: list[str], out: Path) -> None:
+    """Run in a subprocess: vLLM's benchmark, its full result (per-request ITLs included) written to ``out``."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()  # type: ignore[no-untyped-call]
+    add_cli_args(parser)
+    result = bench_main(parser.parse_args(argv))
+    keep = {k: v for k, v in result.items() if k in ("itls", "ttfts", "output_lens", "errors")
+            or isinstance(v, int | float | str | bool) or v is None}
+    out.write_text(json.dumps(keep, default=str))
+
+
+class Engine:
+    """One engine of one checkout, started on its own data dir and port, with vLLM serving the bench settings."""
+
+    def __init__(self, tree: Path, label: str, args: argparse.Namespace, workdir: Path) -> None:
+        self.tree, self.label, self.args = tree, label, args
+        self.data_dir = workdir / f"data-{label}"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "LLMOPS_ADMIN_PASSWORD": ADMIN_PASSWORD, "LLMOPS_AUTOSTART": "false",
+               "LLMOPS_STARTUP_TIMEOUT_S": "1200", "PYTHONPATH": str(tree)}
+        if args.model:
+            env["LLMOPS_MODEL_ROOTS"] = json.dumps([str(Path(args.model).resolve().parent)])
+        else:
+            models = self.data_dir / "models"
+            models.mkdir(exist_ok=True)
+            if not (models / "demo").exists():
+                (models / "demo").symlink_to((REPO / "data" / "models" / "demo").resolve())
+            env["LLMOPS_MODEL_ROOTS"] = json.dumps([str((REPO / "data" / "models").resolve())])
+        self.log = open(workdir / f"engine-{label}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "engine", "--data-dir", str(self.data_dir),
+                                      "--port", str(self.port)], cwd=tree, env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        if args.engine_nice is not None:  # an experiment: the engine's CPU priority over vLLM and the client
+            for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+                os.setpriority(os.PRIO_PROCESS, int(task.name), args.engine_nice)
+        self.http = httpx.Client(base_url=self.url, timeout=60)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if self.http.get("/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"engine {label} did not come up: see {self.log.name}")
+            time.sleep(0.3)
+        token = self.http.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).json()
+        self.http.headers["authorization"] = f"Bearer {token['token']}"
+
+    def serve(self) -> None:
+        a = self.args
+        base = self.http.get("/api/settings").json()
+        values: dict[str, Any] = {"max_num_seqs": a.max_num_seqs, "served_model_name": "bench"}
+        if a.model:
+            values.update(model=str(Path(a.model).resolve()), gpu_memory_utilization=a.utilization,
+                          max_model_len=a.max_model_len, load_format=a.load_format)
+        else:
+            values["model"] = str(self.data_dir / "models" / "demo")
+        r = self.http.put("/api/settings", json={"base_revision": base["revision"], "values": values,
+                                                 "note": "gateway overhead bench", "force": True})
+        r.raise_for_status()
+        self.http.post("/api/engine/start")
+        deadline = time.monotonic() + 1500
+        while (st := self.http.get("/api/status").json())["state"] != "ready":
+            if time.monotonic() > deadline or st["state"] == "failed":
+                raise SystemExit(f"engine {self.label}: vLLM did not become ready: {st['reason']}")
+            time.sleep(1)
+        started = self.http.get("/api/events", params={"kind": "starting", "newest_first": True, "limit": 1}).json()
+        args = started[0]["data"]["args"]
+        self.direct_url = f"http://127.0.0.1:{args[args.index('--port') + 1]}"
+        self.vllm_pid = int(st["pid"])
+
+    def stop(self) -> None:
+        self.http.close()
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+        self.log.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cpu(pid: int) -> float:
+    try:
+        t = psutil.Process(pid).cpu_times()
+        return float(t.user + t.system)
+    except psutil.Error:
+        return 0.0
+
+
+def run_once(engine: Engine, base_url: str, concurrency: int, a: argparse.Namespace, workdir: Path,
+             tag: str) -> dict[str, Any]:
+    out = workdir / f"{tag}.json"
+    prompts = max(concurrency * a.prompts_per_client, a.min_prompts)
+    argv = ["--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions", "--model", "bench",
+            "--tokenizer", a.model or str(REPO / "data" / "models" / "demo"), "--dataset-name", "random",
+            "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len), "--ignore-eos",
+            "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
+            "--seed", str(a.seed), "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(workdir),
+            "--result-filename", f"{tag}-detail.json"]
+    before = (_cpu(engine.proc.pid), _cpu(engine.vllm_pid), time.monotonic())
+    done = subprocess.run([sys.executable, __file__, "--vllm-bench", str(out), "--", *argv], cwd=REPO,
+                          capture_output=True, text=True, check=False)
+    after = (_cpu(engine.proc.pid), _cpu(engine.vllm_pid), time.monotonic())
+    if done.returncode != 0 or not out.exists():
+        raise SystemExit(f"vLLM's benchmark failed ({tag}):\n{done.stderr[-3000:]}")
+    r = json.loads(out.read_text())
+    detail = workdir / f"{tag}-detail.json"
+    if detail.exists():  # per-request inter-token gaps: written by --save-detailed, not returned
+        r["itls"] = json.loads(detail.read_text()).get("itls") or []
+        detail.unlink()
+    wall = float(r.get("duration") or (after[2] - before[2]))  # the traffic's own span: the engine idles meanwhile
+    gaps = [g for itl in r.get("itls") or [] for g in itl]
+    return {
+        "tag": tag, "concurrency": concurrency, "prompts": prompts, "completed": r.get("completed"),
+        "failed": r.get("failed", prompts - int(r.get("completed") or 0)),
+        "output_tok_s": r.get("output_throughput"), "request_s": r.get("request_throughput"),
+        "ttft_p50_ms": r.get("median_ttft_ms"), "ttft_p99_ms": r.get("p99_ttft_ms"),
+        "itl_p50_ms": r.get("median_itl_ms"), "itl_p99_ms": r.get("p99_itl_ms"),
+        "gaps_under_0_5ms": round(sum(1 for g in gaps if g < 0.0005) / len(gaps), 4) if gaps else None,
+        "gap_p10_ms": _pct(gaps, 0.10), "gap_p50_ms": _pct(gaps, 0.5), "gap_p90_ms": _pct(gaps, 0.9),
+        "engine_cpu_pct": round(100 * (after[0] - before[0]) / wall, 1),
+        "vllm_api_cpu_pct": round(100 * (after[1] - before[1]) / wall, 1), "wall_s": round(wall, 1),
+    }
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    data = sorted(values)
+    return round(1000 * data[min(len(data) - 1, int(q * (len(data) - 1)))], 3)
+
+
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for (label, conc) in sorted({(r["label"], r["concurrency"]) for r in runs}, key=lambda k: (k[0], k[1])):
+        d = [r for r in runs if r["label"] == label and r["concurrency"] == conc and r["path"] == "direct"]
+        g = [r for r in runs if r["label"] == label and r["concurrency"] == conc and r["path"] == "gateway"]
+
+        def mean(rs: list[dict[str, Any]], k: str) -> float | None:
+            vals = [r[k] for r in rs if r.get(k) is not None]
+            return round(statistics.fmean(vals), 3) if vals else None
+
+        dt, gt = mean(d, "output_tok_s"), mean(g, "output_tok_s")
+        rows.append({
+            "tree": label, "clients": conc, "direct_tok_s": [r["output_tok_s"] for r in d],
+            "gateway_tok_s": [r["output_tok_s"] for r in g], "ratio": round(gt / dt, 3) if dt and gt else None,
+            "ttft_p50_ms": (mean(d, "ttft_p50_ms"), mean(g, "ttft_p50_ms")),
+            "ttft_p99_ms": (mean(d, "ttft_p99_ms"), mean(g, "ttft_p99_ms")),
+            "itl_p50_ms": (mean(d, "itl_p50_ms"), mean(g, "itl_p50_ms")),
+            "gaps_under_0_5ms": (mean(d, "gaps_under_0_5ms"), mean(g, "gaps_under_0_5ms")),
+            "gap_p10_ms": (mean(d, "gap_p10_ms"), mean(g, "gap_p10_ms")),
+            "engine_cpu_pct": [r["engine_cpu_pct"] for r in g],
+            "failed": sum(int(r["failed"] or 0) for r in d + g),
+        })
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    def pair(p: tuple[Any, Any], fmt: str = "{:.1f}") -> str:
+        return " → ".join("–" if v is None else fmt.format(v) for v in p)
+
+    lines = ["| tree | clients | direct tok/s | gateway tok/s | ratio | TTFT P50 ms | TTFT P99 ms | ITL P50 ms "
+             "| gaps < 0.5 ms | engine CPU (gateway runs) | failed |",
+             "| --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | ---: |"]
+    for r in rows:
+        lines.append(
+            f"| {r['tree']} | {r['clients']} | {' / '.join(f'{v:,.0f}' for v in r['direct_tok_s'])} "
+            f"| {' / '.join(f'{v:,.0f}' for v in r['gateway_tok_s'])} | **{r['ratio']}** "
+            f"| {pair(r['ttft_p50_ms'])} | {pair(r['ttft_p99_ms'])} | {pair(r['itl_p50_ms'], '{:.2f}')} "
+            f"| {pair(r['gaps_under_0_5ms'], '{:.0%}')} | {', '.join(f'{v:.0f} %' for v in r['engine_cpu_pct'])} "
+            f"| {r['failed']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--vllm-bench":
+        vllm_bench(sys.argv[sys.argv.index("--") + 1:], Path(sys.argv[2]))
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--tree", action="append", default=[], help="LABEL=PATH of a checkout (default: this one)")
+    p.add_argument("--model", help="a model folder (default: the demo model)")
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--utilization", type=float, default=0.85)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[16])
+    p.add_argument("--input-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--prompts-per-client", type=int, default=40)
+    p.add_argument("--min-prompts", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=1, help="direct, gateway, gateway, direct per round")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine-nice", type=int, help="run each engine at this nice value (an experiment)")
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in a.tree] or [("this", REPO)]
+    report: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(a) | {"out": str(a.out)},
+                              "runs": [], "trees": {}}
+
+    def save() -> None:
+        report["summary"] = summarize(report["runs"])
+        (a.out / "gateway-overhead.json").write_text(json.dumps(report, indent=1, default=str))
+        (a.out / "gateway-overhead.md").write_text(table(report["summary"]) + "\n")
+
+    workdir = Path(tempfile.mkdtemp(prefix="gateway-overhead-"))
+    for label, tree in trees:
+        commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=False).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "engine"], capture_output=True,
+                                    text=True, check=False).stdout.strip())
+        report["trees"][label] = {"path": str(tree), "commit": commit + ("+changes" if dirty else "")}
+        engine = Engine(tree, label, a, workdir)
+        try:
+            engine.serve()
+            gateway = engine.url
+            for conc in a.concurrency:
+                run_once(engine, gateway, min(conc, 8), a, workdir, f"{label}-warmup-{conc}")  # warm both paths
+                for rnd in range(a.rounds):
+                    for i, (path, url) in enumerate((("direct", engine.direct_url), ("gateway", gateway),
+                                                     ("gateway", gateway), ("direct", engine.direct_url))):
+                        run = run_once(engine, url, conc, a, workdir, f"{label}-{conc}-{rnd}-{i}-{path}")
+                        report["runs"].append({"label": label, "path": path, **run})
+                        save()
+                        print(f"{label} {conc} clients {path}: {run['output_tok_s']:.0f} tok/s, "
+                              f"TTFT p99 {run['ttft_p99_ms']:.0f} ms, engine CPU {run['engine_cpu_pct']} %",
+                              flush=True)
+        finally:
+            engine.stop()
+    report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    save()
+    print(table(report["summary"]))
+
+
+if __name__ == "__main__":
+    main()

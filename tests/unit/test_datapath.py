@@ -1,0 +1,284 @@
+"""The /v1 data path as raw ASGI: routes, keys before bodies, body limits, and faults of an upstream.
+
+The faults (an answer garbled mid-stream, a client that hangs up) come from a scripted upstream, named as such:
+real vLLM cannot garble its chunked encoding on demand. What real vLLM does through the path (usage, streams,
+TTFT) is tested against it in tests/integration/test_engine.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, MutableMapping
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from engine.access import GatewayKeys, RateLimiter
+from engine.gateway import Admission, BodyLimits, DataPath, Gateway, StreamMeter, check_path, forward_query, with_usage
+
+
+class FakeAuth:
+    """Stands in for Auth: one key, 'good'."""
+
+    changes = 0
+
+    def authenticate(self, token: str) -> Any:
+        from engine.access import Principal
+
+        return Principal("k", "prompter", "gateway", 1, None) if token == "good" else None
+
+
+async def drive(app: DataPath, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+                raw_path: bytes | None = None, chunks: list[bytes] | None = None, hang_up_after: int | None = None
+                ) -> tuple[int, dict[str, str], bytes, int]:
+    """One request through the ASGI app; (status, headers, body, body messages received by the app)."""
+    pending = list(chunks) if chunks is not None else [body]
+    reads = 0
+    sent: list[dict[str, Any]] = []
+    body_messages = 0
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        nonlocal reads
+        if pending:
+            reads += 1
+            chunk = pending.pop(0)
+            return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        nonlocal body_messages
+        sent.append(dict(message))
+        if message["type"] == "http.response.body":
+            body_messages += 1
+            if hang_up_after is not None and body_messages >= hang_up_after:
+                gone.set()
+
+    hdrs = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    if body and "content-length" not in (headers or {}):
+        hdrs.append((b"content-length", str(len(body)).encode()))
+    scope = {"type": "http", "method": method, "path": path, "raw_path": raw_path or path.encode(),
+             "query_string": b"", "headers": hdrs, "client": ("127.0.0.1", 1)}
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, out, reads
+
+
+async def with_upstream(handler: Any) -> AsyncIterator[str]:
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+def make_path(admission: Admission, required: bool = False, max_bytes: int = 1 << 20) -> DataPath:
+    keys = GatewayKeys(FakeAuth(), RateLimiter(), required)  # type: ignore[arg-type]
+    return DataPath(Gateway(admission, 5.0), keys, BodyLimits(max_bytes, 2.0, 64))
+
+
+def test_paths_are_forwarded_only_as_vllm_routes() -> None:
+    assert check_path("POST", "/v1/chat/completions", b"/v1/chat/completions") == "/v1/chat/completions"
+    assert check_path("GET", "/v1/models/", b"/v1/models/") == "/v1/models"
+    assert check_path("GET", "/v1/responses/resp_1", None) == "/v1/responses/resp_1"
+    assert check_path("POST", "/tokenize", None) == "/tokenize"
+    for path in ("/v1/../metrics", "/v1/./models", "/v1//models", "/v1/responses/../../docs"):
+        refused = check_path("GET", path, path.encode())
+        assert not isinstance(refused, str) and refused.status == 400, path
+    for raw in (b"/v1/%2e%2e/metrics", b"/v1/models%2f..%2fx", b"/v1/models\\x"):
+        refused = check_path("GET", "/v1/x", raw)
+        assert not isinstance(refused, str) and refused.status == 400, raw
+    for path in ("/v1/load_lora_adapter", "/v1/metrics", "/v1/openapi.json", "/v1/responses/a/b"):
+        refused = check_path("POST", path, path.encode())
+        assert not isinstance(refused, str) and refused.status == 404, path
+    wrong = check_path("GET", "/v1/chat/completions", None)
+    assert not isinstance(wrong, str) and (wrong.status, wrong.allow) == (405, "POST")
+
+
+def test_secrets_in_the_query_string_do_not_reach_vllm() -> None:
+    assert forward_query(b"api_key=llmops_x&stream=true&token=t") == "stream=true"
+    assert forward_query(b"") == ""
+
+
+def test_usage_is_asked_for_by_prepending_bytes_not_reencoding() -> None:
+    body = b'{"model":"m","stream":true,"prompt":"\\u00e9"}'
+    asked = with_usage(body, json.loads(body))
+    assert asked == b'{"stream_options":{"include_usage":true},"model":"m","stream":true,"prompt":"\\u00e9"}'
+    assert with_usage(b'{"stream":true,"stream_options":{"include_usage":true}}',
+                      {"stream": True, "stream_options": {"include_usage": True}}) is None
+    assert with_usage(b'{"stream":false}', {"stream": False}) is None
+
+
+def test_the_usage_chunk_is_read_and_hidden_even_when_split_across_reads() -> None:
+    meter = StreamMeter(hide_usage=True)
+    events = (b'data: {"choices":[{"text":"a"}]}\n\n'
+              b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+              b"data: [DONE]\n\n")
+    out = b"".join(meter.feed(events[i:i + 7]) for i in range(0, len(events), 7)) + meter.rest()
+    assert out == b'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n'
+    assert (meter.input_tokens, meter.output_tokens) == (3, 1)
+
+
+def test_the_key_is_checked_before_the_body_is_read() -> None:
+    async def go() -> None:
+        admission = Admission(4, 1)
+        path = make_path(admission, required=True)
+        status, _, body, reads = await drive(path, "POST", "/v1/completions",
+                                             headers={"content-length": str(50 << 20)}, chunks=[b"x" * 1024] * 3)
+        assert status == 401 and reads == 0 and b"API key" in body
+
+    asyncio.run(go())
+
+
+def test_bodies_past_the_limit_or_not_json_are_refused_with_a_reason() -> None:
+    async def go() -> None:
+        path = make_path(Admission(4, 1), max_bytes=4096)
+        status, _, body, reads = await drive(path, "POST", "/v1/completions", headers={"content-length": "50000"})
+        assert status == 413 and reads == 0
+        status, _, body, _ = await drive(path, "POST", "/v1/completions", chunks=[b"{" * 1000, b"]" * 4000])
+        assert status == 413  # no length declared: cut off as it grows
+        for bad, reason in ((b'{"x": NaN}', b"NaN"), (b'{"x": 1e999999}', b"too large"),
+                            (b'{"x": "\xff"}', b"not UTF-8"), (b"[" * 100_000, b"nested deeper"),
+                            (b'{"x": "\\ud800"}', b"surrogate")):
+            status, _, body, _ = await drive(make_path(Admission(4, 1), max_bytes=1 << 20), "POST",
+                                             "/v1/completions", bad, {"content-type": "application/json"})
+            assert status == 400 and reason in body, bad
+            assert json.loads(body)["error"]["code"] == 400
+
+    asyncio.run(go())
+
+
+def test_a_body_that_trickles_is_timed_out() -> None:
+    async def go() -> None:
+        admission = Admission(4, 1)
+        path = make_path(admission)
+        gate = asyncio.Event()
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            if not sent:
+                sent.append({})
+                return {"type": "http.request", "body": b'{"a":', "more_body": True}
+            await gate.wait()  # never: the rest of the body does not come
+            return {"type": "http.disconnect"}
+
+        out: list[dict[str, Any]] = []
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            out.append(dict(message))
+
+        t0 = time.monotonic()
+        await path({"type": "http", "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions",
+                    "query_string": b"", "headers": [], "client": None}, receive, send)
+        assert out[0]["status"] == 408 and time.monotonic() - t0 < 10
+
+    asyncio.run(go())
+
+
+def test_an_answer_garbled_mid_stream_ends_with_an_error_event_and_frees_the_slot() -> None:
+    async def garbled(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"text":"a"}]}\n\n')
+        await asyncio.sleep(0.2)  # the first event has gone through
+        request.transport.write(b"zz\r\nnot a chunk\r\n")  # type: ignore[union-attr]  # broken chunked framing
+        await asyncio.sleep(0.2)
+        request.transport.close()  # type: ignore[union-attr]
+        return resp
+
+    async def go() -> None:
+        async for url in with_upstream(garbled):
+            admission = Admission(4, 1)
+            await admission.open(url, 1)
+            path = make_path(admission)
+            status, _, body, _ = await drive(path, "POST", "/v1/completions", b'{"stream": true, "prompt": "x"}',
+                                             {"content-type": "application/json"})
+            await path.gateway.aclose()
+            assert status == 200 and b'"text":"a"' in body and b"upstream_error" in body
+            assert admission.in_flight == 0
+
+    asyncio.run(go())
+
+
+def test_an_answer_garbled_from_its_start_is_a_502_and_frees_the_slot() -> None:
+    async def garbled(request: web.Request) -> web.StreamResponse:
+        request.transport.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n")  # type: ignore
+        await asyncio.sleep(0.2)
+        request.transport.close()  # type: ignore[union-attr]
+        return web.StreamResponse()
+
+    async def go() -> None:
+        async for url in with_upstream(garbled):
+            admission = Admission(4, 1)
+            await admission.open(url, 1)
+            path = make_path(admission)
+            status, _, body, _ = await drive(path, "POST", "/v1/completions", b'{"prompt": "x"}',
+                                             {"content-type": "application/json"})
+            await path.gateway.aclose()
+            assert status == 502 and b"could not be read" in body
+            assert admission.in_flight == 0
+
+    asyncio.run(go())
+
+
+def test_a_client_that_hangs_up_ends_the_upstream_request_and_frees_the_slot() -> None:
+    upstream_saw_close = asyncio.Event()
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            for _ in range(10_000):
+                await resp.write(b'data: {"choices":[{"text":"a"}]}\n\n')
+                await asyncio.sleep(0.005)
+        except (ConnectionResetError, asyncio.CancelledError):
+            upstream_saw_close.set()
+            raise
+        return resp
+
+    async def go() -> None:
+        async for url in with_upstream(endless):
+            admission = Admission(4, 1)
+            await admission.open(url, 1)
+            path = make_path(admission)
+            t0 = time.monotonic()
+            status, _, _, _ = await drive(path, "POST", "/v1/completions", b'{"stream": true, "prompt": "x"}',
+                                          {"content-type": "application/json"}, hang_up_after=5)
+            assert status == 200 and time.monotonic() - t0 < 20  # not the 50 s of the whole stream
+            assert admission.in_flight == 0
+            await asyncio.wait_for(upstream_saw_close.wait(), 10)
+            await path.gateway.aclose()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("path", ["/v1/../metrics", "/v1/scale_elastic_ep"])
+def test_vllm_routes_beyond_the_api_are_not_reached(path: str) -> None:
+    hits: list[str] = []
+
+    async def record(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        return web.Response(text="vllm's own route")
+
+    async def go() -> None:
+        async for url in with_upstream(record):
+            admission = Admission(4, 1)
+            await admission.open(url, 1)
+            dp = make_path(admission)
+            status, _, _, _ = await drive(dp, "POST", path, b"{}", {"content-type": "application/json"})
+            await dp.gateway.aclose()
+            assert status in (400, 404) and hits == []
+
+    asyncio.run(go())
