@@ -55,11 +55,11 @@ async def run_case(settings: EngineSettings, logs: Path, n: int, timeout: float)
     await child.spawn()
     try:
         while time.monotonic() - t0 < timeout and child.returncode is None:
-            if any("KV cache size:" in line for line in log.run_lines):
+            if any("KV cache size:" in line for line in child.lines):
                 await asyncio.sleep(1.0)  # the "Free memory on device ..." line follows within a second
                 break
             await asyncio.sleep(0.2)
-        return list(log.run_lines), time.monotonic() - t0
+        return list(child.lines), time.monotonic() - t0
     finally:
         await child.stop(10)
         log.close()

@@ -10,10 +10,16 @@ import streamlit as st
 
 from console import fmt
 from console.widgets import client
-from engine.schemas import EventOut, StartupView, StatusOut
+from engine.schemas import ApplyPlanOut, EventOut, StartupView, StatusOut
 
-PROGRESS_KINDS = ["settings_changed", "drained", "stopped", "starting", "ready", "failed", "diagnosis", "rollback",
-                  "restart_scheduled", "crash_loop", "model_missing", "demo_model_building", "demo_model_built"]
+PROGRESS_KINDS = ["settings_changed", "apply_plan", "drained", "stopped", "starting", "ready", "failed", "diagnosis",
+                  "rollback", "restart_scheduled", "crash_loop", "model_missing", "demo_model_building",
+                  "demo_model_built", "sleeping", "woken", "bridge_failed", "instance_failed", "apply_done"]
+PLAN_TITLE = {"start": "Start", "blue_green": "Blue/green", "bridge": "Bridge", "rolling": "Rolling",
+              "pause": "Pause"}
+ROLE_ICON = {"serving": ":material/check_circle:", "bridge": ":material/alt_route:",
+             "starting": ":material/progress_activity:", "draining": ":material/hourglass_bottom:",
+             "stopping": ":material/stop_circle:", "sleeping": ":material/bedtime:", "failed": ":material/error:"}
 EVENT_ICON = {"ready": ":material/check_circle:", "failed": ":material/error:", "rollback": ":material/undo:",
               "diagnosis": ":material/troubleshoot:", "crash_loop": ":material/dangerous:"}
 
@@ -37,6 +43,51 @@ def phases(view: StartupView) -> None:
         st.caption(f"{fmt.seconds(view.elapsed_s)} so far; no earlier start of this engine to estimate from.")
 
 
+def plan_text(plan: ApplyPlanOut) -> str:
+    """The plan in one paragraph: its kind, why, and what clients should expect."""
+    title = PLAN_TITLE.get(plan.kind, plan.kind)
+    if plan.kind == "pause":
+        expect = (f"nothing serves for about **{fmt.seconds(plan.pause_s)}**" if plan.pause_s is not None else
+                  "nothing serves until the new instance is ready (no earlier start to estimate from)")
+        expect += ": in-flight requests finish first, new ones wait in the gateway's queue"
+    elif plan.kind == "start":
+        expect = "nothing serves yet"
+    else:
+        expect = "**no pause**: something serves throughout"
+        if plan.capacity_dip_pct:
+            expect += f"; capacity dips by about {plan.capacity_dip_pct:.0f} %"
+            if plan.dip_s is not None:
+                expect += f" for about {fmt.seconds(plan.dip_s)}"
+    took = f" It should take about {fmt.seconds(plan.expected_s)}." if plan.expected_s is not None else ""
+    bridge = ""
+    if plan.bridge is not None:
+        b = plan.bridge
+        bridge = (f" The bridge runs the old revision at gpu_memory_utilization {b.gpu_memory_utilization:.2f}: "
+                  f"{b.kv_tokens:,} KV tokens, max_num_seqs {b.max_num_seqs}.")
+    return f"**{title}** — {plan.reason}; {expect}.{took}{bridge}"
+
+
+def plan_box(plan: ApplyPlanOut) -> None:
+    st.markdown(plan_text(plan))
+    if plan.steps:
+        st.markdown("\n".join(f"{i + 1}. {step}" for i, step in enumerate(plan.steps)))
+    for warning in plan.warnings:
+        st.warning(warning, icon=":material/warning:")
+
+
+def instances(now: StatusOut) -> None:
+    """The vLLM instances, which serve, and the start of any that is starting."""
+    for inst in now.instances:
+        where = f" · GPU {inst.device}" if inst.device else ""
+        load = f" · {inst.outstanding} in flight" if inst.serving else ""
+        st.markdown(f"{ROLE_ICON.get(inst.role, '')} instance **{inst.name}** · revision {inst.revision} · "
+                    f"{inst.role}{' (takes requests)' if inst.serving else ''}{where}{load}")
+        if inst.startup is not None:
+            with st.container(border=True):
+                st.markdown(f"**Starting revision {inst.startup.revision}** on instance {inst.name}")
+                phases(inst.startup)
+
+
 def timeline(events: list[EventOut], t0: float) -> list[str]:
     return [f"+{max(0.0, e.ts.timestamp() - t0):.0f} s **{e.kind}** {e.message}" for e in events]
 
@@ -55,15 +106,21 @@ def outcome(applying: dict[str, Any], now: StatusOut, events: list[EventOut]) ->
     """How an apply ended, once it has: ("success" | "error", message); None while it goes on."""
     rev_id = applying["revision"]
     view = now.startup
-    if now.state == "ready" and now.running_revision == rev_id:
+    settled = len(now.instances) <= max(1, sum(1 for i in now.instances if i.revision == rev_id and i.serving))
+    if now.state == "ready" and now.running_revision == rev_id and settled:
         took = time.time() - applying["t0"]
+        gap = ""
+        if now.apply is not None and now.apply.revision == rev_id and now.apply.plan.kind != "start":
+            longest = now.apply.longest_gap_s or 0.0
+            gap = (f" Nothing paused: something served throughout ({PLAN_TITLE.get(now.apply.plan.kind)})."
+                   if longest == 0 else f" The longest stretch with nothing serving was {fmt.seconds(longest)}.")
         eta = ""
         if view is not None and view.revision == rev_id and view.ready_s is not None and view.eta_s is not None:
             eta = f" vLLM's start took {fmt.seconds(view.ready_s)} against {fmt.seconds(view.eta_s)} expected " \
                   f"({view.error_s:+.0f} s)." if view.error_s is not None else ""
-        return "success", f"Revision {rev_id} is ready after {took:.0f} s.{eta}"
+        return "success", f"Revision {rev_id} is ready after {took:.0f} s.{gap}{eta}"
     rolled_back = any(e.kind == "rollback" and e.revision == rev_id for e in events)
-    if rolled_back and now.state == "ready":
+    if rolled_back and now.state == "ready" and not any(i.role == "starting" for i in now.instances):
         diagnosis = next((e for e in events if e.kind == "diagnosis" and e.revision == rev_id), None)
         return "error", (f"Revision {rev_id} did not start and was rolled back to revision {now.running_revision}."
                          + (f"  \n**{diagnosis.data.get('kind')}**: {diagnosis.data.get('explanation')}  \nFix: "
@@ -79,18 +136,23 @@ def progress() -> None:
     applying = st.session_state.get("applying")
     now = client().status()
     if not applying:
-        if now.state in ("starting", "draining", "stopping") and now.startup is not None:
-            st.subheader(f"vLLM is {now.state}")
+        busy = now.state in ("starting", "draining", "stopping") or any(i.role != "serving" for i in now.instances)
+        if busy and (now.startup is not None or now.instances):
+            st.subheader(f"vLLM is {now.state}" if now.state != "ready" else "vLLM is changing instances")
             st.info(now.reason, icon=":material/autorenew:")
-            if now.state == "starting":
-                phases(now.startup)
+            if now.apply is not None and now.apply.outcome == "running":
+                plan_box(now.apply.plan)
+            instances(now)
         return
     events = client().events(since=applying["since"], kinds=PROGRESS_KINDS, limit=200)
     st.subheader(f"{applying.get('what', 'Applying')} revision {applying['revision']}")
     lines = timeline(events, applying["t0"])
+    if now.apply is not None and now.apply.revision == applying["revision"]:
+        st.info(f"Plan: {plan_text(now.apply.plan)}  \nNow: {now.apply.step}", icon=":material/route:")
     for ev, line in zip(events, lines, strict=True):
         st.markdown(f"{EVENT_ICON.get(ev.kind, ':material/arrow_right:')} {line}")
-    if now.startup is not None and now.state == "starting":
+    instances(now)
+    if not now.instances and now.startup is not None and now.state == "starting":
         with st.container(border=True):
             st.markdown(f"**Starting revision {now.startup.revision}**")
             phases(now.startup)

@@ -5,30 +5,36 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pynvml
 import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
+from starlette.types import Receive, Scope, Send
 
-from engine.access import AuditLog, AuditMiddleware, Auth, RateLimiter
+from engine.access import AuditLog, AuditMiddleware, Auth, GatewayKeys, RateLimiter
 from engine.api import AccessGate, Services, mount
+from engine.api.guard import BodyGuard, Limits
+from engine.api.slow import header_timeout_protocol
 from engine.benchmarks import Benchmarks
 from engine.capacity import CalibrationStore, Planner
 from engine.config import AppConfig
 from engine.db import SERVING_MINUTE, SERVING_RAW, open_database
 from engine.errors import EngineError
 from engine.events import EventLog
-from engine.gateway import Admission, Gateway, Ledger
+from engine.gateway import Admission, BodyLimits, DataPath, Gateway, Ledger
 from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
 from engine.metrics import HISTORY_METRICS, EngineCollector, RequestMetrics, SeriesStore, ServingMonitor
 from engine.prompts import PromptStore
 from engine.revisions import EngineSettings, RevisionStore, SettingsWriter, initial_settings
-from engine.serving import Supervisor
+from engine.serving import Supervisor, VllmFlags, redact_secrets
 
 
 class UnsafeConfigError(EngineError):
@@ -44,11 +50,71 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class RedactSecrets(logging.Filter):
+    """Access-log lines (when ``access_log`` is on) without keys or tokens sent in a query string."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_secrets(a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+class EngineApp(FastAPI):
+    """The engine's ASGI app: /v1 traffic goes straight to the gateway's raw data path, everything else through
+    FastAPI and its middleware (audit, access gate, body guard)."""
+
+    data_path: DataPath | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.data_path is not None and self.data_path.handles(scope):
+            await self.data_path(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+PRIVATE_DIRS = ("", "logs", "run")  # the data dir and its folders of secrets and logs: the engine's user only
+
+
+def make_private(data_dir: Path) -> None:
+    """Data dir and its logs and run folders 0700, the database and logs 0600: the database holds password hashes
+    and token digests, the logs what vLLM printed (an older engine left them 0644)."""
+    for name in PRIVATE_DIRS:
+        folder = data_dir / name
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+        for path in folder.iterdir() if name else data_dir.glob("llmops.db*"):
+            if path.is_file() and not path.is_symlink():
+                os.chmod(path, 0o600)
+
+
+def raise_priority(nice: int) -> str | None:
+    """Ask for the engine's CPU priority (engine_nice); what went wrong, if it was refused."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except PermissionError:
+        return (f"engine_nice {nice} was refused (it needs root or CAP_SYS_NICE): the gateway runs at nice "
+                f"{os.getpriority(os.PRIO_PROCESS, 0)}, and on a host whose cores vLLM keeps busy it will add latency")
+    return None
+
+
+def free_space_problem(folder: Path, least: int) -> str | None:
+    """Why a change cannot be recorded now (the disk under the data dir nearly full), or None."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError as exc:
+        return f"the data dir {folder} cannot be read ({exc.strerror})"
+    if free < least:
+        return (f"the disk of the data dir {folder} has {free / 2**20:.0f} MiB free, less than min_free_disk_bytes "
+                f"({least / 2**20:.0f} MiB): free some space and try again")
+    return None
+
+
 def create_app(config: AppConfig) -> FastAPI:
     """The composition root: every service built once, the lifespan that starts and stops them in order, the
     routes, the access gate and the audit."""
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    make_private(config.data_dir)
     db = open_database(config.db_path)
+    make_private(config.data_dir)  # the database's files now exist
     revisions, events, prompts = RevisionStore(db), EventLog(db), PromptStore(db)
     if revisions.ensure_initial(EngineSettings.model_construct(**initial_settings(config.data_dir.resolve()))
                                 .model_dump()):
@@ -69,6 +135,7 @@ def create_app(config: AppConfig) -> FastAPI:
 
     admission = Admission(config.queue_size, config.queue_timeout_s)
     supervisor = Supervisor(config, revisions, events, admission, audit=audit)
+    flags = VllmFlags(config.vllm_python, supervisor.vllm_version, config.data_dir / "run" / "vllm-flags.json")
     registry = CollectorRegistry()
     ledger = Ledger(db, config.ledger_sample_rate, metrics=RequestMetrics(registry))
     gateway = Gateway(admission, config.upstream_timeout_s, ledger)
@@ -91,7 +158,7 @@ def create_app(config: AppConfig) -> FastAPI:
                       traffic_max_tokens=lambda: ledger.longest_request(86400))
     supervisor.planner = planner
     writer = SettingsWriter(revisions, events, planner, config.data_dir.resolve(), config.model_roots,
-                            wake=supervisor.wake)
+                            wake=supervisor.wake, flags=flags)
     serving_history = SeriesStore(db, SERVING_RAW, SERVING_MINUTE, "revision", HISTORY_METRICS,
                                   config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
     serving = ServingMonitor(config.serving_scrape_interval_s, lambda: admission.upstream,
@@ -104,8 +171,10 @@ def create_app(config: AppConfig) -> FastAPI:
                             revoke=lambda key: auth.revoke(token=key))
     registry.register(EngineCollector(supervisor.status, lambda: sampler.latest, lambda: serving.latest,
                                       lambda: events.event_counts(["rollback", "failed", "crash_loop"])))
+    limits = RateLimiter()
+    keys = GatewayKeys(auth, limits, gateway_keys)
     services = Services(config=config, db=db, revisions=revisions, writer=writer, events=events, prompts=prompts,
-                        auth=auth, audit=audit, limits=RateLimiter(), supervisor=supervisor, planner=planner,
+                        auth=auth, audit=audit, limits=limits, supervisor=supervisor, planner=planner,
                         sampler=sampler, telemetry=telemetry, alerts=alerts, serving=serving,
                         serving_history=serving_history, ledger=ledger, benchmarks=benchmarks, gateway=gateway,
                         registry=registry, public_url=config.public_url or f"http://{local}:{config.port}",
@@ -132,17 +201,25 @@ def create_app(config: AppConfig) -> FastAPI:
             await events.emit("engine_stopped", "engine stopped")
             db.close()
 
-    app = FastAPI(title="llmops engine", version="0.1.0", lifespan=lifespan)
+    app = EngineApp(title="llmops engine", version="0.1.0", lifespan=lifespan)
     app.state.services = services
     app.state.generated_admin_password = generated
+    app.data_path = DataPath(gateway, keys, BodyLimits(config.body_limit_v1_bytes, config.body_timeout_s,
+                                                       config.json_max_depth))
     mount(app)
-    app.add_middleware(AccessGate, api=app, auth=auth)  # roles before bodies: it runs inside the audit
+    app.add_middleware(BodyGuard, limits=Limits(config.body_limit_auth_bytes, config.body_limit_api_bytes,
+                                                config.body_limit_v1_bytes, config.json_max_depth,
+                                                config.body_timeout_s))
+    app.add_middleware(AccessGate, api=app, auth=auth, keys=keys,  # roles before bodies: inside the audit
+                       writable=lambda: free_space_problem(config.data_dir, config.min_free_disk_bytes))
     app.add_middleware(AuditMiddleware, log=audit)
     return app
 
 
 def serve(config: AppConfig) -> None:
     """Run the engine in this process until SIGINT/SIGTERM."""
+    os.umask(0o077)  # what the engine and vLLM write (database, logs, pid files) is the engine user's alone
+    priority = raise_priority(config.engine_nice)  # before any thread: threads inherit it
     config.logs_dir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(
         level=logging.INFO,
@@ -150,10 +227,14 @@ def serve(config: AppConfig) -> None:
         handlers=[logging.StreamHandler(), logging.FileHandler(config.logs_dir / "engine.log")],
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per vLLM probe and scrape is noise
+    logging.getLogger("uvicorn.access").addFilter(RedactSecrets())  # a key sent in a URL stays out of the log
     app = create_app(config)
+    if priority:
+        logging.getLogger("llmops.engine").warning(priority)
     if app.state.generated_admin_password:
         # Printed once to the terminal, never logged: the only copy of the first admin's password.
         print(f"\n  Created the console user 'admin' with password: {app.state.generated_admin_password}\n"
               "  (shown once; change it on the console's Access page)\n", file=sys.stderr, flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="info", access_log=config.access_log,
-                timeout_graceful_shutdown=int(config.drain_timeout_s) or None)
+                timeout_graceful_shutdown=int(config.drain_timeout_s) or None, loop="uvloop",
+                http=header_timeout_protocol(config.header_timeout_s))

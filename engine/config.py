@@ -1,7 +1,7 @@
 """The engine's process configuration: one pydantic-settings class, read from ``LLMOPS_*`` and the CLI.
 
 These are the knobs of the engine process itself (where it listens, where its data lives, how patient it is).
-The knobs of vLLM are settings revisions (``engine/settings.py``), versioned in SQLite.
+The knobs of vLLM are settings revisions (``engine/revisions/settings.py``), versioned in SQLite.
 """
 
 from __future__ import annotations
@@ -41,6 +41,17 @@ class AppConfig(BaseSettings):
     crashloop_max_failures: int = Field(3, ge=1, description="Crashes within crashloop_window_s that halt restarts.")
     crashloop_window_s: float = Field(600.0, gt=0, description="Window of the crash-loop guard.")
     drain_timeout_s: float = Field(60.0, ge=0, description="How long in-flight /v1 requests may finish on apply.")
+    engine_nice: int = Field(-10, ge=-20, le=19, description="The engine's CPU priority (nice value), asked for at "
+                             "start: its gateway is on the path of every token, and where vLLM keeps every core busy "
+                             "(the CPU build) a gateway that waits for a core delays each one (on 2 cores: 0.56 of "
+                             "direct throughput at 0, 0.86 at -10). Below 0 needs root or CAP_SYS_NICE; refused, the "
+                             "engine says so and runs at its own. vLLM, benchmarks and the demo model's training "
+                             "run at vllm_nice.")
+    vllm_nice: int = Field(0, ge=-20, le=19, description="CPU priority (nice value) of the processes the engine "
+                           "starts: vLLM, its benchmarks, the demo model's training.")
+    sleep_mode: bool = Field(True, description="On CUDA: start vLLM with sleep mode, and when an apply must pause "
+                             "(nothing fits beside the old instance) put the old one to sleep instead of stopping it, "
+                             "so a new revision that fails is rolled back in about a second, not a restart.")
     queue_size: int = Field(256, ge=0, description="Requests held while vLLM restarts; past it: 503.")
     queue_timeout_s: float = Field(300.0, ge=0, description="Longest a held request waits for vLLM; then 503.")
     upstream_timeout_s: float = Field(600.0, gt=0, description="Longest a /v1 request may take inside vLLM.")
@@ -66,6 +77,20 @@ class AppConfig(BaseSettings):
                                        "through its environment, never its arguments, logs or events.")
     model_roots: list[Path] = Field(default_factory=list, description="Folders local models may come from, "
                                     "besides DATA_DIR/models and the Hugging Face cache.")
+    body_limit_auth_bytes: int = Field(16 * 1024, ge=1024, description="Largest request body of the sign-in routes "
+                                       "(/api/auth/*), which anyone may call; past it: 413.")
+    body_limit_api_bytes: int = Field(1 << 20, ge=4096, description="Largest request body of the other /api routes "
+                                      "(settings, prompts, users, tokens, benchmarks); past it: 413.")
+    body_limit_v1_bytes: int = Field(32 << 20, ge=4096, description="Largest request body of a /v1 request "
+                                     "(long prompts, images as base64); past it: 413.")
+    json_max_depth: int = Field(64, ge=8, le=500, description="Deepest nesting of arrays and objects a JSON body "
+                                "may have; deeper: 400.")
+    body_timeout_s: float = Field(60.0, gt=0, description="Longest a request's body may take to arrive once its "
+                                  "headers have; past it: 408 (a client trickling a body holds no worker).")
+    header_timeout_s: float = Field(10.0, gt=0, description="Longest a request's headers may take to arrive; past "
+                                    "it the connection is closed (slowloris).")
+    min_free_disk_bytes: int = Field(64 << 20, ge=0, description="Free space the data dir's disk must have for a "
+                                     "change to be accepted; below it changes are refused with 507, nothing done.")
     log_max_bytes: int = Field(10_000_000, gt=0, description="Size at which vLLM's log file rotates.")
     log_backups: int = Field(5, ge=0, description="Rotated vLLM log files kept.")
 

@@ -9,6 +9,7 @@ import streamlit as st
 
 from console import fmt
 from console.client import ClientError
+from console.restart import instances, plan_text
 from console.widgets import (
     client,
     engine_status,
@@ -40,6 +41,13 @@ def live() -> None:
     c[2].metric("Restarts", status.restarts, help="vLLM starts since the engine started, beyond the first")
     c[3].metric("Gateway", f"{status.gateway.in_flight} in flight",
                 help=f"{status.gateway.waiting} waiting, {status.gateway.rejected} refused since start")
+
+    if len(status.instances) > 1 or (status.apply is not None and status.apply.outcome == "running"):
+        st.subheader("Instances")
+        if status.apply is not None and status.apply.outcome == "running":
+            st.info(f"Applying revision {status.apply.revision}: {plan_text(status.apply.plan)}  \nNow: "
+                    f"{status.apply.step}", icon=":material/route:")
+        instances(status)
 
     st.subheader("Serving")
     try:

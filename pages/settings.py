@@ -13,7 +13,7 @@ import streamlit as st
 
 from console import charts, fmt
 from console.client import ClientError, SettingsRejectedError, StaleRevisionError
-from console.restart import last_outcome, progress, watch
+from console.restart import last_outcome, plan_box, progress, watch
 from console.widgets import client, engine_status, restart_banner, unreachable
 from engine.schemas import CapacityOut, Finding, FitValue, RevisionOut
 
@@ -198,10 +198,18 @@ def eta_text() -> str:
 
 @st.dialog("Apply and restart vLLM?")
 def confirm_apply(changes: dict[str, Any], errors: list[Finding]) -> None:
-    st.markdown("vLLM restarts with the new values: in-flight requests finish first, new ones wait in the "
-                f"gateway's queue and are served when it is ready, in {eta_text()}"
-                + (f" ({eta.text})" if eta else "") + ". If it cannot start, the engine rolls back to the last "
-                "revision that was ready.")
+    plan = capacity.plan if capacity else None
+    if plan is not None:
+        st.markdown("vLLM restarts with the new values, by this plan:")
+        plan_box(plan)
+        st.caption("If the new revision cannot start, it is rejected and diagnosed"
+                   + (", and traffic stays on what serves now." if plan.kind not in ("pause", "start") else
+                      "; the engine goes back to the last revision that was ready."))
+    else:
+        st.markdown("vLLM restarts with the new values: in-flight requests finish first, new ones wait in the "
+                    f"gateway's queue and are served when it is ready, in {eta_text()}"
+                    + (f" ({eta.text})" if eta else "") + ". If it cannot start, the engine rolls back to the last "
+                    "revision that was ready.")
     st.dataframe([{"field": k, "now": str(desired_values.get(k)), "new": str(v)} for k, v in changes.items()],
                  hide_index=True)
     force = False

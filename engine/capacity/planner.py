@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.capacity.calibration import CalibrationStore, StartReport
-from engine.capacity.model import Device, batched_tokens, estimate_activation, load_shape, predict
+from engine.capacity.model import Device, ModelShape, batched_tokens, estimate_activation, load_shape, predict
+from engine.capacity.plans import PlanInputs, Running, plan_apply
 from engine.capacity.preflight import PreflightResult, check, find_model_config
 from engine.revisions import EngineSettings
-from engine.schemas import Build
+from engine.schemas import ApplyPlanOut, Build
 
 if TYPE_CHECKING:  # the sampler is handed in; capacity does not depend on the GPU package
     from engine.gpu import Sampler
@@ -87,6 +88,38 @@ class Planner:
             log.warning("no capacity prediction for %s: %s", folder, exc)
             return None
         return predict(shape, settings, device, calibration).as_dict()
+
+    def vllm_memory(self) -> int | None:
+        """What the running vLLM instances hold now: on a GPU the most on any one GPU, on the CPU build their
+        resident memory; None when the sampler has not seen it."""
+        snap = self.sampler.latest
+        if self.build == "cuda":
+            held = [int(g.values.get("vllm_mem") or 0) for g in snap.gpus if not g.lost]
+            return max(held) if held else None
+        rss = (snap.host or {}).get("vllm_rss")
+        return int(rss) if rss is not None else None
+
+    def _shape(self, settings: EngineSettings) -> ModelShape | None:
+        folder = find_model_config(settings.model, self.data_dir)
+        if folder is None:
+            return None
+        try:
+            return load_shape(folder)
+        except (KeyError, ValueError, TypeError, OSError):
+            return None
+
+    def plan(self, new: EngineSettings, old: EngineSettings | None, *, replicas: int, memory_bytes: int | None,
+             eta_new_s: float | None, eta_bridge_s: float | None) -> ApplyPlanOut:
+        """How applying ``new`` over ``old`` (running as ``replicas`` instances holding ``memory_bytes``) keeps
+        serving: engine/capacity/plans.py."""
+        calibration = None
+        if old is not None:
+            calibration = self.calibrations.latest(old.model, old.tensor_parallel_size, old.dtype)
+        return plan_apply(PlanInputs(
+            new=new, running=None if old is None else Running(old, replicas, memory_bytes),
+            device=self.device(new.tensor_parallel_size), shape_old=None if old is None else self._shape(old),
+            shape_new=self._shape(new), calibration=calibration, eta_new_s=eta_new_s, eta_bridge_s=eta_bridge_s,
+            request_tokens=self.traffic_max_tokens()))
 
     def wait_released(self, pids: set[int], timeout: float) -> bool:
         """After a stop on a GPU: wait until NVML lists none of the old processes (their memory is back)."""

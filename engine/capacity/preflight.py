@@ -101,6 +101,7 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
         errors.append(Finding("tp_mismatch", "tensor_parallel_size",
                               f"tensor_parallel_size {tp} {why}; valid: {', '.join(map(str, valid))}",
                               {"tensor_parallel_size": valid[-1]}))
+    _replica_findings(settings, shape, device, errors)
     if device is None:
         warnings.append(Finding("capacity_unknown", "gpu_memory_utilization",
                                 "memory not checked: no device reading yet"))
@@ -117,6 +118,38 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
                                 f"({traffic_max_tokens} tokens); {suggestion} would free KV cache for concurrency",
                                 {"max_model_len": suggestion}))
     return PreflightResult(errors, warnings, pred, shape, device)
+
+
+def _replica_findings(settings: EngineSettings, shape: ModelShape, device: Device | None,
+                      errors: list[Finding]) -> None:
+    """Replicas either get their own GPUs (replicas × tensor_parallel_size of them) or share one device, where
+    their memory must add up."""
+    n = settings.replicas
+    if n < 2 or device is None:
+        return
+    tp = settings.tensor_parallel_size
+    if device.kind == "cuda":
+        if device.count >= n * tp:
+            return  # each replica on its own GPUs
+        if tp > 1:
+            errors.append(Finding("replicas_gpus", "replicas",
+                                  f"{n} replicas of tensor_parallel_size {tp} need {n * tp} GPUs; {device.count} "
+                                  "are present", {"replicas": max(1, device.count // tp)}))
+            return
+        share = settings.gpu_memory_utilization * n
+        if share > 0.95:  # they share the GPUs there are: their memory adds up
+            fit = math.floor(95 / n) / 100
+            errors.append(Finding("replicas_memory", "gpu_memory_utilization",
+                                  f"{n} replicas on {device.count} GPU(s) take {n} x "
+                                  f"{settings.gpu_memory_utilization} = {share:.2f} of its memory; at most {fit} "
+                                  "each, or fewer replicas", {"gpu_memory_utilization": fit}))
+        return
+    per = int(settings.cpu_kv_cache_gib * GIB) + shape.parameters() * 2 + int(1.5 * GIB)
+    if per * n > device.free_bytes:
+        errors.append(Finding("replicas_memory", "replicas",
+                              f"{n} replicas need about {_gib(per * n)} of the host's memory and "
+                              f"{_gib(device.free_bytes)} is available",
+                              {"replicas": max(1, device.free_bytes // per)}))
 
 
 def _memory_findings(settings: EngineSettings, shape: ModelShape, device: Device, calibration: Calibration | None,

@@ -4,10 +4,12 @@ clients reach the served model."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
 from engine.schemas.common import Build, EngineState
+from engine.schemas.settings import ApplyPlanOut
 
 
 class StartupPhase(BaseModel):
@@ -41,6 +43,37 @@ class GatewayCounts(BaseModel):
     rejected: int
 
 
+InstanceRole = Literal["serving", "starting", "draining", "stopping", "bridge", "sleeping", "failed"]
+
+
+class InstanceOut(BaseModel):
+    """One vLLM instance the engine supervises."""
+
+    name: str
+    role: InstanceRole
+    revision: int | None
+    port: int
+    pid: int | None
+    device: str | None = Field(None, description="CUDA_VISIBLE_DEVICES of the instance (None: all, or the CPU)")
+    serving: bool = Field(description="the gateway sends requests to it")
+    outstanding: int = 0
+    since: datetime | None = None
+    startup: StartupView | None = None
+
+
+class ApplyProgress(BaseModel):
+    """The apply under way (or the latest one): its plan and where it is."""
+
+    revision: int
+    from_revision: int | None
+    plan: ApplyPlanOut
+    step: str
+    started: datetime
+    finished: datetime | None = None
+    outcome: Literal["running", "applied", "rejected", "aborted"] = "running"
+    longest_gap_s: float | None = Field(None, description="longest stretch with no instance serving")
+
+
 class StatusOut(BaseModel):
     state: EngineState
     since: datetime | None
@@ -57,6 +90,8 @@ class StatusOut(BaseModel):
     restarts: int
     gateway: GatewayCounts
     startup: StartupView | None = None
+    instances: list[InstanceOut] = Field(default_factory=list)
+    apply: ApplyProgress | None = None
 
 
 class ActionOut(StatusOut):

@@ -46,6 +46,11 @@ class SettingsValues(BaseModel):
     tensor_parallel_size: int = Field(
         1, ge=1, le=64, description="GPUs one model is split across; must divide the attention heads."
     )
+    replicas: int = Field(
+        1, ge=1, le=16, description="vLLM instances of this revision behind the gateway (least outstanding requests "
+        "first). On a multi-GPU host each gets its own GPUs (tensor_parallel_size each); with 2 or more an apply "
+        "replaces one at a time while the others serve.",
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Data type of weights and activations. auto: the model's own."
     )
@@ -174,6 +179,33 @@ class RestartEta(BaseModel):
     text: str
 
 
+PlanKind = Literal["start", "rolling", "blue_green", "bridge", "pause"]
+
+
+class BridgeOut(BaseModel):
+    """The small instance of the old revision that serves while the new one starts (a bridge plan)."""
+
+    gpu_memory_utilization: float
+    kv_tokens: int
+    max_num_seqs: int
+    max_concurrency: float
+    max_model_len: int
+
+
+class ApplyPlanOut(BaseModel):
+    """How an apply keeps serving: the kind, why, and what clients should expect."""
+
+    kind: PlanKind
+    reason: str
+    steps: list[str] = Field(default_factory=list)
+    bridge: BridgeOut | None = None
+    expected_s: float | None = Field(None, description="how long the apply should take, from earlier starts")
+    pause_s: float | None = Field(None, description="how long nothing serves (pause plans; 0 otherwise)")
+    capacity_dip_pct: float | None = Field(None, description="share of concurrent requests lost while it runs")
+    dip_s: float | None = Field(None, description="how long the capacity dip lasts")
+    warnings: list[str] = Field(default_factory=list)
+
+
 class CapacityOut(BaseModel):
     """Pre-flight of values not saved yet: the prediction (none when the values cannot start), errors, warnings."""
 
@@ -186,4 +218,5 @@ class CapacityOut(BaseModel):
     model: ModelShapeOut | None
     device: DeviceOut | None
     restart_eta: RestartEta | None = None
+    plan: ApplyPlanOut | None = None
     elapsed_ms: float

@@ -11,9 +11,10 @@ from engine.serving.child import (
     kill_group,
     reap_orphans,
 )
-from engine.serving.command import build_command, build_env, vllm_distribution
+from engine.serving.command import at_nice, build_command, build_env, vllm_distribution
 from engine.serving.diagnosis import OOM_KINDS, Diagnosis, diagnose
-from engine.serving.logs import ChildLog, filter_log
+from engine.serving.flags import FlagProbeError, VllmFlags
+from engine.serving.logs import ChildLog, filter_log, redact_secrets
 from engine.serving.recovery import Decision, RecoveryPolicy
 from engine.serving.startup import Eta, PastStart, StartTracker, compile_key, estimate, past_start
 from engine.serving.state import InvalidTransitionError, StateMachine
@@ -25,6 +26,7 @@ __all__ = [
     "Decision",
     "Diagnosis",
     "Eta",
+    "FlagProbeError",
     "InvalidTransitionError",
     "PastStart",
     "RecoveryPolicy",
@@ -32,6 +34,8 @@ __all__ = [
     "StateMachine",
     "Supervisor",
     "VllmChild",
+    "VllmFlags",
+    "at_nice",
     "build_command",
     "build_env",
     "compile_key",
@@ -44,5 +48,6 @@ __all__ = [
     "kill_group",
     "past_start",
     "reap_orphans",
+    "redact_secrets",
     "vllm_distribution",
 ]

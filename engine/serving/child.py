@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import time
+from collections import deque
 from pathlib import Path
 
 import psutil
@@ -59,16 +60,20 @@ def kill_group(pgid: int, sig: signal.Signals) -> None:
 
 
 class VllmChild:
-    """One run of vLLM's OpenAI server for one revision."""
+    """One run of vLLM's OpenAI server for one revision, as instance ``name``. Its output goes to the shared log
+    (each line marked with the instance) and, unmarked, to its own ``lines`` (what diagnosis and calibration
+    read)."""
 
     def __init__(self, args: list[str], env: dict[str, str], port: int, revision_id: int, log_: ChildLog,
-                 pidfile: Path) -> None:
+                 pidfile: Path, name: str = "a", keep_lines: int = 5000) -> None:
         self.args = args
         self.env = env
         self.port = port
         self.revision_id = revision_id
         self.log = log_
         self.pidfile = pidfile
+        self.name = name
+        self.lines: deque[str] = deque(maxlen=keep_lines)
         self.proc: asyncio.subprocess.Process | None = None
         self.started_at = 0.0
         self.stop_requested = False
@@ -90,7 +95,7 @@ class VllmChild:
 
     async def spawn(self) -> None:
         ensure_port_free(self.port)
-        self.log.new_run(f"revision {self.revision_id}: {' '.join(self.args)}")
+        self.log.new_run(f"instance {self.name}, revision {self.revision_id}: {' '.join(self.args)}")
         self.proc = await asyncio.create_subprocess_exec(
             *self.args,
             stdin=asyncio.subprocess.DEVNULL,
@@ -116,7 +121,8 @@ class VllmChild:
             if not raw:
                 break
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
-            self.log.write(line)
+            self.lines.append(line)
+            self.log.write(f"[{self.name}] {line}")
             self.tracker.feed(line)
 
     def remember_descendants(self) -> None:
@@ -186,6 +192,14 @@ def _create_time(pid: int) -> float | None:
         return float(psutil.Process(pid).create_time())
     except psutil.NoSuchProcess:
         return None
+
+
+def reap_all(run_dir: Path) -> list[int]:
+    """Stop every vLLM group an engine that died left behind (one pid file per instance); the pids stopped."""
+    stopped: list[int] = []
+    for pidfile in sorted(run_dir.glob("vllm*.json")):
+        stopped += reap_orphans(pidfile)
+    return stopped
 
 
 def reap_orphans(pidfile: Path) -> list[int]:

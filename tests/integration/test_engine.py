@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import sqlite3
+import time
 from pathlib import Path
 
 import httpx
@@ -17,7 +18,7 @@ from console.client import SettingsRejectedError
 from engine.schemas import StatusOut
 from engine.serving import group_members
 from tests.support.engine import COLD_START_S, HF_TOKEN, EngineHandle
-from tests.support.load import Load, summary
+from tests.support.load import Load, longest_gap, summary
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -89,28 +90,47 @@ def test_bad_input_gets_422_and_no_revision(engine: EngineHandle) -> None:
     assert engine.client.status().state == "ready"
 
 
-def test_max_num_seqs_change_under_load_restarts_vllm_and_drops_nothing(engine: EngineHandle) -> None:
-    """The zero-drop bar: 16 clients stream and not, in a loop, while a new max_num_seqs is applied."""
+def test_an_apply_under_16_streams_never_pauses(engine: EngineHandle) -> None:
+    """The zero-pause bar (issue 14): 16 clients stream in a loop while a new max_num_seqs is applied. The
+    plan, shown before the write, is blue/green (two demo instances fit this host); the new instance starts beside
+    the old one, takes the traffic, and the old one drains: no request fails and no second passes without one
+    completing."""
     old = engine.client.status()
-    assert old.pid is not None
-    load = Load(engine.url, clients=16).start()
+    assert old.pid is not None and len(old.instances) == 1
+    plan = engine.client.capacity({"max_num_seqs": 5}).plan
+    assert plan is not None and plan.kind == "blue_green" and plan.pause_s == 0
+    load = Load(engine.url, clients=16, stream=True).start()
     load.wait_for(32, timeout=120)  # traffic flows before the change
+    t0 = time.monotonic()
     rev = engine.client.put_settings(old.desired_revision or 0, {"max_num_seqs": 5}, "test: smaller batch")
-    status = engine.client.wait_for({"ready"}, COLD_START_S, revision=rev.revision)
-    seen = load.count()
-    load.wait_for(seen + 32, timeout=120)  # and flows again on the new child
+    seen: list[int] = []
+
+    def applied() -> StatusOut | None:
+        status = engine.client.status()
+        seen.append(len(status.instances))
+        done = status.apply is not None and status.apply.revision == rev.revision and status.apply.outcome != "running"
+        return status if done else None
+
+    status = wait_until(applied, COLD_START_S, every=0.2, what="the apply's end")
+    t1 = time.monotonic()
+    after = load.count()
+    load.wait_for(after + 32, timeout=120)  # and flows on the new instance
     outcomes = load.stop()
     counts = summary(outcomes)
-    assert counts["ok"] == counts["total"], (counts, [o for o in outcomes if o.status != 200 or o.exception][:3])
-    waited = [o for o in outcomes if o.seconds > 10]
-    assert waited, "no request was held across the restart: the test did not exercise the queue"
-    assert status.pid != old.pid
+    assert counts["ok"] == counts["total"], (counts, [o for o in outcomes if not o.ok][:3])
+    gap = longest_gap(outcomes, t0, t1)
+    assert gap <= 1.0, f"{gap:.2f} s with no completed request during the apply"
+    assert status.apply is not None and status.apply.outcome == "applied" and status.apply.longest_gap_s in (None, 0)
+    assert max(seen) == 2 and len(status.instances) == 1  # both side by side, then the new one alone
+    assert status.running_revision == rev.revision and status.pid != old.pid
     assert "'max_num_seqs': 5" in last_run_args(engine)
     assert group_members(old.pid) == [] and not psutil.pid_exists(old.pid)
     assert engine.client.revision(rev.revision).status == "applied"
     assert engine.client.revision(old.running_revision or 0).status == "superseded"
-    kinds = [e.kind for e in engine.client.events(kinds=["drained", "stopped", "starting", "ready"])]
-    assert kinds[-4:] == ["drained", "stopped", "starting", "ready"]
+    kinds = [e.kind for e in engine.client.events(kinds=["apply_plan", "starting", "ready", "drained", "stopped",
+                                                          "apply_done"], since=0) if e.revision in (
+        rev.revision, old.running_revision)]
+    assert kinds[-6:] == ["apply_plan", "starting", "ready", "drained", "stopped", "apply_done"]
 
 
 def test_revision_written_straight_into_sqlite_is_applied(engine: EngineHandle) -> None:
@@ -132,10 +152,19 @@ def test_forced_revision_that_cannot_start_is_rolled_back_and_diagnosed(engine: 
     with pytest.raises(SettingsRejectedError) as refused:  # pre-flight refuses it first ...
         engine.client.put_settings(before.revision, {"cpu_kv_cache_gib": 0.001}, "too small")
     assert refused.value.fields[0][0] == "cpu_kv_cache_gib"
+    load = Load(engine.url, clients=16, stream=True).start()
+    load.wait_for(16, timeout=120)
+    t0 = time.monotonic()
     bad = engine.client.put_settings(before.revision, {"cpu_kv_cache_gib": 0.001}, "forced", force=True)
     assert bad.forced
     wait_until(lambda: engine.client.revision(bad.revision).status == "rejected", COLD_START_S, every=0.5,
                what="the forced revision's rejection")  # ... forced, it fails and is rejected
+    t1 = time.monotonic()
+    outcomes = load.stop()
+    assert all(o.ok for o in outcomes), [o for o in outcomes if not o.ok][:3]
+    # traffic never left the instance that served (a pause would be a whole start, ~30 s); the failing start
+    # beside it shares this machine's two cores, which slows it for a few seconds
+    assert longest_gap(outcomes, t0, t1) <= 5.0
     rejected = engine.client.revision(bad.revision)
     assert rejected.status_reason.startswith("kv_cache_too_small")
     assert rejected.oom_count == 1

@@ -7,6 +7,7 @@ restarts) but finite, so a hanging request shows up as an exception, not as a st
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -25,6 +26,11 @@ class Outcome:
     stream_error: str | None = None  # stream ended with an error event
     exception: str | None = None
     text: str = ""
+    finished: float = 0.0  # time.monotonic() when it ended
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and (self.done or not self.stream) and not self.stream_error and not self.exception
 
 
 @dataclass
@@ -33,6 +39,7 @@ class Load:
     clients: int = 16
     max_tokens: int = 8
     timeout_s: float = 420.0
+    stream: bool | None = None  # None: every other request streams
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -67,7 +74,7 @@ class Load:
         with httpx.Client(base_url=self.url, timeout=self.timeout_s) as http:
             n = 0
             while not self._stop.is_set():
-                stream = (n + client) % 2 == 0
+                stream = (n + client) % 2 == 0 if self.stream is None else self.stream
                 n += 1
                 try:
                     outcome = self._one(http, client, stream)
@@ -100,7 +107,8 @@ class Load:
                             out.text += line
         except httpx.HTTPError as exc:
             out.exception = f"{type(exc).__name__}: {exc}"
-        out.seconds = time.monotonic() - t0
+        out.finished = time.monotonic()
+        out.seconds = out.finished - t0
         return out
 
 
@@ -113,3 +121,10 @@ def summary(outcomes: list[Outcome]) -> dict[str, int]:
         "exceptions": sum(1 for o in outcomes if o.exception),
         "other": sum(1 for o in outcomes if o.status not in (200, 503, None)),
     }
+
+
+def longest_gap(outcomes: list[Outcome], start: float, end: float) -> float:
+    """The longest stretch within [start, end] (monotonic) in which no request completed successfully."""
+    times = sorted(o.finished for o in outcomes if o.ok and start <= o.finished <= end)
+    edges = [start, *times, end]
+    return max(b - a for a, b in itertools.pairwise(edges))

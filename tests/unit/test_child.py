@@ -30,7 +30,7 @@ def test_stop_kills_the_whole_group_and_logs_output(tmp_path: Path) -> None:
         log = ChildLog(tmp_path / "logs" / "vllm.log", 10_000, 1)
         child = VllmChild([sys.executable, "-c", TREE], {}, free_port(), 1, log, tmp_path / "run" / "vllm.json")
         await child.spawn()
-        await eventually(lambda: len(log.run_lines) >= 3, 10, every=0.05, what="the tree's three lines")
+        await eventually(lambda: len(child.lines) >= 2, 10, every=0.05, what="the tree's two lines")
         assert child.pid is not None
         members = group_members(child.pid)
         assert len(members) == 2
@@ -58,7 +58,7 @@ async def main():
     child = VllmChild([sys.executable, "-c", sys.argv[2]], dict(os.environ), free_port(), 1, log,
                       folder / "vllm.json")
     await child.spawn()
-    while len(log.run_lines) < 3:
+    while len(child.lines) < 2:
         await asyncio.sleep(0.05)
     print(child.pid, flush=True)
     os._exit(0)

@@ -54,7 +54,8 @@ def put_settings(body: SettingsWrite, request: Request, writer: WriterDep, revis
 def capacity(request: Request, revisions: RevisionsDep, writer: WriterDep, planner: PlannerDep,
              supervisor: SupervisorDep) -> CapacityOut:
     """Pre-flight for values not saved yet (query parameters, merged onto the desired revision): the capacity
-    prediction, errors and warnings, each naming the value that would fit, and how long a restart would take."""
+    prediction, errors and warnings, each naming the value that would fit, how long a restart would take, and the
+    plan an apply would follow (blue/green, bridge, rolling or pause) with what clients should expect."""
     t0 = time.perf_counter()
     base = revisions.desired_revision() or revisions.get_revision(revisions.head_revision_id() or 0)
     changes: dict[str, Any] = {}
@@ -66,8 +67,9 @@ def capacity(request: Request, revisions: RevisionsDep, writer: WriterDep, plann
     eta = supervisor.eta_for(settings.model_dump())
     restart = None if eta is None else RestartEta(seconds=eta.total_s, basis=eta.basis, samples=eta.samples,
                                                   text=eta.describe())
+    plan = supervisor.plan_for(settings) if result["ok"] else None
     return CapacityOut.model_validate({"base_revision": base.id, "values": settings.model_dump(), **result,
-                                       "restart_eta": restart,
+                                       "restart_eta": restart, "plan": plan,
                                        "elapsed_ms": round(1e3 * (time.perf_counter() - t0), 2)})
 
 

@@ -1,0 +1,173 @@
+"""What clients see of an apply: N streaming clients in a loop while a revision is applied, and the longest
+stretch with no completed request, failed requests, the plan the engine chose, and how long it took.
+
+    python bench/apply_gap.py --out DIR                                          # CPU: two demo instances
+    python bench/apply_gap.py --out DIR --model /tmp/m8b --load-format dummy \\
+        --base gpu_memory_utilization=0.85 max_num_seqs=256 max_model_len=4096 \\
+        --apply max_num_seqs=128 --apply-bad max_model_len=999999 --apply-pause gpu_memory_utilization=0.95
+
+Each ``--apply*`` is one apply, in turn, under the same load: ``--apply`` a good change, ``--apply-bad`` a forced
+revision that cannot start (rolled back), ``--apply-pause`` a change that fits beside nothing (a pause; on CUDA
+with sleep mode the old instance sleeps, and with ``--apply-bad`` after it the time to wake is measured).
+Writes ``apply-gap.json`` under ``--out`` as it goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.support.load import Load, longest_gap, summary  # noqa: E402 - after the path
+
+PASSWORD = "apply-gap-bench-password"
+
+
+def parse_values(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--model")
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--base", nargs="*", default=[], help="KEY=VALUE of the revision that serves first")
+    p.add_argument("--apply", nargs="*", default=None, help="KEY=VALUE of a good change")
+    p.add_argument("--apply-bad", nargs="*", default=None, help="KEY=VALUE of a forced change that cannot start")
+    p.add_argument("--apply-pause", nargs="*", default=None, help="KEY=VALUE of a change that fits beside nothing")
+    p.add_argument("--order", default="apply,apply-bad,apply-pause,apply-bad")
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--settle", type=int, default=64, help="requests to see completed before and after each apply")
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(tempfile.mkdtemp(prefix="apply-gap-"))
+    port = int(subprocess.run([sys.executable, "-c", "from engine.serving import free_port; print(free_port())"],
+                              capture_output=True, text=True, check=True, cwd=REPO).stdout)
+    env = {**os.environ, "LLMOPS_ADMIN_PASSWORD": PASSWORD, "LLMOPS_AUTOSTART": "false",
+           "LLMOPS_STARTUP_TIMEOUT_S": "1200"}
+    if a.model:
+        env["LLMOPS_MODEL_ROOTS"] = json.dumps([str(Path(a.model).resolve().parent)])
+    else:
+        env["LLMOPS_MODEL_ROOTS"] = json.dumps([str((REPO / "data" / "models").resolve())])
+    log = open(a.out / "engine.log", "wb")  # noqa: SIM115 - closed at the end
+    engine = subprocess.Popen([sys.executable, "-m", "engine.cli", "engine", "--data-dir", str(data_dir), "--port",
+                               str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    http = httpx.Client(base_url=url, timeout=120)
+    report: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(a) | {"out": str(a.out)},
+                              "applies": []}
+
+    def save() -> None:
+        (a.out / "apply-gap.json").write_text(json.dumps(report, indent=1, default=str))
+
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if http.get("/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert engine.poll() is None and time.monotonic() < deadline, "the engine did not come up"
+            time.sleep(0.3)
+        token = http.post("/api/auth/login", json={"username": "admin", "password": PASSWORD}).json()["token"]
+        http.headers["authorization"] = f"Bearer {token}"
+        base = parse_values(a.base)
+        if a.model:
+            base.update(model=str(Path(a.model).resolve()), load_format=a.load_format)
+        base.setdefault("served_model_name", "demo")
+        current = http.get("/api/settings").json()
+        r = http.put("/api/settings", json={"base_revision": current["revision"], "values": base, "force": True,
+                                            "note": "apply-gap bench: the first revision"})
+        r.raise_for_status()
+        http.post("/api/engine/start")
+        t0 = time.monotonic()
+        while http.get("/api/status").json()["state"] != "ready":
+            assert time.monotonic() - t0 < 1500, "vLLM did not become ready"
+            time.sleep(1)
+        report["first_start_s"] = round(time.monotonic() - t0, 1)
+        save()
+        load = Load(url, clients=a.clients, max_tokens=a.max_tokens, stream=True)
+        load.outcomes = []
+        load.start()
+        load.wait_for(a.settle, timeout=600)
+        changes = {"apply": a.apply, "apply-bad": a.apply_bad, "apply-pause": a.apply_pause}
+        for step in a.order.split(","):
+            values = changes.get(step)
+            if values is None:
+                continue
+            report["applies"].append(one_apply(http, load, step, parse_values(values), a.settle))
+            save()
+        outcomes = load.stop()
+        report["load"] = summary(outcomes)
+    finally:
+        report["events"] = http.get("/api/events", params={"limit": 500}).json() if engine.poll() is None else []
+        report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        save()
+        engine.terminate()
+        try:
+            engine.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(engine.pid, 9)
+        log.close()
+    for row in report["applies"]:
+        print(f"{row['step']}: plan {row['plan']}, outcome {row['outcome']}, {row['failed']} failed of "
+              f"{row['requests']}, longest gap {row['longest_gap_s']:.2f} s, took {row['apply_s']:.1f} s"
+              + (f", woke in {row['wake_s']} s" if row.get("wake_s") is not None else ""))
+
+
+def one_apply(http: httpx.Client, load: Load, step: str, values: dict[str, Any], settle: int) -> dict[str, Any]:
+    current = http.get("/api/settings").json()
+    capacity = http.get("/api/capacity", params=values).json()
+    marker = http.get("/api/events", params={"limit": 1, "newest_first": True}).json()[0]["id"]
+    before = len(load.outcomes)
+    t0 = time.monotonic()
+    r = http.put("/api/settings", json={"base_revision": current["revision"], "values": values, "force": True,
+                                        "note": f"apply-gap bench: {step}"})
+    r.raise_for_status()
+    rev = r.json()["revision"]
+    while True:
+        st = http.get("/api/status").json()
+        apply = st.get("apply") or {}
+        if apply.get("revision") == rev and apply.get("outcome") != "running":
+            break
+        assert time.monotonic() - t0 < 1800, f"the apply of revision {rev} did not end"
+        time.sleep(0.2)
+    t1 = time.monotonic()
+    seen = load.count()
+    load.wait_for(seen + settle, timeout=600)
+    window = list(load.outcomes)[before:]  # every request that ended from the write until the settle after it
+    events = http.get("/api/events", params={"since": marker, "limit": 500}).json()
+    woke = [e for e in events if e["kind"] == "woken"]
+    return {"step": step, "revision": rev, "values": values, "plan": apply.get("plan", {}).get("kind"),
+            "plan_shown": (capacity.get("plan") or {}), "outcome": apply.get("outcome"),
+            "apply_s": round(t1 - t0, 1), "longest_gap_s": round(longest_gap(list(load.outcomes), t0, t1), 3),
+            "engine_gap_s": apply.get("longest_gap_s"), "requests": len(window),
+            "failed": sum(1 for o in window if not o.ok),
+            "wake_s": woke[-1]["data"].get("wake_s") if woke else None,
+            "events": [f"{e['kind']}: {e['message']}" for e in events]}
+
+
+if __name__ == "__main__":
+    main()
