@@ -152,7 +152,7 @@ def one_apply(http: httpx.Client, load: Load, step: str, values: dict[str, Any],
         apply = st.get("apply") or {}
         if apply.get("revision") == rev and apply.get("outcome") != "running":
             break
-        assert time.monotonic() - t0 < 1800, f"the apply of revision {rev} did not end"
+        assert time.monotonic() - t0 < 900, f"the apply of revision {rev} did not end"
         time.sleep(0.2)
     t1 = time.monotonic()
     seen = load.count()

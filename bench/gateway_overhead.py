@@ -57,7 +57,8 @@ class Engine:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "LLMOPS_ADMIN_PASSWORD": ADMIN_PASSWORD, "LLMOPS_AUTOSTART": "false",
-               "LLMOPS_STARTUP_TIMEOUT_S": "1200", "PYTHONPATH": str(tree)}
+               "LLMOPS_STARTUP_TIMEOUT_S": "1200",
+               "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
         if args.model:
             env["LLMOPS_MODEL_ROOTS"] = json.dumps([str(Path(args.model).resolve().parent)])
         else:
