@@ -94,6 +94,31 @@ def test_every_mutating_call_leaves_an_audit_record(app_and_tokens: tuple[TestCl
     assert (refused["action"], refused["result"]) == ("settings.write", 403)
 
 
+def test_a_sign_out_is_on_record_under_the_user_and_each_filter_reads_its_own_parameter(
+        app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
+    """The console's sign-out journey asks for ?action=auth.logout&actor=<user>: the row names the user, and the
+    actor filter does not also demand that the target and the text contain the name (a sign-out has no target)."""
+    client, tokens = app_and_tokens
+    admin = {"authorization": f"Bearer {tokens['admin']}"}
+    assert client.post("/api/users", json={"username": "leaver", "password": "leaver-password-1", "role": "viewer"},
+                       headers=admin).status_code == 201
+    session = client.post("/api/auth/login", json={"username": "leaver", "password": "leaver-password-1"}).json()
+    assert client.post("/api/auth/logout", headers={"authorization": f"Bearer {session['token']}"}).status_code == 200
+
+    def listed(path: str = "/api/audit", **params: str) -> list[tuple[str, str, str]]:
+        rows = client.get(path, params={**params, **({"format": "json"} if "export" in path else {})},
+                          headers=admin).json()
+        return [(r["actor"], r["action"], r["target"]) for r in rows]
+
+    assert listed(action="auth.logout", actor="leaver") == [("leaver", "auth.logout", "")]
+    assert listed(actor="leaver") == [("leaver", "auth.logout", ""), ("leaver", "auth.login", "user leaver")]
+    assert listed(target="user leaver", action="users") == [("admin-token", "users.create", "user leaver")]
+    assert ("leaver", "auth.login", "user leaver") in listed(contains="leaver")
+    assert listed("/api/audit/export", action="auth.logout", actor="leaver") == [("leaver", "auth.logout", "")]
+    assert listed("/api/audit/export", actor="leaver", target="user leaver") == [
+        ("leaver", "auth.login", "user leaver")]
+
+
 def test_audit_is_append_only(app_and_tokens: tuple[TestClient, dict[str, str]], data_dir: Path) -> None:
     client, tokens = app_and_tokens
     call(client, "POST", "/api/engine/stop", None, tokens["operator"])

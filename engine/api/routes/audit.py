@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Response
 
@@ -31,16 +31,20 @@ def _query(audit: AuditLog, actor: str | None, action: str | None, target: str |
                             text_=contains, limit=limit, offset=offset))
 
 
-Text = Query(None, max_length=200)
+# Annotated, never one Query() as the default of several parameters: FastAPI writes the first parameter's name
+# into that object as its alias, and every parameter sharing it then reads that one (?actor=x also filtered the
+# target and the text by x, and the export's action read ?actor=).
+Actor = Annotated[str | None, Query(max_length=200, description="who acted (exact)")]
+Action = Annotated[str | None, Query(max_length=200, description="prefix, e.g. settings")]
+Target = Annotated[str | None, Query(max_length=200, description="part of what it acted on")]
+Contains = Annotated[str | None, Query(max_length=200, description="text in the target, before, after or detail")]
 
 
 @router.get("/api/audit", response_model=list[AuditOut], dependencies=access("operator"))
-def audit_trail(svc: ServicesDep, actor: str | None = Text,
-                action: str | None = Query(None, max_length=200, description="prefix, e.g. settings"),
-                target: str | None = Text, since: float | None = Query(None, ge=0, le=1e11),
-                until: float | None = Query(None, ge=0, le=1e11), result: int | None = Query(None, ge=0, le=999),
-                contains: str | None = Text, limit: int = Query(200, ge=1, le=10_000),
-                offset: int = Query(0, ge=0, le=MAX_ID)) -> list[AuditOut]:
+def audit_trail(svc: ServicesDep, actor: Actor = None, action: Action = None, target: Target = None,
+                since: float | None = Query(None, ge=0, le=1e11), until: float | None = Query(None, ge=0, le=1e11),
+                result: int | None = Query(None, ge=0, le=999), contains: Contains = None,
+                limit: int = Query(200, ge=1, le=10_000), offset: int = Query(0, ge=0, le=MAX_ID)) -> list[AuditOut]:
     """The append-only audit trail, newest first, with filters (times as Unix seconds)."""
     return [audit_out(r) for r in _query(svc.audit, actor, action, target, since, until, result, contains, limit,
                                          offset)]
@@ -48,10 +52,10 @@ def audit_trail(svc: ServicesDep, actor: str | None = Text,
 
 @router.get("/api/audit/export", response_class=Response, dependencies=access("operator"), responses={200: {
     "description": "The filtered trail as a file", "content": {"text/csv": {}, "application/json": {}}}})
-def audit_export(svc: ServicesDep, format: Literal["csv", "json"] = "csv", actor: str | None = Text,
-                 action: str | None = Text, target: str | None = Text,
+def audit_export(svc: ServicesDep, format: Literal["csv", "json"] = "csv", actor: Actor = None,
+                 action: Action = None, target: Target = None,
                  since: float | None = Query(None, ge=0, le=1e11), until: float | None = Query(None, ge=0, le=1e11),
-                 result: int | None = Query(None, ge=0, le=999), contains: str | None = Text,
+                 result: int | None = Query(None, ge=0, le=999), contains: Contains = None,
                  limit: int = Query(100_000, ge=1, le=1_000_000)) -> Response:
     rows = _query(svc.audit, actor, action, target, since, until, result, contains, limit, 0)
     if format == "json":
