@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from engine.schemas import SettingsValues
+from engine.schemas import EventOut, SettingsValues
 from tests.e2e.conftest import External, cut_figures, eventually, no_error_on, open_page, shot, sign_in, wait_rendered
 from tests.support.engine import COLD_START_S, EngineHandle
+from tests.support.wait import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -129,11 +130,27 @@ def test_on_call_checks_health_follows_a_restart_live_and_filters_the_log(browse
     expect(pg.locator(".js-plotly-plot")).to_have_count(2)
     open_page(pg, "Overview")
     marker = engine.client.events(limit=1, newest_first=True)[0].id
+
+    def event(kind: str, since: int, restart: bool = False) -> EventOut | None:
+        return next((e for e in engine.client.events(since=since, kinds=[kind])
+                     if not restart or e.data.get("restart") is True), None)
+
     engine.client.engine_action("restart")  # another operator restarts vLLM: the on-call view follows it
     pg.get_by_text("restart requested by tests").first.wait_for()
-    engine.client.wait_for({"ready"}, COLD_START_S)
-    ready = next(e for e in engine.client.events(since=marker, kinds=["ready"]))
+    # A restart does not pause (blue/green): the new instance starts beside the one that serves, and the engine
+    # stays READY throughout; the page shows the apply under way, then the new instance's ready event.
+    plan = wait_until(lambda: event("apply_plan", marker, restart=True), COLD_START_S, every=0.5,
+                      what="the restart's apply plan")
+    pg.get_by_text(re.compile(r"Applying revision \d+")).first.wait_for()
+    plan_kind = plan.data["plan"]["kind"] if isinstance(plan.data["plan"], dict) else None
+    if plan_kind in ("blue_green", "bridge", "rolling"):  # something serves throughout (this host: blue/green)
+        expect(pg.locator("body")).to_contain_text("READY")
+    ready = wait_until(lambda: event("ready", plan.id), COLD_START_S, every=0.5,
+                       what="the new instance's ready event")
     pg.get_by_text(ready.message).first.wait_for()  # live: no navigation, no reload
+    done = wait_until(lambda: event("apply_done", plan.id), COLD_START_S, every=0.5, what="the end of the restart")
+    assert done.data["outcome"] == "applied", done.message
+    pg.get_by_text(done.message).first.wait_for()  # the old instance drained and stopped: the restart is over
     expect(pg.locator("body")).to_contain_text("READY")
 
     open_page(pg, "Events & logs")
