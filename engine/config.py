@@ -49,6 +49,9 @@ class AppConfig(BaseSettings):
                              "run at vllm_nice.")
     vllm_nice: int = Field(0, ge=-20, le=19, description="CPU priority (nice value) of the processes the engine "
                            "starts: vLLM, its benchmarks, the demo model's training.")
+    handover_s: float = Field(10.0, ge=0, description="After a new instance takes traffic, how long the instance it "
+                              "replaces may keep serving beside it until the new one has ended its first requests "
+                              "(a cold instance's first batch is its slowest); then the old one drains.")
     sleep_mode: bool = Field(True, description="On CUDA: start vLLM with sleep mode, and when an apply must pause "
                              "(nothing fits beside the old instance) put the old one to sleep instead of stopping it, "
                              "so a new revision that fails is rolled back in about a second, not a restart.")

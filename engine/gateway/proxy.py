@@ -50,6 +50,7 @@ class Upstream:
     revision: int | None
     instance: str = "a"
     outstanding: int = 0
+    finished: int = 0  # requests it has ended (answered, failed or given up), since it opened
 
 
 class Admission:
@@ -115,6 +116,7 @@ class Admission:
 
     async def release(self, upstream: Upstream) -> None:
         upstream.outstanding -= 1
+        upstream.finished += 1
         self.in_flight -= 1
         if self._watchers:
             async with self._cond:
@@ -136,6 +138,7 @@ class Admission:
         async with self._cond:
             closed = [u for u in self._open if instance is None or u.instance == instance]
             self._open = [u for u in self._open if u not in closed]
+            self._cond.notify_all()
             return closed
 
     async def refuse(self, refusal: str | None) -> None:
@@ -144,6 +147,18 @@ class Admission:
             self.refusal = refusal
             if refusal is not None:
                 self._cond.notify_all()
+
+    async def finished(self, upstream: Upstream, n: int, timeout: float) -> bool:
+        """Wait until ``upstream`` has ended ``n`` requests, it closes, or ``timeout``; whether it ended them."""
+        async with self._cond:
+            self._watchers += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._cond.wait_for(
+                        lambda: upstream.finished >= n or upstream not in self._open), timeout)
+            finally:
+                self._watchers -= 1
+            return upstream.finished >= n
 
     async def drain(self, timeout: float, upstreams: list[Upstream] | None = None) -> int:
         """Wait until no request is in flight (on ``upstreams``, if given), or ``timeout``; return how many still

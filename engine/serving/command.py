@@ -92,6 +92,28 @@ def at_nice(args: list[str], nice: int | None) -> list[str]:
     return args if delta == 0 else [shutil.which("nice") or "/usr/bin/nice", "-n", str(delta), *args]
 
 
+def unbound_omp_threads(tensor_parallel_size: int) -> int:
+    """The OpenMP threads per worker of an instance whose threads vLLM does not pin (VLLM_CPU_OMP_THREADS_BIND=
+    nobind): as many as its own pinning would give (every core this process may use, less one per worker that
+    it keeps for the server and engine core). Left alone, such a worker runs one thread per core, and on a small
+    host every parallel region then waits for a core that its own server, the gateway or another instance holds."""
+    cores = len(os.sched_getaffinity(0))
+    workers = max(1, tensor_parallel_size)
+    return max(1, (cores - workers) // workers)
+
+
+def renice_group(pgid: int, nice: int) -> str | None:
+    """Set every thread of every process in group ``pgid`` to nice value ``nice`` (Linux keeps one per thread);
+    why not, if refused (lowering one needs CAP_SYS_NICE; a group that is gone is no error)."""
+    try:
+        os.setpriority(os.PRIO_PGRP, pgid, nice)
+    except ProcessLookupError:
+        return None
+    except PermissionError as exc:
+        return f"nice {nice} for process group {pgid} was refused ({exc.strerror})"
+    return None
+
+
 def build_env(base: dict[str, str] | None = None, *, offline: bool = False, hf_token: str | None = None,
               devices: str | None = None, dev_endpoints: bool = False) -> dict[str, str]:
     """The child's environment: the engine's own, unbuffered, with vLLM's usage reporting off. A hub token

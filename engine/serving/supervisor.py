@@ -60,7 +60,14 @@ from engine.schemas import (
     StatusOut,
 )
 from engine.serving.child import VllmChild, free_port, kill_group, reap_all
-from engine.serving.command import at_nice, build_command, build_env, vllm_distribution
+from engine.serving.command import (
+    at_nice,
+    build_command,
+    build_env,
+    renice_group,
+    unbound_omp_threads,
+    vllm_distribution,
+)
 from engine.serving.logs import ChildLog
 from engine.serving.readiness import probe
 from engine.serving.recovery import Decision, RecoveryPolicy
@@ -399,8 +406,10 @@ class Supervisor:
                         devices=device, dev_endpoints=sleep)
         if self.build == "cpu" and self.instances and "VLLM_CPU_OMP_THREADS_BIND" not in env:
             # the CPU build pins its worker to cores on its own ("auto"); a second instance pinned to the same
-            # cores hung at start (vLLM 0.32, two cores): one started beside another is left to the OS scheduler
+            # cores hung at start (vLLM 0.32, two cores): one started beside another is left to the OS scheduler,
+            # with the thread count pinning would have given it (unpinned, vLLM runs one per core)
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+            env.setdefault("OMP_NUM_THREADS", str(unbound_omp_threads(settings.tensor_parallel_size)))
         port = int(args[args.index("--port") + 1])
         child = VllmChild(args, env, port, revision.id, self.log, self.run_dir / f"vllm-{name}.json", name=name)
         inst = Instance(name, child, revision, settings, device=device, bridge=bridge)
@@ -428,8 +437,9 @@ class Supervisor:
         self.last_start = {"revision": inst.revision.id, **tracker.view(inst.eta)}
         return outcome
 
-    async def _promote(self, inst: Instance) -> None:
-        """A ready instance takes traffic; the ready event records its start (phases, ETA error, calibration)."""
+    async def _promote(self, inst: Instance, *, woken: bool = False) -> Upstream:
+        """A ready instance takes traffic; the ready event records its start (phases, ETA error, calibration).
+        A ``woken`` instance (back from sleep mode) takes traffic again; its start was recorded when it began."""
         assert inst.revision.id is not None
         inst.child.remember_descendants()
         inst.role = "bridge" if inst.bridge else "serving"
@@ -440,9 +450,13 @@ class Supervisor:
         if not inst.bridge:
             await self._write(f"revision {inst.revision.id} as applied", self.revisions.mark_applied,
                               inst.revision.id)
-        await self.admission.open(inst.child.url, inst.revision.id, instance=inst.name)
+        upstream = await self.admission.open(inst.child.url, inst.revision.id, instance=inst.name)
         self._gap_closed()
         seconds = inst.child.tracker.ready_s or 0.0
+        if woken:
+            if self.sm.state != S.READY and self.sm.can(S.READY):
+                await self._enter(S.READY, f"revision {inst.revision.id} serves again after wake-up")
+            return upstream
         startup: dict[str, Any] = {"phases": inst.child.tracker.durations(),
                                    "compile_key": compile_key(inst.settings.model_dump()),
                                    "model": inst.settings.model}
@@ -465,15 +479,28 @@ class Supervisor:
                           f"{seconds:.1f} s{eta_text}", revision_id=inst.revision.id,
                           data={"startup_s": round(seconds, 2), "pid": inst.child.pid, "instance": inst.name,
                                 "bridge": inst.bridge, "startup": startup, **measured})
+        return upstream
+
+    async def _handover(self, new: Instance, upstream: Upstream) -> None:
+        """The instances ``new`` replaces keep serving beside it (each request to whichever has fewer in flight)
+        until it has ended its first requests, as many as it runs at once (at most 8), or handover_s: a cold
+        instance's first batch is its slowest, and clients must not wait on it alone meanwhile."""
+        if self.config.handover_s <= 0 or self.admission.in_flight == 0:  # no traffic: nobody to hand over
+            return
+        self._step(f"instance {new.name} takes its first requests beside the one it replaces")
+        await self.admission.finished(upstream, min(8, max(1, new.settings.max_num_seqs)), self.config.handover_s)
 
     def _forget(self, inst: Instance) -> None:
         with contextlib.suppress(ValueError):
             self.instances.remove(inst)
 
     async def _stop(self, inst: Instance, reason: str) -> None:
-        """Stop an instance that no longer takes traffic (its requests drained or given up)."""
+        """Stop an instance that no longer takes traffic (its requests drained or given up). While others serve,
+        its shutdown runs at the lowest CPU priority: it must not slow them."""
         inst.role = "stopping"
         old_pids: set[int] = set()
+        if inst.child.pid is not None and any(i.serving for i in self.instances if i is not inst):
+            renice_group(inst.child.pid, 19)  # raising a nice value is always allowed
         if inst.child.pid is not None:
             old_pids = {inst.child.pid}
             with contextlib.suppress(psutil.Error):
@@ -627,7 +654,7 @@ class Supervisor:
         if not outcome.ready:
             await self._new_failed(new, outcome)
             return
-        await self._promote(new)
+        await self._handover(new, await self._promote(new))
         for old in olds:
             self._step(f"draining instance {old.name}")
             await self._retire(old, f"revision {desired.id} serves on instance {new.name}")
@@ -649,7 +676,7 @@ class Supervisor:
             if not outcome.aborted:
                 await self._pause(desired, settings)
             return
-        await self._promote(bridge)
+        await self._handover(bridge, await self._promote(bridge))
         for inst in olds:
             self._step(f"the bridge serves; draining instance {inst.name}")
             await self._retire(inst, "the bridge serves")
@@ -657,9 +684,21 @@ class Supervisor:
         new = await self._launch(desired, settings, name=self._free_name(), device=old.device)
         outcome = await self._await_ready(new)
         if not outcome.ready:
-            await self._new_failed(new, outcome)  # the bridge serves; the next tick brings the old revision back
+            await self._stop(new, outcome.reason)
+            if outcome.aborted:  # a newer revision: the next tick applies it, from the bridge
+                return
+            # The bridge serves; the apply ends when the old revision serves at its full size again.
+            self._step(f"revision {desired.id} failed; bringing revision {old.revision.id} back beside the bridge")
+            back = await self._launch(old.revision, old.settings, name=self._free_name(), device=old.device)
+            if (await self._await_ready(back, abort_on_new_desired=False)).ready:
+                await self._promote(back)
+                self._step("draining the bridge")
+                await self._retire(bridge, f"revision {old.revision.id} serves again")
+            else:
+                await self._stop(back, "the old revision did not start again: the bridge keeps serving")
+            await self._reject(new, outcome)
             return
-        await self._promote(new)
+        await self._handover(new, await self._promote(new))
         self._step("draining the bridge")
         await self._retire(bridge, f"revision {desired.id} serves")
         self._done("applied")
@@ -720,10 +759,10 @@ class Supervisor:
             return
         if sleepers:
             await self._stop(new, outcome.reason)
+            for inst in sleepers:  # first serve again (the gap closes), then diagnose
+                await self._wake_up(inst)
             if not outcome.aborted:
                 await self._reject(new, outcome)
-            for inst in sleepers:
-                await self._wake_up(inst)
             return
         if outcome.aborted:
             await self._stop(new, outcome.reason)
@@ -768,7 +807,7 @@ class Supervisor:
             return
         seconds = time.monotonic() - t0
         inst.role = "starting"
-        await self._promote(inst)
+        await self._promote(inst, woken=True)
         await self._event("woken", f"instance {inst.name} serves revision {inst.revision.id} again "
                           f"{seconds:.2f} s after wake-up", revision_id=inst.revision.id,
                           data={"wake_s": round(seconds, 2), "instance": inst.name})
@@ -794,10 +833,13 @@ class Supervisor:
         await self._write(f"revision {rev_id} as rejected", self.revisions.mark_rejected, rev_id,
                           f"{diagnosis.kind}: {diagnosis.explanation}")
         back = self.primary.revision.id if self.primary else None
-        message = (f"revision {rev_id} never became ready ({diagnosis.kind}): rejected; traffic stayed on "
-                   f"revision {back}" if back else f"revision {rev_id} never became ready: rejected")
+        gap = (self.apply.longest_gap_s or 0.0) if self.apply is not None else 0.0
+        stayed = (f"traffic stayed on revision {back}" if gap == 0 else
+                  f"revision {back} serves again after {gap:.1f} s with nothing serving")
+        message = (f"revision {rev_id} never became ready ({diagnosis.kind}): rejected; {stayed}" if back else
+                   f"revision {rev_id} never became ready: rejected")
         await self._event("rollback", message, "error", rev_id,
-                          data={"rejected": rev_id, "back_to": back, "diagnosis": diagnosis.kind, "gap_s": 0.0})
+                          data={"rejected": rev_id, "back_to": back, "diagnosis": diagnosis.kind, "gap_s": gap})
         self._done("rejected")
         if self.audit is not None:
             await self._write("the automatic rollback", functools.partial(

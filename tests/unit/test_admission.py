@@ -141,3 +141,30 @@ def test_closing_one_upstream_drains_it_while_the_other_serves() -> None:
         assert gate.in_flight == 1
 
     run(go())
+
+
+def test_a_new_upstream_takes_its_first_requests_while_the_old_one_still_serves() -> None:
+    """An apply's handover: the old upstream stays open until the new one has ended its first requests."""
+    async def go() -> None:
+        gate = Admission(queue_size=5, queue_timeout_s=1)
+        await gate.open("http://a", 1, instance="a")
+        busy = [await gate.acquire(time.monotonic() + 1) for _ in range(3)]
+        new = await gate.open("http://b", 2, instance="b")
+        handover = asyncio.create_task(gate.finished(new, 2, 5))
+        first, second = [await gate.acquire(time.monotonic() + 1) for _ in range(2)]
+        assert first.instance == second.instance == "b"  # the fewest in flight
+        await gate.release(first)
+        await asyncio.sleep(0)
+        assert not handover.done()  # one of two
+        await gate.release(busy[0])  # the old one's requests do not count
+        await asyncio.sleep(0)
+        assert not handover.done()
+        await gate.release(second)
+        assert await handover is True
+        assert await gate.finished(new, 3, 0.05) is False  # bounded: it says it gave up
+        closing = asyncio.create_task(gate.finished(new, 3, 5))
+        await asyncio.sleep(0)
+        await gate.close("b")
+        assert await closing is False  # a closed upstream ends the wait at once
+
+    run(go())

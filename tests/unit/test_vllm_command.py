@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from engine.revisions import EngineSettings, initial_settings, merge_values, validate_settings
 from engine.serving import build_command, build_env
+from engine.serving.command import renice_group, unbound_omp_threads
+from tests.support.wait import wait_until
 
 
 def settings(data_dir: Path, **changes: object) -> EngineSettings:
@@ -51,3 +56,39 @@ def test_env_turns_off_usage_reporting_and_legacy_kv_override() -> None:
     env = build_env({"PATH": "/bin", "VLLM_CPU_KVCACHE_SPACE": "40"}, offline=True)
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
     assert env["VLLM_NO_USAGE_STATS"] == "1" and env["HF_HUB_OFFLINE"] == "1" and env["PATH"] == "/bin"
+
+
+def test_unpinned_workers_get_the_threads_pinning_would_give_them() -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert unbound_omp_threads(1) == max(1, cores - 1)  # a core left for the server and the engine core
+    assert unbound_omp_threads(cores + 1) == 1
+
+
+def test_renice_group_reaches_every_thread_of_every_process_of_the_group() -> None:
+    """How a drained vLLM instance stops at the lowest priority: its server, engine core and workers, and each of
+    their threads (Linux keeps a nice value per thread)."""
+    code = ("import subprocess, sys, threading, time; "
+            "[threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(2)]; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+
+    def threads() -> list[int]:
+        tids = []
+        for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+            try:
+                if os.getpgid(int(pid)) == proc.pid:
+                    tids += [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+        return tids
+
+    try:
+        wait_until(lambda: len(threads()) >= 4, 30, every=0.05, what="a group of two processes, four threads")
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        low = min(19, mine + 7)
+        assert renice_group(proc.pid, low) is None  # raising a nice value needs no privilege
+        assert {os.getpriority(os.PRIO_PROCESS, t) for t in threads()} == {low}
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    assert renice_group(proc.pid, low) is None  # a group that is gone: nothing to do, no error
