@@ -16,7 +16,7 @@ from typing import Any
 from console.client import ClientError, EngineClient
 from engine.config import AppConfig
 from engine.revisions import FIELD_NAMES, field_help
-from engine.schemas import CapacityOut, RevisionOut, StatusOut
+from engine.schemas import ApplyPlanOut, CapacityOut, RevisionOut, StatusOut
 
 
 def _config(args: argparse.Namespace) -> AppConfig:
@@ -299,12 +299,43 @@ def cmd_settings(args: argparse.Namespace) -> int:
             if args.action == "check":
                 return _print_capacity(client.capacity(changes))
             base = client.settings()
+            plan = client.capacity(changes).plan
+            if plan is not None:
+                _print_plan(plan)
+                ask = not args.yes and sys.stdin.isatty()
+                if ask and input("write this revision and apply it by this plan? [y/N] ").strip().lower() not in (
+                        "y", "yes"):
+                    print("nothing written")
+                    return 1
             rev = client.put_settings(base.revision, changes, args.note or "", force=args.force)
             _print_revision(rev)
             for finding in rev.warnings:
                 print(f"{finding.severity or 'warning'}: {finding.message}")
             print("the engine applies it with a restart; `llmops status --wait 600` waits for it")
     return 0
+
+
+def _print_plan(plan: ApplyPlanOut) -> None:
+    """How the apply would keep serving (the same plan the console shows before its confirmation)."""
+    if plan.kind == "pause":
+        expect = (f"nothing serves for about {plan.pause_s:.0f} s" if plan.pause_s is not None else
+                  "nothing serves until the new instance is ready")
+    elif plan.kind == "start":
+        expect = "nothing serves yet"
+    else:
+        expect = "no pause: something serves throughout"
+        if plan.capacity_dip_pct:
+            expect += f"; capacity dips by about {plan.capacity_dip_pct:.0f} %"
+    took = f", about {plan.expected_s:.0f} s in all" if plan.expected_s is not None else ""
+    print(f"plan: {plan.kind.replace('_', '/')} ({plan.reason}); {expect}{took}")
+    if plan.bridge is not None:
+        b = plan.bridge
+        print(f"  bridge: gpu_memory_utilization {b.gpu_memory_utilization:.2f}, {b.kv_tokens:,} KV tokens, "
+              f"max_num_seqs {b.max_num_seqs}")
+    for i, step in enumerate(plan.steps, 1):
+        print(f"  {i}. {step}")
+    for warning in plan.warnings:
+        print(f"  warning: {warning}")
 
 
 def _print_capacity(result: CapacityOut) -> int:
@@ -317,6 +348,8 @@ def _print_capacity(result: CapacityOut) -> int:
         for finding in findings:
             fit = ", ".join(f"{k}={v}" for k, v in finding.fit.items())
             print(f"{kind}: {finding.message}" + (f" [fits: {fit}]" if fit else ""))
+    if result.plan is not None:
+        _print_plan(result.plan)
     return 0 if result.ok else 1
 
 
@@ -371,6 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--note", default="", help="Why: shown in the history.")
     s.add_argument("--force", action="store_true",
                    help="Write despite pre-flight errors (recorded as forced; automatic rollback still applies).")
+    s.add_argument("--yes", "-y", action="store_true",
+                   help="Do not ask before writing (a terminal is asked after the apply plan is printed).")
     client_opts(s)
     s = ssub.add_parser("check", help="Pre-flight KEY=VALUE ... without writing: KV cache, errors, warnings.",
                         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_settings_epilog())
