@@ -34,7 +34,7 @@ from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
 from engine.metrics import HISTORY_METRICS, EngineCollector, RequestMetrics, SeriesStore, ServingMonitor
 from engine.prompts import PromptStore
 from engine.revisions import EngineSettings, RevisionStore, SettingsWriter, initial_settings
-from engine.serving import Supervisor, VllmFlags, redact_secrets
+from engine.serving import PrivateRotatingFileHandler, Supervisor, VllmFlags, redact_secrets
 
 
 class UnsafeConfigError(EngineError):
@@ -216,16 +216,20 @@ def create_app(config: AppConfig) -> FastAPI:
     return app
 
 
+def engine_log_handler(config: AppConfig) -> logging.Handler:
+    """DATA_DIR/logs/engine.log: rotated like vLLM's log, 0600, and opened again (its folder too) when someone
+    deletes or moves it (a plain FileHandler writes on into the deleted file, and the log is gone)."""
+    return PrivateRotatingFileHandler(config.logs_dir / "engine.log", maxBytes=config.log_max_bytes,
+                                      backupCount=config.log_backups)
+
+
 def serve(config: AppConfig) -> None:
     """Run the engine in this process until SIGINT/SIGTERM."""
     os.umask(0o077)  # what the engine and vLLM write (database, logs, pid files) is the engine user's alone
     priority = raise_priority(config.engine_nice)  # before any thread: threads inherit it
     config.logs_dir.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        handlers=[logging.StreamHandler(), logging.FileHandler(config.logs_dir / "engine.log")],
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        handlers=[logging.StreamHandler(), engine_log_handler(config)])
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per vLLM probe and scrape is noise
     logging.getLogger("uvicorn.access").addFilter(RedactSecrets())  # a key sent in a URL stays out of the log
     app = create_app(config)

@@ -26,6 +26,7 @@ class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
     moves it (a plain handler keeps writing into the deleted inode, and the log is gone for good)."""
 
     def _open(self):  # type: ignore[no-untyped-def]  # logging's own signature
+        os.makedirs(os.path.dirname(self.baseFilename), mode=0o700, exist_ok=True)  # its folder went too
         fd = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         st = os.fstat(fd)
         self._ident = (st.st_dev, st.st_ino)

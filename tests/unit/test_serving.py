@@ -58,3 +58,28 @@ def test_histogram_quantile_interpolates_like_prometheus() -> None:
     assert h.quantile(0.7) == pytest.approx(0.1 + 0.4 * 20 / 40)
     assert h.quantile(0.99) == 0.5
     assert Histogram().quantile(0.5) is None
+
+
+def test_engine_log_comes_back_after_it_is_deleted(tmp_path: Path) -> None:
+    """Outside probe: engine.log deleted (by hand, or by a cleanup) was never written again."""
+    import logging
+    import shutil
+
+    from engine.app import engine_log_handler
+    from engine.config import AppConfig
+
+    handler = engine_log_handler(AppConfig(data_dir=tmp_path / "data"))
+    logger = logging.Logger("llmops.test-engine-log")
+    logger.addHandler(handler)
+    try:
+        logger.warning("first line")
+        path = tmp_path / "data" / "logs" / "engine.log"
+        assert "first line" in path.read_text()
+        path.unlink()
+        logger.warning("after the file was deleted")
+        assert "after the file was deleted" in path.read_text()
+        shutil.rmtree(tmp_path / "data" / "logs")
+        logger.warning("after its folder was deleted")
+        assert "after its folder was deleted" in path.read_text() and oct(path.stat().st_mode & 0o777) == "0o600"
+    finally:
+        handler.close()
