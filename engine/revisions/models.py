@@ -1,5 +1,10 @@
 """Where a revision's model comes from: a local folder under an allowed root, or a hub id.
 
+One decision for every use (the write's validation, pre-flight's capacity check, the vLLM command): a value is a
+local folder if it is absolute (or ./ ../ ~) or names something under the data dir, else a hub id. A relative value
+is read relative to the data dir, never the engine's working directory, and vLLM runs with the data dir as its
+working directory, so ``org/name`` means the same folder (or the same hub id) to all three.
+
 A local model is allowed by where it *resolves* to, links followed: ``models/link/../victim`` with ``link`` a
 symlink, or a link placed in an allowed folder that points elsewhere, is outside the roots unless its target is
 inside one (add the target with ``LLMOPS_MODEL_ROOTS``). The roots are checked before anything about the path is
@@ -100,9 +105,10 @@ def locate_model(value: str, data_dir: Path | str | None, roots: list[Path] | No
     local = names_local_path(value)
     where = _resolved(_candidate(value, data_dir))
     if roots is not None and not _inside(where, roots):
-        # a relative value that names a model folder under the data dir (a link in models/ to elsewhere) is
-        # that folder, not a hub id of the same spelling; looking is safe there: no .. can leave the data dir
-        if local or (_candidate(value, data_dir) / "config.json").is_file():
+        # a relative value that names anything under the data dir (a link in models/ to elsewhere) is that path,
+        # not a hub id of the same spelling: vLLM runs in the data dir and would read it there (it takes an
+        # existing path for a local model); looking is safe there: no .. can leave the data dir
+        if local or os.path.lexists(_candidate(value, data_dir)):
             raise ModelPathError(f"{value!r} is outside the folders models may come from "
                                  f"({', '.join(map(str, roots or []))}); add one with LLMOPS_MODEL_ROOTS")
     elif (where / "config.json").is_file():

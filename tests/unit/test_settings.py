@@ -175,3 +175,27 @@ def test_without_the_installed_vllm_flags_no_extra_flag_is_accepted(data_dir: Pa
         validate_settings(full(data_dir, extra_args=["--seed=3"]), data_dir, flags=Broken())
     assert "could not be read (no vLLM here)" in str(info.value.errors[0]["msg"])
     assert validate_settings(full(data_dir), data_dir, flags=Broken())  # no extra flags: nothing to check
+
+
+def test_a_hub_id_shaped_path_means_the_same_to_validation_preflight_and_vllm(data_dir: Path, tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:
+    """Outside probe: ``evil/model`` (and ``engine/api``) passed as hub ids while vLLM loaded them relative to the
+    engine's working directory. A relative value is read in the data dir by all three, vLLM included (it runs
+    there), so a folder beside the engine is never a model; something under the data dir is a path, in the roots
+    or refused."""
+    from engine.capacity import find_model_config
+    from engine.serving import build_command
+
+    beside = tmp_path / "cwd"
+    (beside / "evil" / "model").mkdir(parents=True)
+    (beside / "evil" / "model" / "config.json").write_text("{}")
+    monkeypatch.chdir(beside)
+    settings = validate_settings(full(data_dir, model="evil/model"), data_dir)  # a hub id: nothing in the data dir
+    assert find_model_config("evil/model", data_dir) is None  # pre-flight does not read the folder beside us
+    args = build_command(settings, python="/py", port=1, data_dir=data_dir, build="cpu")
+    assert args[args.index("--model") + 1] == "evil/model"  # and vLLM, in the data dir, finds no folder of it
+    (data_dir / "logs" / "x").mkdir(parents=True)  # anything under the data dir outside models/ is refused
+    assert "outside the folders" in bad_fields(data_dir, model="logs/x")["model"]
+    (data_dir / "escape").symlink_to(beside / "evil", target_is_directory=True)
+    assert "outside the folders" in bad_fields(data_dir, model="escape/model")["model"]
