@@ -27,7 +27,7 @@ from engine.errors import EngineError
 from engine.events import EventLog
 from engine.gateway import Ledger
 from engine.revisions import RevisionStore, resolve_local_model
-from engine.serving import Supervisor, at_nice
+from engine.serving import Supervisor, at_nice, child_env
 
 log = logging.getLogger("llmops.benchmarks")
 
@@ -58,16 +58,13 @@ def lengths(preset: str, max_model_len: int) -> tuple[int, int]:
 
 
 REPO = Path(__file__).resolve().parents[2]  # where `python -m engine.benchmarks.runner` finds the package
-_BENCH_ENV = ("PATH", "HOME", "USER", "LANG", "TZ", "TMPDIR", "TEMP", "TMP", "PYTHONPATH", "VIRTUAL_ENV",
-              "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "XDG_CACHE_HOME", "SSL_CERT_FILE")
-_BENCH_ENV_PREFIXES = ("LC_", "TRANSFORMERS_", "TOKENIZERS_", "VLLM_", "OMP_")
 
 
 def bench_env(environ: Mapping[str, str], hf_token: str | None = None) -> dict[str, str]:
-    """The benchmark's environment: what Python, the tokenizer and vLLM's benchmark need, nothing of the engine's
-    (no LLMOPS_* setting: the admin password, the hub token, tokens). A hub tokenizer gets the hub token as
-    HF_TOKEN, as vLLM does."""
-    env = {k: v for k, v in environ.items() if k in _BENCH_ENV or k.startswith(_BENCH_ENV_PREFIXES)}
+    """The benchmark's environment: the allow-listed part of the engine's (engine/serving/command.py child_env),
+    nothing of the engine's own (no LLMOPS_* setting: the admin password, the hub token, tokens). A hub tokenizer
+    gets the hub token as HF_TOKEN, as vLLM does."""
+    env = child_env(environ)
     if hf_token:
         env["HF_TOKEN"] = hf_token
     env["PYTHONUNBUFFERED"] = "1"

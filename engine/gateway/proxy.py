@@ -51,6 +51,7 @@ class Upstream:
     instance: str = "a"
     outstanding: int = 0
     finished: int = 0  # requests it has ended (answered, failed or given up), since it opened
+    auth: tuple[bytes, bytes] | None = None  # the instance's own API key, as the header the gateway adds
 
 
 class Admission:
@@ -122,11 +123,14 @@ class Admission:
             async with self._cond:
                 self._cond.notify_all()
 
-    async def open(self, url: str, revision: int | None = None, instance: str = "a") -> Upstream:
-        """Send to ``url`` (instance ``instance``, replacing an upstream of the same instance)."""
+    async def open(self, url: str, revision: int | None = None, instance: str = "a", api_key: str | None = None
+                   ) -> Upstream:
+        """Send to ``url`` (instance ``instance``, replacing an upstream of the same instance), with the instance's
+        own API key when it has one."""
         async with self._cond:
             old = next((u for u in self._open if u.instance == instance), None)
-            up = Upstream(url, revision, instance, old.outstanding if old and old.url == url else 0)
+            up = Upstream(url, revision, instance, old.outstanding if old and old.url == url else 0,
+                          auth=(b"authorization", b"Bearer " + api_key.encode()) if api_key else None)
             self._open = [u for u in self._open if u.instance != instance] + [up]
             self.refusal = None
             self._cond.notify_all()
@@ -343,7 +347,8 @@ class Gateway:
                 return self._refused(rec, t0, str(exc))
             rec.revision_id, rec.instance = upstream.revision, upstream.instance
             try:
-                conn, head = await self.client.request(upstream.url, ex.method, target, ex.headers, ex.body)
+                headers = ex.headers if upstream.auth is None else [*ex.headers, upstream.auth]
+                conn, head = await self.client.request(upstream.url, ex.method, target, headers, ex.body)
             except UpstreamTimeoutError:
                 await self.admission.release(upstream)
                 self._done(rec, t0, 504, "timeout")

@@ -11,10 +11,10 @@ from engine.serving.child import (
     kill_group,
     reap_orphans,
 )
-from engine.serving.command import at_nice, build_command, build_env, vllm_distribution
+from engine.serving.command import at_nice, build_command, build_env, child_env, vllm_distribution
 from engine.serving.diagnosis import OOM_KINDS, Diagnosis, diagnose
 from engine.serving.flags import FlagProbeError, VllmFlags
-from engine.serving.logs import ChildLog, filter_log, redact_secrets
+from engine.serving.logs import ChildLog, PrivateRotatingFileHandler, filter_log, redact_secrets
 from engine.serving.recovery import Decision, RecoveryPolicy
 from engine.serving.startup import Eta, PastStart, StartTracker, compile_key, estimate, past_start
 from engine.serving.state import InvalidTransitionError, StateMachine
@@ -29,6 +29,7 @@ __all__ = [
     "FlagProbeError",
     "InvalidTransitionError",
     "PastStart",
+    "PrivateRotatingFileHandler",
     "RecoveryPolicy",
     "StartTracker",
     "StateMachine",
@@ -38,6 +39,7 @@ __all__ = [
     "at_nice",
     "build_command",
     "build_env",
+    "child_env",
     "compile_key",
     "diagnose",
     "ensure_port_free",

@@ -15,6 +15,7 @@ import signal
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -65,8 +66,13 @@ class VllmChild:
     read)."""
 
     def __init__(self, args: list[str], env: dict[str, str], port: int, revision_id: int, log_: ChildLog,
-                 pidfile: Path, name: str = "a", keep_lines: int = 5000) -> None:
+                 pidfile: Path, name: str = "a", keep_lines: int = 5000, cwd: Path | None = None,
+                 on_exit: Callable[[VllmChild], None] | None = None, api_key: str | None = None) -> None:
         self.args = args
+        self.api_key = api_key  # the instance's own key for vLLM's /v1 (VLLM_API_KEY): only the engine holds it
+        self.cwd = cwd  # vLLM's working directory: the data dir, never the engine's (a relative --model is read there)
+        self.on_exit = on_exit  # called on the event loop the moment the server process exits
+        self.exited_at: float | None = None  # monotonic time its exit was seen
         self.env = env
         self.port = port
         self.revision_id = revision_id
@@ -79,11 +85,17 @@ class VllmChild:
         self.stop_requested = False
         self._pump_task: asyncio.Task[None] | None = None
         self._known: set[int] = set()
+        self._exit_task: asyncio.Task[None] | None = None
         self.tracker = StartTracker()  # the phases of this start, from its log lines
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a request of the engine's own to this instance's /v1 carries (its API key)."""
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     @property
     def pid(self) -> int | None:
@@ -92,6 +104,13 @@ class VllmChild:
     @property
     def returncode(self) -> int | None:
         return self.proc.returncode if self.proc else None
+
+    @property
+    def exited(self) -> bool:
+        """Whether the server process has exited. Seen through a pidfd the moment it happens (its exit code may
+        follow a moment later, once the event loop's child watcher has reaped it); not through its log pipe,
+        which the engine core and workers it forked can hold open long after."""
+        return self.exited_at is not None or self.returncode is not None
 
     async def spawn(self) -> None:
         ensure_port_free(self.port)
@@ -104,12 +123,46 @@ class VllmChild:
             env=self.env,
             start_new_session=True,  # own session and process group, led by the server
             limit=1 << 20,
+            cwd=str(self.cwd) if self.cwd is not None else None,
         )
         self.started_at = time.monotonic()
+        self._watch_exit()
         self.tracker = StartTracker(self.started_at)
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         self.pidfile.write_text(json.dumps({"pgid": self.proc.pid, "create_time": _create_time(self.proc.pid)}))
         self._pump_task = asyncio.create_task(self._pump(), name=f"vllm-log-{self.proc.pid}")
+
+    def _watch_exit(self) -> None:
+        """Be told of the server's exit at once: a pidfd becomes readable when the process ends, whatever the load
+        and whoever holds its pipes. Where pidfds are missing (Linux < 5.3) a task polls every 0.2 s instead."""
+        assert self.proc is not None
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(self.proc.pid)
+        except OSError:  # ENOSYS on an old kernel; ESRCH: it has already been reaped
+            self._exit_task = loop.create_task(self._poll_exit(), name=f"vllm-exit-{self.proc.pid}")
+            return
+
+        def readable() -> None:
+            loop.remove_reader(fd)
+            os.close(fd)
+            self._exited()
+
+        loop.add_reader(fd, readable)
+
+    async def _poll_exit(self) -> None:
+        assert self.proc is not None
+        while self.proc.returncode is None and psutil.pid_exists(self.proc.pid) and \
+                _status(self.proc.pid) != psutil.STATUS_ZOMBIE:
+            await asyncio.sleep(0.2)
+        self._exited()
+
+    def _exited(self) -> None:
+        if self.exited_at is not None:
+            return
+        self.exited_at = time.monotonic()
+        if self.on_exit is not None:
+            self.on_exit(self)
 
     async def _pump(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -185,6 +238,13 @@ def _alive(pids: set[int]) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return out
+
+
+def _status(pid: int) -> str | None:
+    try:
+        return str(psutil.Process(pid).status())
+    except psutil.NoSuchProcess:
+        return None
 
 
 def _create_time(pid: int) -> float | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import shutil
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
@@ -114,15 +115,41 @@ def renice_group(pgid: int, nice: int) -> str | None:
     return None
 
 
-def build_env(base: dict[str, str] | None = None, *, offline: bool = False, hf_token: str | None = None,
-              devices: str | None = None, dev_endpoints: bool = False) -> dict[str, str]:
-    """The child's environment: the engine's own, unbuffered, with vLLM's usage reporting off. A hub token
-    travels here, never in the arguments (which any user can read in the process list)."""
-    env = dict(os.environ if base is None else base)
-    for name in ("LLMOPS_ADMIN_PASSWORD", "LLMOPS_HF_TOKEN", "LLMOPS_TOKEN"):  # the engine's secrets stay in it
-        env.pop(name, None)
+# What a child process of the engine (vLLM, its benchmark, the demo model's training) inherits of the engine's
+# environment: what Python, CUDA, PyTorch, the compilers, the tokenizer and the hub client need, by name or prefix.
+# Nothing else: no LLMOPS_* setting (the admin password, the console's admin token, the hub token), no cloud or
+# database credential the engine's own environment happens to hold. A secret a child needs is given explicitly.
+CHILD_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "TEMP", "TMP",
+    "PYTHONPATH", "PYTHONHASHSEED", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "LD_PRELOAD", "CC", "CXX",
+    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "HF_DATASETS_OFFLINE", "XDG_CACHE_HOME",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+})
+CHILD_ENV_PREFIXES = ("LC_", "VLLM_", "CUDA_", "NVIDIA_", "NCCL_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_",
+                      "TRITON_", "OMP_", "KMP_", "MKL_", "GOMP_", "TRANSFORMERS_", "TOKENIZERS_", "HF_HUB_",
+                      "GLOO_", "NUMBA_")
+CHILD_ENV_DENIED = frozenset({"VLLM_API_KEY", "VLLM_CPU_KVCACHE_SPACE"})  # set by the engine, or not at all
+
+
+def child_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The part of ``environ`` (the engine's own by default) a child process may inherit: CHILD_ENV_*."""
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items()
+            if (k in CHILD_ENV_NAMES or k.startswith(CHILD_ENV_PREFIXES)) and k not in CHILD_ENV_DENIED}
+
+
+def build_env(base: Mapping[str, str] | None = None, *, offline: bool = False, hf_token: str | None = None,
+              devices: str | None = None, dev_endpoints: bool = False, api_key: str | None = None
+              ) -> dict[str, str]:
+    """vLLM's environment: the allow-listed part of the engine's own (child_env), unbuffered, with vLLM's usage
+    reporting off. Secrets travel here, never in the arguments (which any user can read in the process list): the
+    hub token, and the instance's own API key (``VLLM_API_KEY``: vLLM then answers /v1 only to the gateway)."""
+    env = child_env(base)
     if hf_token:
         env["HF_TOKEN"] = hf_token
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
     env["PYTHONUNBUFFERED"] = "1"
     env["VLLM_NO_USAGE_STATS"] = "1"
     env["DO_NOT_TRACK"] = "1"
@@ -133,6 +160,4 @@ def build_env(base: dict[str, str] | None = None, *, offline: bool = False, hf_t
         env["CUDA_VISIBLE_DEVICES"] = devices
     if dev_endpoints:  # sleep mode's endpoints; vLLM listens on 127.0.0.1 and the gateway never forwards them
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    # VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes with whole GiB: the revision decides.
-    env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     return env

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import logging
 import os
+import secrets
 import signal
 import time
 from collections.abc import Callable
@@ -77,6 +78,10 @@ from engine.serving.state import StateMachine
 log = logging.getLogger("llmops.supervisor")
 S = EngineState
 NAMES = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _code(returncode: int | None) -> str:
+    return "" if returncode is None else f" with code {returncode}"
 
 
 def when(ts: float | None) -> datetime | None:
@@ -147,6 +152,7 @@ class Supervisor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._gap_since: float | None = None  # since when nothing serves (during an apply)
         self.unrecorded = 0  # events and bookkeeping writes the database could not take
+        self._tasks: set[asyncio.Task[None]] = set()  # short tasks started from callbacks (an instance's exit)
 
     # --- what the API sees and asks ---------------------------------------------------------------------------
 
@@ -327,12 +333,35 @@ class Supervisor:
         self._next_attempt = time.monotonic() + self.config.backoff_max_s
         await self._event("failed", f"{reason}; next attempt in {self.config.backoff_max_s:.0f} s", "error")
 
+    def _spawn_task(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _instance_exited(self, inst: Instance) -> None:
+        """An instance's server process exited without being asked to (seen the moment it happened, whatever
+        the reconcile loop is doing: an apply can take minutes): the gateway sends it nothing more, at once, and
+        the exit is on record; the loop then handles it (diagnosis, restart, rollback) at its next step."""
+        if inst.child.stop_requested or inst not in self.instances:
+            return
+        closed = await self._close(inst) if inst.serving else []
+        in_flight = sum(u.outstanding for u in closed)
+        if inst.serving:
+            inst.role = "failed"
+        await self._event("instance_exited", f"vLLM instance {inst.name} (revision {inst.revision.id}) exited while "
+                          f"{inst.role}: no new requests go to it" + (f"; {in_flight} in flight on it fail"
+                                                                      if in_flight else ""),
+                          "error", inst.revision.id, data={"instance": inst.name, "role": inst.role,
+                                                           "exit_code": inst.child.returncode,
+                                                           "in_flight": in_flight, "pid": inst.child.pid})
+        self.wake()
+
     # --- the loop ----------------------------------------------------------------------------------------------
 
     async def _reconcile(self) -> None:
         for inst in list(self.instances):
-            if inst.child.returncode is not None and not inst.child.stop_requested:
-                await self._crashed(inst, f"vLLM instance {inst.name} exited with code {inst.child.returncode} "
+            if inst.child.exited and not inst.child.stop_requested:
+                await self._crashed(inst, f"vLLM instance {inst.name} exited{_code(inst.child.returncode)} "
                                     f"while {inst.role} (not asked to)", inst.child.returncode)
         if self.halted is not None:
             return
@@ -401,9 +430,10 @@ class Supervisor:
         sleep = self.build == "cuda" and self.config.sleep_mode
         args = build_command(settings, python=self.config.vllm_python, port=free_port(), data_dir=data_dir,
                              build=self.build, sleep_mode=sleep, nice=self.config.vllm_nice)
+        key = secrets.token_urlsafe(32)  # vLLM answers /v1 to the gateway only, not to any local user of the port
         env = build_env(offline=resolve_local_model(settings.model, data_dir) is not None,
                         hf_token=self.config.hf_token.get_secret_value() if self.config.hf_token else None,
-                        devices=device, dev_endpoints=sleep)
+                        devices=device, dev_endpoints=sleep, api_key=key)
         if self.build == "cpu" and self.instances and "VLLM_CPU_OMP_THREADS_BIND" not in env:
             # the CPU build pins its worker to cores on its own ("auto"); a second instance pinned to the same
             # cores hung at start (vLLM 0.32, two cores): one started beside another is left to the OS scheduler,
@@ -411,8 +441,10 @@ class Supervisor:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
             env.setdefault("OMP_NUM_THREADS", str(unbound_omp_threads(settings.tensor_parallel_size)))
         port = int(args[args.index("--port") + 1])
-        child = VllmChild(args, env, port, revision.id, self.log, self.run_dir / f"vllm-{name}.json", name=name)
+        child = VllmChild(args, env, port, revision.id, self.log, self.run_dir / f"vllm-{name}.json", name=name,
+                          cwd=data_dir, api_key=key)
         inst = Instance(name, child, revision, settings, device=device, bridge=bridge)
+        child.on_exit = lambda _: self._spawn_task(self._instance_exited(inst), f"exited-{name}")
         inst.predicted = await asyncio.to_thread(self.planner.predict_now, settings) if self.planner else None
         inst.eta = await asyncio.to_thread(self.eta_for, settings.model_dump())
         self.instances.append(inst)
@@ -450,7 +482,8 @@ class Supervisor:
         if not inst.bridge:
             await self._write(f"revision {inst.revision.id} as applied", self.revisions.mark_applied,
                               inst.revision.id)
-        upstream = await self.admission.open(inst.child.url, inst.revision.id, instance=inst.name)
+        upstream = await self.admission.open(inst.child.url, inst.revision.id, instance=inst.name,
+                                             api_key=inst.child.api_key)
         self._gap_closed()
         seconds = inst.child.tracker.ready_s or 0.0
         if woken:
@@ -637,9 +670,20 @@ class Supervisor:
             if self.apply is not None:
                 self.apply.finished = datetime.now(UTC)
                 self.apply.step = "done"
+                if self.sm.state == S.READY:  # the last step ("draining instance b") is over: say what serves now
+                    self.sm.reason = f"{self._serving_text()} ({what}: {self.apply.outcome})"
                 await self._event("apply_done", f"{what}: {self.apply.outcome}; longest stretch with nothing "
                                   f"serving {self.apply.longest_gap_s or 0:.1f} s", revision_id=desired.id,
                                   data=self.apply.model_dump(mode="json"))
+
+    def _serving_text(self) -> str:
+        serving = [i for i in self.instances if i.serving]
+        if not serving:
+            return "nothing serves"
+        revisions = sorted({i.revision.id or 0 for i in serving if not i.bridge}) or \
+            sorted({i.revision.id or 0 for i in serving})
+        return (f"revision {', '.join(map(str, revisions))} serving on instance"
+                f"{'s' if len(serving) > 1 else ''} {', '.join(i.name for i in serving)}")
 
     def _step(self, text: str) -> None:
         if self.apply is not None:
@@ -797,7 +841,7 @@ class Supervisor:
     async def _wake_up(self, inst: Instance) -> None:
         t0 = time.monotonic()
         try:
-            async with httpx.AsyncClient(base_url=inst.child.url, timeout=120) as client:
+            async with httpx.AsyncClient(base_url=inst.child.url, timeout=120, headers=inst.child.headers) as client:
                 ok = (await client.post("/wake_up")).status_code == 200 and await probe(
                     client, inst.settings.served_model_name)
         except httpx.HTTPError:
@@ -872,6 +916,12 @@ class Supervisor:
         """vLLM stopped without being asked and nothing else serves: stop what is left, diagnose, then roll back,
         retry or halt."""
         await self.admission.close()
+        # failed from now: what is left of its process group (an engine core, workers) may take stop_timeout_s
+        # to go, and its log is only complete for diagnosis once it has
+        if self.sm.can(S.FAILED):
+            await self._enter(S.FAILED, f"{reason}; stopping what is left of it")
+        else:
+            self.sm.reason = f"{reason}; stopping what is left of it"
         for other in list(self.instances):
             await other.child.stop(self.config.stop_timeout_s)
             self._forget(other)
@@ -879,10 +929,7 @@ class Supervisor:
         status = (await asyncio.to_thread(self.revisions.get_revision, rev_id)).status if rev_id else None
         decision = self.recovery.decide(rev_id, status, was_ready, list(inst.child.lines))
         diag = decision.diagnosis
-        if self.sm.can(S.FAILED):
-            await self._enter(S.FAILED, f"{reason}: {diag.kind}")
-        else:
-            self.sm.reason = f"{reason}: {diag.kind}"
+        self.sm.reason = f"{reason}: {diag.kind}"
         await self._event("failed", reason, "error", rev_id, data={"exit_code": exit_code, "was_ready": was_ready,
                                                                   "last_lines": list(inst.child.lines)[-30:]})
         await self._event("diagnosis", f"{diag.kind}: {diag.explanation} Fix: {diag.fix}", "error", rev_id,
@@ -928,11 +975,11 @@ class Supervisor:
         deadline = t0 + self.config.startup_timeout_s
         last_desired_check = 0.0
         wanted = inst.revision.id
-        async with httpx.AsyncClient(base_url=child.url, timeout=10.0) as client:
+        async with httpx.AsyncClient(base_url=child.url, timeout=10.0, headers=child.headers) as client:
             while True:
                 now = time.monotonic()
-                if child.returncode is not None:
-                    return StartOutcome(False, f"vLLM exited with code {child.returncode} during start-up",
+                if child.exited:
+                    return StartOutcome(False, f"vLLM exited{_code(child.returncode)} during start-up",
                                         now - t0, child.returncode)
                 if not self.enabled:
                     return StartOutcome(False, "stop requested during start-up", now - t0, aborted=True)
@@ -953,7 +1000,7 @@ class Supervisor:
         """While an instance starts, one that serves may die: no request may be sent to it meanwhile (the loop
         handles it once the start is over)."""
         for other in [i for i in self.instances if i.serving]:
-            if other.child.returncode is not None and not other.child.stop_requested:
+            if other.child.exited and not other.child.stop_requested:
                 await self._close(other)
                 other.role = "failed"
 

@@ -261,6 +261,24 @@ def test_hub_token_travels_in_the_environment_only() -> None:
     assert "LLMOPS_HF_TOKEN" not in env and "LLMOPS_ADMIN_PASSWORD" not in env
 
 
+def test_vllm_inherits_an_allow_list_of_the_engine_environment() -> None:
+    """vLLM's environment is what it needs, by name: the console's admin token, a cloud key or a database URL the
+    engine's environment holds never reach it (outside probe: LLMOPS_CONSOLE_TOKEN was in vLLM's environment)."""
+    engine_env = {"PATH": "/bin", "HOME": "/home/e", "LC_ALL": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "0",
+                  "VLLM_LOGGING_LEVEL": "INFO", "HF_HOME": "/hf", "LLMOPS_CONSOLE_TOKEN": "llmops_admin",
+                  "LLMOPS_DATABASE_URL": "postgresql://u:p@db/x", "AWS_SECRET_ACCESS_KEY": "s",
+                  "PGPASSWORD": "pg", "GITHUB_TOKEN": "gh", "HF_TOKEN": "hf_from_the_shell", "VLLM_API_KEY": "old"}
+    env = build_env(engine_env, api_key="llmops-instance-key")
+    assert {k: env[k] for k in ("PATH", "HOME", "LC_ALL", "CUDA_VISIBLE_DEVICES", "VLLM_LOGGING_LEVEL",
+                                "HF_HOME")} == {k: engine_env[k] for k in ("PATH", "HOME", "LC_ALL",
+                                                                              "CUDA_VISIBLE_DEVICES",
+                                                                              "VLLM_LOGGING_LEVEL", "HF_HOME")}
+    leaked = [k for k in ("LLMOPS_CONSOLE_TOKEN", "LLMOPS_DATABASE_URL", "AWS_SECRET_ACCESS_KEY", "PGPASSWORD",
+                          "GITHUB_TOKEN", "HF_TOKEN") if k in env]
+    assert leaked == []
+    assert env["VLLM_API_KEY"] == "llmops-instance-key"  # the instance's own key, not one the engine inherited
+
+
 @pytest.mark.parametrize("model", ["../../etc", "models/../../../etc", "/etc", "org/..", "a/./b"])
 def test_model_paths_cannot_escape(app_and_tokens: tuple[TestClient, dict[str, str]], model: str) -> None:
     client, tokens = app_and_tokens

@@ -17,7 +17,7 @@ import pytest
 from console.client import SettingsRejectedError
 from engine.schemas import StatusOut
 from engine.serving import group_members
-from tests.support.engine import COLD_START_S, HF_TOKEN, EngineHandle
+from tests.support.engine import COLD_START_S, ENGINE_ONLY_ENV, HF_TOKEN, EngineHandle
 from tests.support.load import Load, longest_gap, summary
 from tests.support.wait import wait_until
 
@@ -74,7 +74,17 @@ def test_hub_token_reaches_vllm_through_its_environment_only(engine: EngineHandl
     pid = engine.client.status().pid
     assert pid is not None
     vllm = psutil.Process(pid)
-    assert f"HF_TOKEN={HF_TOKEN}" in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    assert f"HF_TOKEN={HF_TOKEN}" in environ
+    names = {item.partition("=")[0] for item in environ}
+    assert names & {*ENGINE_ONLY_ENV, "LLMOPS_ADMIN_PASSWORD", "LLMOPS_HF_TOKEN"} == set()  # an allow-list
+    assert "VLLM_API_KEY" in names  # the instance's own key: its /v1 answers the gateway only
+    port = engine.client.status().instances[0].port  # vLLM's own port: no key, no answer
+    direct = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                        json={"model": "demo", "prompt": "x", "max_tokens": 1})
+    assert direct.status_code == 401
+    # vLLM works in the data dir: a relative --model (a hub id) cannot name a folder where the engine was started
+    assert Path(os.readlink(f"/proc/{pid}/cwd")) == engine.data_dir.resolve()
     assert not any(HF_TOKEN in arg for p in [vllm, *vllm.children(recursive=True)] for arg in p.cmdline())
     places = {"vLLM's log": engine.vllm_log(),
               "engine output": (engine.data_dir / "engine-stdout.log").read_text(errors="replace"),
@@ -131,6 +141,10 @@ def test_an_apply_under_16_streams_never_pauses(engine: EngineHandle) -> None:
     assert status.apply is not None and status.apply.outcome == "applied" and status.apply.longest_gap_s in (None, 0)
     assert max(seen) == 2 and len(status.instances) == 1  # both side by side, then the new one alone
     assert status.running_revision == rev.revision and status.pid != old.pid
+    # the state's reason says what serves now, not the apply's last step ("draining instance b", for minutes)
+    assert "draining" not in status.reason and f"revision {rev.revision} serving" in status.reason, status.reason
+    ready = httpx.get(f"{engine.url}/readyz", timeout=10).json()
+    assert "draining" not in ready["reason"], ready
     assert "'max_num_seqs': 5" in last_run_args(engine)
     assert group_members(old.pid) == [] and not psutil.pid_exists(old.pid)
     assert engine.client.revision(rev.revision).status == "applied"
@@ -189,7 +203,18 @@ def test_sigkill_of_vllm_under_load_recovers_on_the_same_revision(engine: Engine
     assert before.pid is not None and before.running_revision is not None
     load = Load(engine.url, clients=8).start()
     load.wait_for(16, timeout=120)
+    marker = engine.client.events(limit=1, newest_first=True)[0].id
+    killed_at = time.time()
     os.kill(before.pid, signal.SIGKILL)  # the API server only: its engine core and worker are left behind
+
+    def exit_seen() -> float | None:  # the exit is seen through the process itself, not its log pipe or /health
+        found = engine.client.events(kinds=["instance_exited"], since=marker)
+        return found[0].ts.timestamp() if found else None
+
+    seen_at = wait_until(exit_seen, 60, every=0.1, what="the instance_exited event")
+    # at once on a quiet machine (bench/crash_detect.py measures it under load); the margin holds on a busy CI
+    # host, where the engine core's held log pipe or three failed /health probes took 8-20 s before
+    assert seen_at - killed_at < 5.0, f"the exit was seen {seen_at - killed_at:.1f} s after the SIGKILL"
     def replaced() -> StatusOut | None:
         status = engine.client.status()
         return status if status.state == "ready" and status.pid != before.pid else None

@@ -26,6 +26,10 @@ DEMO = REPO / "data" / "models" / "demo"
 COLD_START_S = 600
 ADMIN_PASSWORD = "admin-password-for-tests"
 HF_TOKEN = "hf_secret_for_tests_0123456789"  # must reach vLLM's environment and nowhere else
+# secrets of the engine's own environment that must not reach vLLM's (an outside probe found the console's admin
+# token there): the engine runs with them, vLLM's /proc/<pid>/environ is read for them
+ENGINE_ONLY_ENV = {"LLMOPS_CONSOLE_TOKEN": "llmops_console_token_for_tests", "AWS_SECRET_ACCESS_KEY": "aws-secret",
+                   "PGPASSWORD": "pg-secret"}
 
 
 @dataclass
@@ -76,7 +80,8 @@ def running_engine(data_dir: Path, env: Mapping[str, str] | None = None, *, demo
     port = free_port()
     token = make_token(data_dir)
     full_env = {**os.environ, "LLMOPS_QUEUE_TIMEOUT_S": "300", "LLMOPS_ADMIN_PASSWORD": ADMIN_PASSWORD,
-                "LLMOPS_HF_TOKEN": HF_TOKEN, "LLMOPS_MODEL_ROOTS": json.dumps([str(DEMO.parent)]), **(env or {})}
+                "LLMOPS_HF_TOKEN": HF_TOKEN, "LLMOPS_MODEL_ROOTS": json.dumps([str(DEMO.parent)]), **ENGINE_ONLY_ENV,
+                **(env or {})}
     with open(data_dir / "engine-stdout.log", "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "engine", "--data-dir", str(data_dir),
                                  "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=full_env)

@@ -46,6 +46,30 @@ def test_stop_kills_the_whole_group_and_logs_output(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+def test_the_server_exit_is_seen_at_once_though_its_worker_holds_the_log_pipe(tmp_path: Path) -> None:
+    """vLLM's engine core keeps the log pipe open after its API server dies: the exit is seen through the process
+    itself (a pidfd), not the pipe's end, and the engine is told the moment it happens."""
+    import os
+    import signal
+
+    async def go() -> None:
+        log = ChildLog(tmp_path / "logs" / "vllm.log", 10_000, 1)
+        seen: list[VllmChild] = []
+        child = VllmChild([sys.executable, "-c", TREE], {}, free_port(), 1, log, tmp_path / "run" / "vllm.json",
+                          cwd=tmp_path, on_exit=seen.append)
+        await child.spawn()
+        await eventually(lambda: len(child.lines) >= 2, 10, every=0.05, what="the tree's two lines")
+        assert child.pid is not None and not child.exited
+        assert Path(os.readlink(f"/proc/{child.pid}/cwd")) == tmp_path  # it runs where it is told, not here
+        os.kill(child.pid, signal.SIGKILL)  # the server only: the worker lives on, holding stdout
+        await eventually(lambda: seen == [child], 10, every=0.02, what="the exit callback")
+        assert child.exited and child._pump_task is not None and not child._pump_task.done()  # pipe still open
+        await child.stop(timeout=1.0)
+        assert child._pump_task.done()
+
+    asyncio.run(go())
+
+
 # An engine that starts a child and dies without stopping it (as under SIGKILL).
 DYING_ENGINE = """
 import asyncio, os, sys
