@@ -41,7 +41,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         history = TelemetryStore(open_database(Path(tmp) / "bench.db"), 3600, 7 * 86400)
         alerts = AlertEngine(AlertThresholds(), lambda *a: None)
-        sampler = Sampler(nvml, args.interval, set, [history.write, alerts.evaluate], lambda *a: None)
+        sampler = Sampler(nvml, args.interval, dict, [history.write, alerts.evaluate], lambda *a: None)
         sampler.tick()  # NVML init and discovery are start-up costs, not per-tick
         sampler.tick_cpu_s.clear()
         wall = []

@@ -26,15 +26,16 @@ from engine.api.slow import header_timeout_protocol
 from engine.benchmarks import Benchmarks
 from engine.capacity import CalibrationStore, Planner
 from engine.config import AppConfig
-from engine.db import SERVING_MINUTE, SERVING_RAW, open_database
+from engine.db import DEFAULT_DEPLOYMENT, SERVING_MINUTE, SERVING_RAW, open_database
+from engine.deployments import DeploymentStore, Fleet, Runtime
 from engine.errors import EngineError
 from engine.events import EventLog
-from engine.gateway import Admission, BodyLimits, DataPath, Gateway, Ledger
+from engine.gateway import BodyLimits, DataPath, Gateway, Ledger
 from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
 from engine.metrics import HISTORY_METRICS, EngineCollector, RequestMetrics, SeriesStore, ServingMonitor
 from engine.prompts import PromptStore
-from engine.revisions import EngineSettings, RevisionStore, SettingsWriter, initial_settings
-from engine.serving import PrivateRotatingFileHandler, Supervisor, VllmFlags, redact_secrets
+from engine.revisions import EngineSettings, RevisionStore, initial_settings
+from engine.serving import PrivateRotatingFileHandler, VllmFlags, redact_secrets, vllm_distribution
 
 
 class UnsafeConfigError(EngineError):
@@ -116,9 +117,14 @@ def create_app(config: AppConfig) -> FastAPI:
     db = open_database(config.db_path)
     make_private(config.data_dir)  # the database's files now exist
     revisions, events, prompts = RevisionStore(db), EventLog(db), PromptStore(db)
-    if revisions.ensure_initial(EngineSettings.model_construct(**initial_settings(config.data_dir.resolve()))
-                                .model_dump()):
-        events.add("settings_changed", "revision 1: initial settings (the demo model)", revision_id=1)
+    deployments = DeploymentStore(db)
+    initial = EngineSettings.model_construct(**initial_settings(config.data_dir.resolve())).model_dump()
+    first_rev = revisions.desired_revision() or (revisions.get_revision(head) if (head := revisions.head_revision_id())
+                                                 else None)
+    deployments.ensure_default(str((first_rev.values if first_rev else initial).get("served_model_name") or "demo"))
+    if revisions.ensure_initial(initial):
+        events.of(DEFAULT_DEPLOYMENT).add("settings_changed", "revision 1: initial settings (the demo model)",
+                                          revision_id=revisions.head_revision_id())
     auth = Auth(db, config.session_ttl_s, config.login_max_failures, config.login_lockout_s)
     audit = AuditLog(db)
     loopback = is_loopback(config.host)
@@ -133,17 +139,14 @@ def create_app(config: AppConfig) -> FastAPI:
         audit.record(actor="engine", action="users.create", target="user admin", after={"role": "admin"},
                      detail="the first console user, from LLMOPS_ADMIN_PASSWORD or generated")
 
-    admission = Admission(config.queue_size, config.queue_timeout_s)
-    supervisor = Supervisor(config, revisions, events, admission, audit=audit)
-    flags = VllmFlags(config.vllm_python, supervisor.vllm_version, config.data_dir / "run" / "vllm-flags.json")
+    build, vllm_version = vllm_distribution()
+    flags = VllmFlags(config.vllm_python, vllm_version, config.data_dir / "run" / "vllm-flags.json")
     registry = CollectorRegistry()
     ledger = Ledger(db, config.ledger_sample_rate, metrics=RequestMetrics(registry))
-    gateway = Gateway(admission, config.upstream_timeout_s, ledger)
+    fleet: Fleet | None = None
 
     def emit(kind: str, message: str, severity: str, data: dict[str, Any]) -> None:  # from the sampler's thread
-        gpu = data.get("gpu")
-        events.add(kind, message, severity=severity, data=data,
-                   revision_id=supervisor.running.id if supervisor.running and gpu is not None else None)
+        events.add(kind, message, severity=severity, data=data)
 
     telemetry = TelemetryStore(db, config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
     alerts = AlertEngine(AlertThresholds(memory_pct=config.alert_memory_pct,
@@ -152,49 +155,52 @@ def create_app(config: AppConfig) -> FastAPI:
                                          temperature_clear_c=config.alert_temperature_c - 5,
                                          power_hold_s=config.alert_power_hold_s, quiet_s=config.alert_quiet_s),
                          emit)
-    sampler = Sampler(pynvml, config.gpu_sample_interval_s, supervisor.vllm_pids,
+    sampler = Sampler(pynvml, config.gpu_sample_interval_s, lambda: fleet.vllm_pids() if fleet else {},
                       [telemetry.write, alerts.evaluate], emit)
-    planner = Planner(supervisor.build, config.data_dir.resolve(), sampler, CalibrationStore(db),
+    planner = Planner(build, config.data_dir.resolve(), sampler, CalibrationStore(db),
                       traffic_max_tokens=lambda: ledger.longest_request(86400))
-    supervisor.planner = planner
-    writer = SettingsWriter(revisions, events, planner, config.data_dir.resolve(), config.model_roots,
-                            wake=supervisor.wake, flags=flags)
     serving_history = SeriesStore(db, SERVING_RAW, SERVING_MINUTE, "revision", HISTORY_METRICS,
                                   config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
-    serving = ServingMonitor(config.serving_scrape_interval_s, lambda: admission.upstream,
-                             lambda: admission.revision, serving_history)
     local = "127.0.0.1" if config.host in ("0.0.0.0", "::", "localhost") or loopback else config.host
-    benchmarks = Benchmarks(db, revisions, events, supervisor, ledger, f"http://{local}:{config.port}",
-                            sampler.energy_now,
-                            gateway_key=lambda: auth.create_token("benchmark", "prompter", "gateway", "engine",
-                                                                  ttl_s=6 * 3600)[0] if gateway_keys else None,
-                            revoke=lambda key: auth.revoke(token=key))
-    registry.register(EngineCollector(supervisor.status, lambda: sampler.latest, lambda: serving.latest,
+
+    def extras(runtime: Runtime) -> None:
+        """What each deployment has besides its supervisor: the scrape of its vLLM's figures, its benchmarks."""
+        admission = runtime.admission
+        runtime.serving = ServingMonitor(config.serving_scrape_interval_s, lambda: admission.upstream,
+                                         lambda: admission.revision, serving_history)
+        runtime.benchmarks = Benchmarks(
+            db, runtime.revisions, runtime.events, runtime.supervisor, ledger, f"http://{local}:{config.port}",
+            sampler.energy_now,
+            gateway_key=lambda: auth.create_token("benchmark", "prompter", "gateway", "engine",
+                                                  ttl_s=6 * 3600)[0] if gateway_keys else None,
+            revoke=lambda key: auth.revoke(token=key))
+
+    fleet = Fleet(config, db, deployments, revisions, events, planner, audit, flags, extras=extras)
+    gateway = Gateway(fleet.admission_for, config.upstream_timeout_s, ledger)
+    registry.register(EngineCollector(lambda: fleet.default.supervisor.status(), lambda: sampler.latest,
+                                      lambda: fleet.default.serving.latest if fleet.default.serving else None,
                                       lambda: events.event_counts(["rollback", "failed", "crash_loop"])))
     limits = RateLimiter()
     keys = GatewayKeys(auth, limits, gateway_keys)
-    services = Services(config=config, db=db, revisions=revisions, writer=writer, events=events, prompts=prompts,
-                        auth=auth, audit=audit, limits=limits, supervisor=supervisor, planner=planner,
-                        sampler=sampler, telemetry=telemetry, alerts=alerts, serving=serving,
-                        serving_history=serving_history, ledger=ledger, benchmarks=benchmarks, gateway=gateway,
-                        registry=registry, public_url=config.public_url or f"http://{local}:{config.port}",
-                        gateway_keys=gateway_keys)
+    services = Services(config=config, db=db, events=events, prompts=prompts, auth=auth, audit=audit,
+                        limits=limits, fleet=fleet, deployments=deployments, planner=planner, sampler=sampler,
+                        telemetry=telemetry, alerts=alerts, serving_history=serving_history, ledger=ledger,
+                        gateway=gateway, registry=registry,
+                        public_url=config.public_url or f"http://{local}:{config.port}", gateway_keys=gateway_keys,
+                        build=build, vllm_version=vllm_version)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await events.emit("engine_started", f"engine listening on {config.host}:{config.port}",
-                          data={"data_dir": str(config.data_dir.resolve()), "vllm_build": supervisor.build,
-                                "vllm_version": supervisor.vllm_version, "gateway_keys": gateway_keys})
+                          data={"data_dir": str(config.data_dir.resolve()), "vllm_build": build,
+                                "vllm_version": vllm_version, "gateway_keys": gateway_keys})
         await asyncio.to_thread(sampler.start)  # its first sample (NVML) is there before anyone asks
-        await supervisor.start()
-        serving.start()
+        await fleet.start()
         ledger.start()
         try:
             yield
         finally:
-            await benchmarks.close()
-            await serving.stop()
-            await supervisor.shutdown()  # before the sampler: waiting for the GPU's memory reads its samples
+            await fleet.shutdown()  # before the sampler: waiting for the GPU's memory reads its samples
             await asyncio.to_thread(sampler.stop)
             await ledger.close()
             await gateway.aclose()

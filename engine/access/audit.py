@@ -89,11 +89,12 @@ class AuditLog:
 
     def record(self, *, actor: str, action: str, role: str = "", target: str = "",
                before: dict[str, Any] | None = None, after: dict[str, Any] | None = None, source: str = "",
-               result: int = 0, detail: str = "") -> None:
+               result: int = 0, detail: str = "", deployment: str | None = None) -> None:
         with self.db.session() as s:
             s.add(AuditRecord(actor=actor[:100], role=role[:20], action=action[:100], target=target[:300],
                               before=redact(bound(before)), after=redact(bound(after)), source=source[:100],
-                              result=result, detail=detail[:2000]))
+                              result=result, detail=detail[:2000],
+                              deployment=deployment[:128] if deployment else None))
 
     def query(self, *, actor: str | None = None, action: str | None = None, target: str | None = None,
               since: float | None = None, until: float | None = None, result: int | None = None,
@@ -189,4 +190,5 @@ class AuditMiddleware:
             after = {"body": f"{size} bytes"} if size and size.isdigit() else None
         self.log.record(actor=actor, role=role, source=client[0] if client else "",
                         action=state.get("audit_action") or generic_action(scope["method"], scope["path"]),
-                        target=note.target, before=note.before, after=after, result=status, detail=note.detail)
+                        target=note.target, before=note.before, after=after, result=status, detail=note.detail,
+                        deployment=state.get("deployment"))

@@ -15,6 +15,7 @@ from engine.access import AuditNote, Auth, Principal, Role
 from engine.api.services import Services
 from engine.benchmarks import Benchmarks
 from engine.capacity import Planner
+from engine.deployments import DeploymentNotFoundError, DeploymentStore, Fleet, Runtime
 from engine.events import EventLog
 from engine.gpu import AlertEngine, Sampler, TelemetryStore
 from engine.metrics import SeriesStore, ServingMonitor
@@ -36,20 +37,46 @@ def _part(name: str) -> Callable[[Request], Any]:
     return part
 
 
+def runtime(request: Request) -> Runtime:
+    """The deployment a request acts on: ``/api/deployments/{deployment}/…`` names it, today's ``/api/…`` routes
+    act on the default one. Its name goes into the request's audit record."""
+    name = request.path_params.get("deployment")
+    try:
+        found = services(request).fleet.get(name)
+    except DeploymentNotFoundError as exc:
+        raise HTTPException(404, detail=str(exc)) from None
+    request.state.deployment = found.name
+    return found
+
+
+def _of_runtime(name: str) -> Callable[[Request], Any]:
+    """A dependency that hands a route one part of the request's deployment (its supervisor, revisions, …)."""
+    def part(request: Request) -> Any:
+        value = getattr(runtime(request), name)
+        if value is None:
+            raise HTTPException(503, detail=f"deployment {runtime(request).name} has no {name} yet: try again")
+        return value
+    part.__name__ = name
+    return part
+
+
 ServicesDep = Annotated[Services, Depends(services)]
-RevisionsDep = Annotated[RevisionStore, Depends(_part("revisions"))]
-WriterDep = Annotated[SettingsWriter, Depends(_part("writer"))]
-EventsDep = Annotated[EventLog, Depends(_part("events"))]
+RuntimeDep = Annotated[Runtime, Depends(runtime)]
+FleetDep = Annotated[Fleet, Depends(_part("fleet"))]
+DeploymentsDep = Annotated[DeploymentStore, Depends(_part("deployments"))]
+RevisionsDep = Annotated[RevisionStore, Depends(_of_runtime("revisions"))]
+WriterDep = Annotated[SettingsWriter, Depends(_of_runtime("writer"))]
+EventsDep = Annotated[EventLog, Depends(_of_runtime("events"))]
 PromptsDep = Annotated[PromptStore, Depends(_part("prompts"))]
 AuthDep = Annotated[Auth, Depends(_part("auth"))]
-SupervisorDep = Annotated[Supervisor, Depends(_part("supervisor"))]
-PlannerDep = Annotated[Planner, Depends(_part("planner"))]
+SupervisorDep = Annotated[Supervisor, Depends(_of_runtime("supervisor"))]
+PlannerDep = Annotated[Planner, Depends(_of_runtime("planner"))]
 SamplerDep = Annotated[Sampler, Depends(_part("sampler"))]
 TelemetryDep = Annotated[TelemetryStore, Depends(_part("telemetry"))]
 AlertsDep = Annotated[AlertEngine, Depends(_part("alerts"))]
-ServingDep = Annotated[ServingMonitor, Depends(_part("serving"))]
+ServingDep = Annotated[ServingMonitor, Depends(_of_runtime("serving"))]
 ServingHistoryDep = Annotated[SeriesStore, Depends(_part("serving_history"))]
-BenchmarksDep = Annotated[Benchmarks, Depends(_part("benchmarks"))]
+BenchmarksDep = Annotated[Benchmarks, Depends(_of_runtime("benchmarks"))]
 
 
 @dataclass(frozen=True)

@@ -8,40 +8,41 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from engine.access import AuditLog, Auth, RateLimiter
-from engine.benchmarks import Benchmarks
 from engine.capacity import Planner
 from engine.config import AppConfig
 from engine.db import Database
+from engine.deployments import DeploymentStore, Fleet
 from engine.events import EventLog
 from engine.gateway import Gateway, Ledger
 from engine.gpu import AlertEngine, Sampler, TelemetryStore
-from engine.metrics import SeriesStore, ServingMonitor
+from engine.metrics import SeriesStore
 from engine.prompts import PromptStore
-from engine.revisions import RevisionStore, SettingsWriter
-from engine.serving import Supervisor
+from engine.schemas import Build
 
 
 @dataclass
 class Services:
+    """The engine-wide parts; what is one deployment's (its supervisor, revisions, settings writer, events,
+    gateway admission, serving figures, benchmarks) is its Runtime in ``fleet`` (engine/api/deps.py picks it)."""
+
     config: AppConfig
     db: Database
-    revisions: RevisionStore
-    writer: SettingsWriter
-    events: EventLog
+    events: EventLog  # the engine's own log; a deployment's is its runtime's
     prompts: PromptStore
     auth: Auth
     audit: AuditLog
     limits: RateLimiter
-    supervisor: Supervisor
-    planner: Planner
+    fleet: Fleet
+    deployments: DeploymentStore
+    planner: Planner  # unscoped: the whole host
     sampler: Sampler
     telemetry: TelemetryStore
     alerts: AlertEngine
-    serving: ServingMonitor
     serving_history: SeriesStore
     ledger: Ledger
-    benchmarks: Benchmarks
     gateway: Gateway
     registry: CollectorRegistry
     public_url: str  # the engine's address as clients reach it
     gateway_keys: bool  # /v1 needs an API key
+    build: Build
+    vllm_version: str | None

@@ -30,25 +30,38 @@ from engine.capacity.model import (
     weight_bytes,
 )
 from engine.capacity.planner import Planner
-from engine.capacity.preflight import SAFE_UTILIZATION, Finding, PreflightResult, check, find_model_config
+from engine.capacity.plans import MARGIN_BYTES, cpu_need_bytes
+from engine.capacity.preflight import (
+    NEIGHBOUR_MARGIN_BYTES,
+    SAFE_UTILIZATION,
+    Finding,
+    Neighbour,
+    PreflightResult,
+    check,
+    find_model_config,
+)
 
 __all__ = [
     "BLOCK_SIZE",
     "DEFAULT_BATCHED_TOKENS",
     "DTYPE_BYTES",
     "GIB",
+    "MARGIN_BYTES",
+    "NEIGHBOUR_MARGIN_BYTES",
     "SAFE_UTILIZATION",
     "Calibration",
     "CalibrationStore",
     "Device",
     "Finding",
     "ModelShape",
+    "Neighbour",
     "Planner",
     "Prediction",
     "PreflightResult",
     "StartReport",
     "batched_tokens",
     "check",
+    "cpu_need_bytes",
     "dtype_bytes",
     "estimate_activation",
     "find_model_config",

@@ -123,6 +123,7 @@ class Device:
     free_bytes: int
     count: int = 1
     name: str = ""
+    indices: tuple[int, ...] = ()  # which GPUs (a tensor-parallel group) the figures are of
 
 
 @dataclass(frozen=True)

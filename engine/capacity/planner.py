@@ -1,8 +1,14 @@
 """The planner joins the capacity model to the live device: what memory there is now (NVML, or the host for
-the CPU build), the last calibration on this host, and which memory the running vLLM would give back."""
+the CPU build), the last calibration on this host, and which memory the running vLLM would give back.
+
+With several deployments on one host a planner is *scoped* to one (``scoped``): the device it sees is that
+deployment's GPUs, the memory it counts as coming back is that deployment's own (its neighbours keep theirs), and
+pre-flight adds up what its neighbours reserve on the same GPUs (or host), so that placing or resizing one never
+takes what another uses."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -12,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 from engine.capacity.calibration import CalibrationStore, StartReport
 from engine.capacity.model import Device, ModelShape, batched_tokens, estimate_activation, load_shape, predict
 from engine.capacity.plans import PlanInputs, Running, plan_apply
-from engine.capacity.preflight import PreflightResult, check, find_model_config
+from engine.capacity.preflight import Neighbour, PreflightResult, check, find_model_config
 from engine.revisions import EngineSettings
 from engine.schemas import ApplyPlanOut, Build
 
 if TYPE_CHECKING:  # the sampler is handed in; capacity does not depend on the GPU package
     from engine.gpu import Sampler
+    from engine.serving.scope import DeploymentRef
 
 log = logging.getLogger("llmops.planner")
 
@@ -30,29 +37,51 @@ class Planner:
         self.sampler = sampler
         self.calibrations = calibrations
         self.traffic_max_tokens = traffic_max_tokens
+        self.scope: DeploymentRef | None = None  # the deployment this planner plans for (None: the whole host)
+        # what the other deployments reserve (set by the registry): (this deployment) -> its neighbours
+        self.neighbours: Callable[[DeploymentRef | None], list[Neighbour]] = lambda _: []
+
+    def scoped(self, deployment: DeploymentRef) -> Planner:
+        """This planner for one deployment (the same calibrations, sampler and neighbours)."""
+        planner = copy.copy(self)
+        planner.scope = deployment
+        return planner
+
+    def _own(self, processes: list[dict[str, Any]], fallback: float) -> float:
+        """Memory the scoped deployment's processes hold on one GPU (unscoped: every vLLM's, ``fallback``)."""
+        if self.scope is None:
+            return fallback
+        return float(sum(int(p.get("used_memory") or 0) for p in processes if p.get("deployment") == self.scope.name))
 
     def device(self, tensor_parallel_size: int = 1) -> Device | None:
-        """Memory as vLLM will see it after the running child stops (its own memory counts as free)."""
+        """Memory as vLLM will see it after this deployment's running instances stop (their memory counts as
+        free; a neighbour's does not). Its GPUs: the deployment's placement, else the first ones."""
         snap = self.sampler.latest
         if self.build == "cuda":
             gpus = [g for g in snap.gpus if not g.lost and g.values.get("mem_total")]
             if not snap.available or not gpus:
                 return None
-            group = gpus[:tensor_parallel_size] if tensor_parallel_size <= len(gpus) else gpus
+            placed = self.scope.gpus if self.scope is not None and self.scope.gpus else None
+            pool = [g for g in gpus if g.index in placed] if placed else gpus
+            pool = pool or gpus
+            group = pool[:tensor_parallel_size] if tensor_parallel_size <= len(pool) else pool
             totals = [float(g.values["mem_total"] or 0) - float(g.values.get("mem_reserved") or 0) for g in group]
-            frees = [totals[i] - float(g.values.get("mem_used") or 0) + float(g.values.get("vllm_mem") or 0)
-                     for i, g in enumerate(group)]
-            return Device("cuda", int(min(totals)), int(min(frees)), count=len(gpus), name=group[0].name)
+            frees = [totals[i] - float(g.values.get("mem_used") or 0)
+                     + self._own(g.processes, float(g.values.get("vllm_mem") or 0)) for i, g in enumerate(group)]
+            return Device("cuda", int(min(totals)), int(min(frees)), count=len(gpus), name=group[0].name,
+                          indices=tuple(g.index for g in group))
         host = snap.host
         if not host:
             return None
-        return Device("cpu", int(host["mem_total"]), int(host["mem_available"] + host.get("vllm_rss", 0)),
-                      name="host")
+        own = float(host.get("vllm_rss", 0)) if self.scope is None else \
+            float((host.get("vllm_rss_by_deployment") or {}).get(self.scope.name, 0))
+        return Device("cpu", int(host["mem_total"]), int(host["mem_available"] + own), name="host")
 
     def check(self, settings: EngineSettings) -> PreflightResult:
         calibration = self.calibrations.latest(settings.model, settings.tensor_parallel_size, settings.dtype)
         return check(settings, data_dir=self.data_dir, device=self.device(settings.tensor_parallel_size),
-                     calibration=calibration, traffic_max_tokens=self.traffic_max_tokens())
+                     calibration=calibration, traffic_max_tokens=self.traffic_max_tokens(),
+                     neighbours=self.neighbours(self.scope))
 
     def calibrate(self, report: StartReport, settings: EngineSettings, logged_batched_tokens: int | None,
                   revision_id: int | None) -> None:
@@ -94,9 +123,13 @@ class Planner:
         resident memory; None when the sampler has not seen it."""
         snap = self.sampler.latest
         if self.build == "cuda":
-            held = [int(g.values.get("vllm_mem") or 0) for g in snap.gpus if not g.lost]
+            held = [int(self._own(g.processes, float(g.values.get("vllm_mem") or 0))) for g in snap.gpus
+                    if not g.lost]
             return max(held) if held else None
-        rss = (snap.host or {}).get("vllm_rss")
+        host = snap.host or {}
+        if self.scope is not None:
+            return int((host.get("vllm_rss_by_deployment") or {}).get(self.scope.name, 0)) if host else None
+        rss = host.get("vllm_rss")
         return int(rss) if rss is not None else None
 
     def _shape(self, settings: EngineSettings) -> ModelShape | None:

@@ -15,10 +15,11 @@ import math
 from dataclasses import dataclass, field
 
 from engine.capacity.model import GIB, Calibration, Device, ModelShape, predict, utilization_for
+from engine.capacity.preflight import NEIGHBOUR_MARGIN_BYTES
 from engine.revisions import EngineSettings
 from engine.schemas import ApplyPlanOut, BridgeOut, PlanKind
 
-MARGIN_BYTES = int(1.0 * GIB)  # kept free beside two instances: allocator slack, CUDA context of the second
+MARGIN_BYTES = NEIGHBOUR_MARGIN_BYTES  # kept free beside two instances: allocator slack, CUDA context of the second
 CPU_PROCESS_BYTES = int(1.5 * GIB)  # an idle vLLM CPU server beyond its KV cache and weights (API, engine core)
 BRIDGE_MIN_UTILIZATION = 0.05
 

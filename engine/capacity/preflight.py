@@ -16,6 +16,22 @@ from engine.capacity.model import GIB, Calibration, Device, ModelShape, Predicti
 from engine.revisions import EngineSettings, hf_hub_cache, resolve_local_model
 
 SAFE_UTILIZATION = (0.80, 0.85)
+# kept free beside each further instance on a GPU: allocator slack, the CUDA context of the next one (measured on
+# the H200 with two instances side by side, 2026-12-01); engine/capacity/plans.py keeps the same beside a new one
+NEIGHBOUR_MARGIN_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """Another deployment of this host and what it reserves: on GPUs, its gpu_memory_utilization on each GPU it
+    runs on (replicas sharing a GPU add up); on the CPU build, the host memory it will still take beyond what its
+    instances hold now (what they hold is already out of the host's available memory)."""
+
+    name: str
+    gpus: tuple[int, ...] = ()
+    utilization: float = 0.0
+    instances: int = 1
+    host_bytes: int = 0
 
 
 @dataclass
@@ -66,7 +82,8 @@ def _gib(n: float) -> str:
 
 
 def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | None,
-          calibration: Calibration | None = None, traffic_max_tokens: int | None = None) -> PreflightResult:
+          calibration: Calibration | None = None, traffic_max_tokens: int | None = None,
+          neighbours: list[Neighbour] | None = None) -> PreflightResult:
     errors: list[Finding] = []
     warnings: list[Finding] = []
     if settings.gpu_memory_utilization > 0.90 and (device is None or device.kind == "cuda"):
@@ -111,6 +128,8 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
 
     pred = predict(shape, settings, device, calibration)
     _memory_findings(settings, shape, device, calibration, pred, errors, warnings)
+    if neighbours:
+        _neighbour_findings(settings, shape, device, neighbours, errors)
     if traffic_max_tokens and pred.max_model_len > 4 * traffic_max_tokens:
         suggestion = 1 << math.ceil(math.log2(max(16, 2 * traffic_max_tokens)))
         warnings.append(Finding("max_len_above_traffic", "max_model_len",
@@ -118,6 +137,47 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
                                 f"({traffic_max_tokens} tokens); {suggestion} would free KV cache for concurrency",
                                 {"max_model_len": suggestion}))
     return PreflightResult(errors, warnings, pred, shape, device)
+
+
+def _neighbour_findings(settings: EngineSettings, shape: ModelShape, device: Device, neighbours: list[Neighbour],
+                        errors: list[Finding]) -> None:
+    """Packing: what the other deployments on the same GPUs (or host) reserve is not this one's to take."""
+    if device.kind == "cuda":
+        mine = settings.gpu_memory_utilization * (1 if device.count >= settings.replicas *
+                                                  settings.tensor_parallel_size else settings.replicas)
+        for gpu in device.indices or (0,):
+            beside = [n for n in neighbours if gpu in n.gpus]
+            if not beside:
+                continue
+            taken = sum(n.utilization for n in beside)
+            margin = NEIGHBOUR_MARGIN_BYTES * sum(n.instances for n in beside) / device.total_bytes
+            if mine + taken + margin <= 1.0:
+                continue
+            fit = math.floor(100 * (1.0 - taken - margin) / max(1, round(mine / settings.gpu_memory_utilization)))
+            fit_u = fit / 100
+            who = ", ".join(f"{n.name} ({n.utilization:.2f})" for n in beside)
+            errors.append(Finding(
+                "neighbours_memory", "gpu_memory_utilization",
+                f"gpu_memory_utilization {settings.gpu_memory_utilization} does not fit on GPU {gpu} beside "
+                f"deployment{'s' if len(beside) > 1 else ''} {who} and a {_gib(NEIGHBOUR_MARGIN_BYTES)} margin per "
+                f"instance: "
+                + (f"the largest that fits is {fit_u:.2f}" if fit > 0 else "nothing fits there: place it on another "
+                   "GPU or shrink a neighbour"), {"gpu_memory_utilization": fit_u} if fit > 0 else {}))
+            return
+        return
+    pending = sum(n.host_bytes for n in neighbours)
+    per = int(settings.cpu_kv_cache_gib * GIB) + shape.parameters() * 2 + int(1.5 * GIB)
+    need = per * settings.replicas
+    room = device.free_bytes - pending - NEIGHBOUR_MARGIN_BYTES
+    if need > room:
+        fits = math.floor(100 * max(0, room / settings.replicas - per + settings.cpu_kv_cache_gib * GIB) / GIB) / 100
+        errors.append(Finding(
+            "neighbours_memory", "cpu_kv_cache_gib",
+            f"this deployment needs about {_gib(need)} of the host's memory; {_gib(device.free_bytes)} is available "
+            f"and deployments {', '.join(n.name for n in neighbours if n.host_bytes)} will still take "
+            f"{_gib(pending)} of it: " + (f"the largest cpu_kv_cache_gib that fits is {fits}" if fits > 0 else
+                                          "nothing fits beside them"),
+            {"cpu_kv_cache_gib": fits} if fits > 0 else {}))
 
 
 def _replica_findings(settings: EngineSettings, shape: ModelShape, device: Device | None,

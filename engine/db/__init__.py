@@ -6,6 +6,7 @@ from engine.db.database import Database, make_engine, open_database
 from engine.db.migrate import add_missing_columns
 from engine.db.tables import (
     ACTIVE,
+    DEFAULT_DEPLOYMENT,
     SERVING_FINISH_REASONS,
     SERVING_METRICS,
     SERVING_MINUTE,
@@ -17,6 +18,7 @@ from engine.db.tables import (
     AuditRecord,
     BenchmarkRun,
     CalibrationRow,
+    Deployment,
     Event,
     RequestLog,
     Revision,
@@ -26,8 +28,8 @@ from engine.db.tables import (
 )
 
 __all__ = [
-    "ACTIVE", "SERVING_FINISH_REASONS", "SERVING_METRICS", "SERVING_MINUTE", "SERVING_RAW", "TELEMETRY_METRICS",
-    "TELEMETRY_MINUTE", "TELEMETRY_RAW", "ApiToken", "AuditRecord", "BenchmarkRun", "CalibrationRow", "Database",
-    "Event", "RequestLog", "Revision", "RevisionStatus", "SavedPrompt", "User", "add_missing_columns",
-    "make_engine", "open_database",
+    "ACTIVE", "DEFAULT_DEPLOYMENT", "SERVING_FINISH_REASONS", "SERVING_METRICS", "SERVING_MINUTE", "SERVING_RAW",
+    "TELEMETRY_METRICS", "TELEMETRY_MINUTE", "TELEMETRY_RAW", "ApiToken", "AuditRecord", "BenchmarkRun",
+    "CalibrationRow", "Database", "Deployment", "Event", "RequestLog", "Revision", "RevisionStatus", "SavedPrompt",
+    "User", "add_missing_columns", "make_engine", "open_database",
 ]

@@ -27,8 +27,26 @@ class RevisionStatus(StrEnum):
 ACTIVE = (RevisionStatus.PENDING.value, RevisionStatus.APPLIED.value)
 
 
+DEFAULT_DEPLOYMENT = 1  # the deployment today's routes act on; a data dir of one model is all this deployment's
+
+
+class Deployment(SQLModel, table=True):
+    """A model served under one name (the ``model`` clients ask for), with its own revisions, instances and
+    placement. Created by the API or the CLI; the engine supervises every enabled one."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True)
+    enabled: bool = Field(default=True, sa_column_kwargs={"server_default": "1"})
+    gpus: list[int] | None = Field(default=None, sa_column=Column(JSON))  # placement: GPU indices; None = any
+    created_at: float = Field(default_factory=time.time, sa_column_kwargs={"server_default": text(_NOW_SQL)})
+    created_by: str = Field(default="engine", sa_column_kwargs={"server_default": "engine"})
+    note: str = Field(default="", sa_column_kwargs={"server_default": ""})
+
+
 class Revision(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
+    deployment_id: int = Field(default=DEFAULT_DEPLOYMENT, index=True,
+                               sa_column_kwargs={"server_default": str(DEFAULT_DEPLOYMENT)})
     values: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     author: str = Field(default="unknown", sa_column_kwargs={"server_default": "unknown"})
     note: str = Field(default="", sa_column_kwargs={"server_default": ""})
@@ -50,6 +68,7 @@ class Event(SQLModel, table=True):
     severity: str = "info"
     message: str = ""
     revision_id: int | None = None
+    deployment_id: int | None = Field(default=None, index=True)  # None: the engine's own (GPUs, the engine)
     data: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False, server_default="{}"))
 
 
@@ -112,6 +131,7 @@ class AuditRecord(SQLModel, table=True):
     source: str = ""
     result: int = 0  # the HTTP status, or 0 for the engine's own actions
     detail: str = ""
+    deployment: str | None = None  # the deployment acted on, by name (the audit outlives a deleted one)
 
 
 class CalibrationRow(SQLModel, table=True):
@@ -154,6 +174,7 @@ class RequestLog(SQLModel, table=True):
     error: str | None = None
     prompt: str | None = None  # only when prompt sampling is on
     instance: str | None = None  # which vLLM instance answered (None: refused before reaching one)
+    deployment_id: int | None = Field(default=None, index=True)  # the deployment the request's model named
 
 
 class BenchmarkRun(SQLModel, table=True):
@@ -162,6 +183,8 @@ class BenchmarkRun(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     kind: str = "sweep"  # sweep | search
     revision_id: int | None = Field(default=None, index=True)  # serving when the run started
+    deployment_id: int = Field(default=DEFAULT_DEPLOYMENT, index=True,
+                               sa_column_kwargs={"server_default": str(DEFAULT_DEPLOYMENT)})
     preset: str = "short_chat"
     params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     status: str = "running"  # running | done | failed | cancelled

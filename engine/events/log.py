@@ -1,7 +1,8 @@
 """The engine's events: what it did and why (settings changes, starts, failures, rollbacks, alerts), in order.
 
 Written from threads with ``add``, from the event loop with ``await emit(...)`` (the write runs on a thread: no
-SQLite on the event loop).
+SQLite on the event loop). A log may be one deployment's (``of``): what it writes is that deployment's, and what
+it reads is that deployment's and the engine's own (GPU alerts, the engine starting), which concern every one.
 """
 
 from __future__ import annotations
@@ -10,16 +11,21 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func
+from sqlalchemy import func, true
 from sqlmodel import col, select
 
 from engine.db import Database, Event
 
 
 class EventLog:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, deployment_id: int | None = None) -> None:
         self.db = db
         self.session = db.session
+        self.deployment_id = deployment_id
+
+    def of(self, deployment_id: int | None) -> EventLog:
+        """The log of one deployment (None: the engine's own, and reading every deployment's)."""
+        return EventLog(self.db, deployment_id)
 
     async def emit(self, kind: str, message: str, *, severity: str = "info", revision_id: int | None = None,
                    data: dict[str, Any] | None = None) -> Event:
@@ -37,14 +43,20 @@ class EventLog:
         data: dict[str, Any] | None = None,
     ) -> Event:
         with self.session() as s:
-            ev = Event(kind=kind, message=message, severity=severity, revision_id=revision_id, data=data or {})
+            ev = Event(kind=kind, message=message, severity=severity, revision_id=revision_id, data=data or {},
+                       deployment_id=self.deployment_id)
             s.add(ev)
             s.flush()
             return ev
 
+    def _scope(self) -> Any:
+        if self.deployment_id is None:
+            return true()
+        return (col(Event.deployment_id) == self.deployment_id) | col(Event.deployment_id).is_(None)
+
     def event_counts(self, kinds: Sequence[str]) -> dict[str, int]:
         with self.session() as s:
-            rows = s.exec(select(Event.kind, func.count()).where(col(Event.kind).in_(list(kinds)))
+            rows = s.exec(select(Event.kind, func.count()).where(col(Event.kind).in_(list(kinds)), self._scope())
                           .group_by(col(Event.kind))).all()
         return {k: int(n) for k, n in rows}
 
@@ -52,7 +64,7 @@ class EventLog:
         self, since: int = 0, limit: int = 200, kinds: Sequence[str] | None = None, newest_first: bool = False
     ) -> Sequence[Event]:
         with self.session() as s:
-            q = select(Event).where(col(Event.id) > since)
+            q = select(Event).where(col(Event.id) > since, self._scope())
             if kinds:
                 q = q.where(col(Event.kind).in_(list(kinds)))
             q = q.order_by(col(Event.id).desc() if newest_first else col(Event.id)).limit(limit)

@@ -100,6 +100,7 @@ class DataPath:
                         prompt=prompt_text(data) if ledger is not None and ledger.sample_prompt() else None)
         exchange = Exchange(method=method, path=checked, query=forward_query(scope.get("query_string", b"")),
                             headers=[(k, v) for k, v in headers if k not in HOP_HEADERS and k != b"x-llmops-client"],
-                            body=asked or body, stream=stream, hide_usage=asked is not None, record=record)
+                            body=asked or body, stream=stream, hide_usage=asked is not None, record=record,
+                            admission=self.gateway.route(model if isinstance(model, str) else None))
         await self.gateway.serve(exchange, receive, send)
 

@@ -46,6 +46,7 @@ class Record:
     error: str | None = None
     prompt: str | None = None
     instance: str | None = None
+    deployment_id: int | None = None
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -52,12 +53,14 @@ class Upstream:
     outstanding: int = 0
     finished: int = 0  # requests it has ended (answered, failed or given up), since it opened
     auth: tuple[bytes, bytes] | None = None  # the instance's own API key, as the header the gateway adds
+    admission: Admission | None = None  # whose upstream it is (set when opened)
 
 
 class Admission:
     """Who may send to vLLM now: the open upstreams, a bounded waiting room, and the requests in flight."""
 
-    def __init__(self, queue_size: int, queue_timeout_s: float) -> None:
+    def __init__(self, queue_size: int, queue_timeout_s: float, deployment_id: int | None = None) -> None:
+        self.deployment_id = deployment_id  # whose admission this is (the request ledger records it)
         self.queue_size = queue_size
         self.queue_timeout_s = queue_timeout_s
         self._open: list[Upstream] = []
@@ -130,7 +133,7 @@ class Admission:
         async with self._cond:
             old = next((u for u in self._open if u.instance == instance), None)
             up = Upstream(url, revision, instance, old.outstanding if old and old.url == url else 0,
-                          auth=(b"authorization", b"Bearer " + api_key.encode()) if api_key else None)
+                          auth=(b"authorization", b"Bearer " + api_key.encode()) if api_key else None, admission=self)
             self._open = [u for u in self._open if u.instance != instance] + [up]
             self.refusal = None
             self._cond.notify_all()
@@ -199,6 +202,7 @@ class Exchange:
     body: bytes
     stream: bool = False
     hide_usage: bool = False
+    admission: Admission | None = None  # of the deployment the request's model names (None: no such deployment)
     record: Record = field(default_factory=lambda: Record(ts=0, revision_id=None, model="", endpoint="", stream=False,
                                                           status=0, latency_s=0.0, client=""))
 
@@ -214,6 +218,13 @@ class Refused:
 
 def _error(status: int, message: str, kind: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
+
+
+def model_not_found(model: str) -> bytes:
+    """OpenAI's answer for a model it does not serve (its clients look at ``code``)."""
+    return json.dumps({"error": {"message": f"The model `{model[:200]}` does not exist. GET /v1/models lists the "
+                                 "models this gateway serves.", "type": "invalid_request_error", "param": "model",
+                                 "code": "model_not_found"}}).encode()
 
 
 async def send_simple(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
@@ -309,9 +320,12 @@ class StreamMeter:
 
 
 class Gateway:
-    def __init__(self, admission: Admission, upstream_timeout_s: float, ledger: Ledger | None = None,
-                 retry_after_s: int = 5) -> None:
-        self.admission = admission
+    """Forwards each request to the deployment its ``model`` names (``route``: the registry's answer, None for a
+    model no deployment serves), through that deployment's admission."""
+
+    def __init__(self, route: Callable[[str | None], Admission | None], upstream_timeout_s: float,
+                 ledger: Ledger | None = None, retry_after_s: int = 5) -> None:
+        self.route = route
         self.upstream_timeout_s = upstream_timeout_s
         self.retry_after_s = retry_after_s
         self.ledger = ledger
@@ -331,14 +345,20 @@ class Gateway:
         rec.status, rec.error, rec.latency_s = status, error, time.monotonic() - t0
         self.ledger.record(rec)
 
-    async def _open_upstream(self, ex: Exchange, t0: float, deadline: float
-                             ) -> tuple[Upstream, Connection, Head] | Refused:
-        """Send the request to an upstream; on a connection that fails before any answer, to the next one."""
+    async def _open_upstream(self, ex: Exchange, t0: float) -> tuple[Upstream, Connection, Head] | Refused:
+        """Send the request to an upstream of its deployment; on a connection that fails before any answer, to
+        the next one."""
         rec = ex.record
+        admission = ex.admission
+        if admission is None:
+            self._done(rec, t0, 404, "model_not_found")
+            return Refused(404, model_not_found(rec.model))
+        deadline = t0 + admission.queue_timeout_s
+        rec.deployment_id = admission.deployment_id
         target = ex.path + (f"?{ex.query}" if ex.query else "")
         while True:
             try:
-                upstream = await self.admission.acquire(deadline)
+                upstream = await admission.acquire(deadline)
             except QueueFullError as exc:
                 return self._refused(rec, t0, f"vLLM is restarting and the queue is full: {exc}")
             except QueueTimeoutError as exc:
@@ -350,11 +370,11 @@ class Gateway:
                 headers = ex.headers if upstream.auth is None else [*ex.headers, upstream.auth]
                 conn, head = await self.client.request(upstream.url, ex.method, target, headers, ex.body)
             except UpstreamTimeoutError:
-                await self.admission.release(upstream)
+                await admission.release(upstream)
                 self._done(rec, t0, 504, "timeout")
                 return Refused(504, _error(504, "vLLM did not answer within upstream_timeout_s", "timeout"))
             except UpstreamError as exc:
-                await self.admission.release(upstream)
+                await admission.release(upstream)
                 if not exc.before_response:  # an answer vLLM began that cannot be read
                     self._done(rec, t0, 502, str(exc))
                     return Refused(502, _error(502, f"vLLM's answer could not be read: {exc}", "upstream_error"))
@@ -366,7 +386,7 @@ class Gateway:
                 continue
             except BaseException:  # cancelled (the client left): the slot must not stay taken
                 with contextlib.suppress(BaseException):
-                    await asyncio.shield(self.admission.release(upstream))
+                    await asyncio.shield(admission.release(upstream))
                 raise
             return upstream, conn, head
 
@@ -376,13 +396,14 @@ class Gateway:
             parts.append(data)
         return b"".join(parts)
 
-    async def complete(self, path: str, body: bytes, client: str) -> tuple[int, bytes]:
-        """A non-streamed request (POST ``path``), for the engine's own /v1/generate: (status, body)."""
+    async def complete(self, path: str, body: bytes, client: str, model: str | None = None) -> tuple[int, bytes]:
+        """A non-streamed request (POST ``path``) to the deployment ``model`` names (None: the default one), for
+        the engine's own /v1/generate: (status, body)."""
         t0 = time.monotonic()
-        ex = Exchange("POST", path, "", [(b"content-type", b"application/json")], body)
-        ex.record = Record(ts=time.time(), revision_id=None, model="", endpoint=path, stream=False, status=0,
-                           latency_s=0.0, client=client)
-        opened = await self._open_upstream(ex, t0, t0 + self.admission.queue_timeout_s)
+        ex = Exchange("POST", path, "", [(b"content-type", b"application/json")], body, admission=self.route(model))
+        ex.record = Record(ts=time.time(), revision_id=None, model=model or "", endpoint=path, stream=False,
+                           status=0, latency_s=0.0, client=client)
+        opened = await self._open_upstream(ex, t0)
         if isinstance(opened, Refused):
             return opened.status, opened.body
         upstream, conn, head = opened
@@ -393,7 +414,7 @@ class Gateway:
             return 502, _error(502, f"vLLM's answer could not be read: {exc}", "upstream_error")
         finally:
             conn.finish()
-            await asyncio.shield(self.admission.release(upstream))
+            await asyncio.shield(_release(upstream))
         ex.record.input_tokens, ex.record.output_tokens = usage_of(content)
         self._done(ex.record, t0, head.status, None)
         return head.status, content
@@ -402,7 +423,7 @@ class Gateway:
         """Forward one request and relay its answer, streamed event by event when it is a stream."""
         t0 = time.monotonic()
         ex.record.ts = time.time()
-        opened = await self._open_upstream(ex, t0, t0 + self.admission.queue_timeout_s)
+        opened = await self._open_upstream(ex, t0)
         if isinstance(opened, Refused):
             await send_simple(send, opened.status, opened.body, opened.headers)
             return
@@ -431,7 +452,7 @@ class Gateway:
             self._done(rec, t0, head.status, meter.error)
         finally:
             conn.finish()  # read to its end: back to the pool; else closed, and vLLM aborts the request
-            await asyncio.shield(self.admission.release(upstream))
+            await asyncio.shield(_release(upstream))
 
     async def _relay(self, conn: Connection, head: Head, meter: StreamMeter, headers: list[tuple[bytes, bytes]],
                      client_receive: Receive, send: Send, rec: Record, t0: float) -> None:
@@ -459,6 +480,11 @@ class Gateway:
             await send({"type": "http.response.body", "body": meter.rest(), "more_body": False})
         finally:
             gone.cancel()
+
+
+async def _release(upstream: Upstream) -> None:
+    if upstream.admission is not None:
+        await upstream.admission.release(upstream)
 
 
 async def _disconnected(receive: Receive) -> None:

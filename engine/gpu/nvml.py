@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,9 +112,11 @@ class GpuReader:
             reading.unavailable[key] = f"not available: {reason}"
             return None
 
-    def read(self, ours: set[int], slow: bool = True) -> GpuReading:
-        """One reading. ``slow``: also read the slowly changing or costly values (energy, ECC, pages, PCIe
-        throughput, fan, power limit); between slow reads their last values are carried over."""
+    def read(self, ours: Mapping[int, str | None], slow: bool = True) -> GpuReading:
+        """One reading. ``ours``: the pids of the engine's vLLM instances, each with the deployment it serves
+        (so each process's memory is attributed). ``slow``: also read the slowly changing or costly values
+        (energy, ECC, pages, PCIe throughput, fan, power limit); between slow reads their last values are carried
+        over."""
         nv, h = self.nvml, self.handle
         r = GpuReading(self.index, self.uuid, self.name, time.time())
         v = r.values
@@ -146,7 +148,8 @@ class GpuReader:
         for p in procs or []:
             used = getattr(p, "usedGpuMemory", None)
             mine = int(p.pid) in ours
-            r.processes.append({"pid": int(p.pid), "used_memory": None if used is None else int(used), "ours": mine})
+            r.processes.append({"pid": int(p.pid), "used_memory": None if used is None else int(used), "ours": mine,
+                                "deployment": ours.get(int(p.pid)) if mine else None})
             if mine and used:
                 vllm_mem += float(used)
         v["vllm_mem"] = vllm_mem if procs is not None else None

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,17 +36,21 @@ class Snapshot:
     xids: list[dict[str, Any]] = field(default_factory=list)
 
 
-def host_reading(ours: set[int]) -> dict[str, Any]:
+def host_reading(ours: Mapping[int, str | None]) -> dict[str, Any]:
     vm = psutil.virtual_memory()
     rss = 0
     cpu = 0.0
-    for pid in ours:
+    by_deployment: dict[str, float] = {}
+    for pid, deployment in ours.items():
         try:
             proc = _proc(pid)
-            rss += proc.memory_info().rss
+            held = proc.memory_info().rss
+            rss += held
             cpu += proc.cpu_percent(None)
         except psutil.Error:
             continue
+        if deployment is not None:
+            by_deployment[deployment] = by_deployment.get(deployment, 0.0) + float(held)
     load = psutil.getloadavg()
     return {
         "cpu_pct": psutil.cpu_percent(None),
@@ -56,6 +60,7 @@ def host_reading(ours: set[int]) -> dict[str, Any]:
         "mem_used": float(vm.total - vm.available),
         "mem_available": float(vm.available),
         "vllm_rss": float(rss),
+        "vllm_rss_by_deployment": by_deployment,
         "vllm_cpu_pct": cpu,
     }
 
@@ -74,7 +79,7 @@ def _proc(pid: int) -> psutil.Process:
 class Sampler:
     """Samples on a daemon thread; ``latest`` is always the newest snapshot."""
 
-    def __init__(self, nvml: Any, interval_s: float, our_pids: Callable[[], set[int]],
+    def __init__(self, nvml: Any, interval_s: float, our_pids: Callable[[], Mapping[int, str | None]],
                  consumers: list[Callable[[Snapshot], None]], emit: Emit, slow_every: int = 10) -> None:
         self.nvml = nvml
         self.interval_s = interval_s
@@ -143,7 +148,7 @@ class Sampler:
         self.tick_times.append(time.monotonic())
         return snap
 
-    def _sample(self, ours: set[int]) -> Snapshot:
+    def _sample(self, ours: Mapping[int, str | None]) -> Snapshot:
         now = time.time()
         host = host_reading(ours)
         if not self._ensure_init():

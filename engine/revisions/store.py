@@ -2,7 +2,8 @@
 
 The *desired* revision is the newest one whose status is ``pending`` or ``applied``: a row inserted straight into
 the table (status defaults to pending) becomes desired, and a rejected revision hands the role back to the last
-applied one.
+applied one. Each deployment has its own history: a store is the view of one deployment's revisions (a row
+inserted without a deployment is the default deployment's).
 """
 
 from __future__ import annotations
@@ -14,49 +15,56 @@ from typing import Any
 from sqlalchemy import func
 from sqlmodel import col, select
 
-from engine.db import ACTIVE, Database, Event, Revision, RevisionStatus
+from engine.db import ACTIVE, DEFAULT_DEPLOYMENT, Database, Event, Revision, RevisionStatus
 from engine.errors import RevisionNotFoundError, StaleRevisionError
 
 
 class RevisionStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, deployment_id: int = DEFAULT_DEPLOYMENT) -> None:
         self.db = db
         self.session = db.session
+        self.deployment_id = deployment_id
+
+    def of(self, deployment_id: int) -> RevisionStore:
+        """The same store, for another deployment's revisions."""
+        return RevisionStore(self.db, deployment_id)
+
+    def _mine(self) -> Any:
+        return Revision.deployment_id == self.deployment_id
 
     def ensure_initial(self, values: dict[str, Any], author: str = "system") -> bool:
-        """Create revision 1 on an empty store; True when it did."""
+        """Create the deployment's first revision on an empty history; True when it did."""
         with self.session() as s:
-            if s.exec(select(Revision.id).limit(1)).first() is not None:
+            if s.exec(select(Revision.id).where(self._mine()).limit(1)).first() is not None:
                 return False
-            s.add(Revision(values=values, author=author, note="initial settings"))
+            s.add(Revision(deployment_id=self.deployment_id, values=values, author=author, note="initial settings"))
             return True
 
     def desired_revision(self) -> Revision | None:
         with self.session() as s:
-            return s.exec(
-                select(Revision).where(col(Revision.status).in_(ACTIVE)).order_by(col(Revision.id).desc()).limit(1)
-            ).first()
+            return s.exec(select(Revision).where(self._mine(), col(Revision.status).in_(ACTIVE))
+                          .order_by(col(Revision.id).desc()).limit(1)).first()
 
     def desired_revision_id(self) -> int | None:
         with self.session() as s:
-            return s.exec(
-                select(Revision.id).where(col(Revision.status).in_(ACTIVE)).order_by(col(Revision.id).desc()).limit(1)
-            ).first()
+            return s.exec(select(Revision.id).where(self._mine(), col(Revision.status).in_(ACTIVE))
+                          .order_by(col(Revision.id).desc()).limit(1)).first()
 
     def head_revision_id(self) -> int | None:
         with self.session() as s:
-            return s.exec(select(Revision.id).order_by(col(Revision.id).desc()).limit(1)).first()
+            return s.exec(select(Revision.id).where(self._mine()).order_by(col(Revision.id).desc()).limit(1)).first()
 
     def get_revision(self, revision_id: int) -> Revision:
+        """One of this deployment's revisions (another deployment's is not found here)."""
         with self.session() as s:
             rev = s.get(Revision, revision_id)
-            if rev is None:
+            if rev is None or rev.deployment_id != self.deployment_id:
                 raise RevisionNotFoundError(revision_id)
             return rev
 
     def history(self, limit: int = 50, before: int | None = None) -> Sequence[Revision]:
         with self.session() as s:
-            q = select(Revision).order_by(col(Revision.id).desc()).limit(limit)
+            q = select(Revision).where(self._mine()).order_by(col(Revision.id).desc()).limit(limit)
             if before is not None:
                 q = q.where(col(Revision.id) < before)
             return s.exec(q).all()
@@ -77,21 +85,22 @@ class RevisionStore:
         are superseded by the new one.
         """
         with self.session() as s:
-            current = s.exec(
-                select(Revision.id).where(col(Revision.status).in_(ACTIVE)).order_by(col(Revision.id).desc()).limit(1)
-            ).first()
+            current = s.exec(select(Revision.id).where(self._mine(), col(Revision.status).in_(ACTIVE))
+                             .order_by(col(Revision.id).desc()).limit(1)).first()
             if current is None:
-                current = s.exec(select(Revision.id).order_by(col(Revision.id).desc()).limit(1)).first()
+                current = s.exec(select(Revision.id).where(self._mine()).order_by(col(Revision.id).desc())
+                                 .limit(1)).first()
             if base_revision is not None and base_revision != current:
                 raise StaleRevisionError(base_revision, current)
             now = time.time()
-            for old in s.exec(select(Revision).where(Revision.status == RevisionStatus.PENDING.value)).all():
+            for old in s.exec(select(Revision).where(self._mine(),
+                                                     Revision.status == RevisionStatus.PENDING.value)).all():
                 old.status = RevisionStatus.SUPERSEDED.value
                 old.status_reason = "replaced before it was applied"
                 old.status_at = now
                 s.add(old)
-            rev = Revision(values=values, author=author, note=note, parent_id=current, forced=forced,
-                           warnings=warnings or [], created_at=now)
+            rev = Revision(deployment_id=self.deployment_id, values=values, author=author, note=note,
+                           parent_id=current, forced=forced, warnings=warnings or [], created_at=now)
             s.add(rev)
             s.flush()
             return rev
@@ -100,16 +109,14 @@ class RevisionStore:
         """The revision is now running and ready: it is the one applied; earlier applied ones are superseded."""
         with self.session() as s:
             now = time.time()
-            for old in s.exec(
-                select(Revision).where(Revision.status == RevisionStatus.APPLIED.value, Revision.id != revision_id)
-            ).all():
+            for old in s.exec(select(Revision).where(self._mine(), Revision.status == RevisionStatus.APPLIED.value,
+                                                     Revision.id != revision_id)).all():
                 old.status = RevisionStatus.SUPERSEDED.value
                 old.status_reason = f"superseded by revision {revision_id}"
                 old.status_at = now
                 s.add(old)
-            for older in s.exec(
-                select(Revision).where(Revision.status == RevisionStatus.PENDING.value, col(Revision.id) < revision_id)
-            ).all():
+            for older in s.exec(select(Revision).where(self._mine(), Revision.status == RevisionStatus.PENDING.value,
+                                                       col(Revision.id) < revision_id)).all():
                 older.status = RevisionStatus.SUPERSEDED.value
                 older.status_reason = f"superseded by revision {revision_id}"
                 older.status_at = now

@@ -33,6 +33,16 @@ from engine.schemas.benchmarks import (
     SweepRequest,
 )
 from engine.schemas.common import MAX_ID, ROLES, Build, EngineState, FitValue, OkOut, Role
+from engine.schemas.deployments import (
+    AvailableModel,
+    CreatedDeploymentOut,
+    DeletionOut,
+    DeploymentIn,
+    DeploymentMemory,
+    DeploymentOut,
+    DeploymentPatch,
+    ModelsListOut,
+)
 from engine.schemas.engine import (
     ActionOut,
     ApplyProgress,
@@ -76,6 +86,7 @@ __all__ = [
     "ApplyPlanOut",
     "ApplyProgress",
     "AuditOut",
+    "AvailableModel",
     "BalanceOut",
     "Band",
     "BenchmarkLevel",
@@ -88,6 +99,12 @@ __all__ = [
     "CompareLevel",
     "CompareOut",
     "Concurrency",
+    "CreatedDeploymentOut",
+    "DeletionOut",
+    "DeploymentIn",
+    "DeploymentMemory",
+    "DeploymentOut",
+    "DeploymentPatch",
     "DeviceOut",
     "EngineState",
     "EventOut",
@@ -110,6 +127,7 @@ __all__ = [
     "MeOut",
     "ModelCard",
     "ModelShapeOut",
+    "ModelsListOut",
     "OkOut",
     "PlanKind",
     "Prediction",

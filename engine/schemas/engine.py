@@ -75,6 +75,7 @@ class ApplyProgress(BaseModel):
 
 
 class StatusOut(BaseModel):
+    deployment: str = Field("demo", description="the deployment this is the status of")
     state: EngineState
     since: datetime | None
     reason: str
@@ -133,6 +134,7 @@ class EventOut(BaseModel):
     message: str
     revision: int | None
     data: dict[str, JsonValue] = Field(description="what the event is about; its keys depend on its kind")
+    deployment: str | None = Field(None, description="the deployment it is about (None: the engine itself)")
 
 
 class LogsOut(BaseModel):

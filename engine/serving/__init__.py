@@ -9,6 +9,7 @@ from engine.serving.child import (
     free_port,
     group_members,
     kill_group,
+    reap_all,
     reap_orphans,
 )
 from engine.serving.command import at_nice, build_command, build_env, child_env, vllm_distribution
@@ -16,6 +17,7 @@ from engine.serving.diagnosis import OOM_KINDS, Diagnosis, diagnose
 from engine.serving.flags import FlagProbeError, VllmFlags
 from engine.serving.logs import ChildLog, PrivateRotatingFileHandler, filter_log, redact_secrets
 from engine.serving.recovery import Decision, RecoveryPolicy
+from engine.serving.scope import DeploymentRef
 from engine.serving.startup import Eta, PastStart, StartTracker, compile_key, estimate, past_start
 from engine.serving.state import InvalidTransitionError, StateMachine
 from engine.serving.supervisor import Supervisor
@@ -24,6 +26,7 @@ __all__ = [
     "OOM_KINDS",
     "ChildLog",
     "Decision",
+    "DeploymentRef",
     "Diagnosis",
     "Eta",
     "FlagProbeError",
@@ -49,6 +52,7 @@ __all__ = [
     "group_members",
     "kill_group",
     "past_start",
+    "reap_all",
     "reap_orphans",
     "redact_secrets",
     "vllm_distribution",

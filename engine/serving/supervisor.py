@@ -72,6 +72,7 @@ from engine.serving.command import (
 from engine.serving.logs import ChildLog
 from engine.serving.readiness import probe
 from engine.serving.recovery import Decision, RecoveryPolicy
+from engine.serving.scope import DeploymentRef
 from engine.serving.startup import Eta, PastStart, compile_key, estimate, past_start
 from engine.serving.state import StateMachine
 
@@ -123,15 +124,19 @@ class Instance:
 
 class Supervisor:
     def __init__(self, config: AppConfig, revisions: RevisionStore, events: EventLog, admission: Admission,
-                 planner: Planner | None = None,
-                 audit: AuditLog | None = None) -> None:
+                 planner: Planner | None = None, audit: AuditLog | None = None,
+                 deployment: DeploymentRef | None = None) -> None:
         self.config = config
+        self.deployment = deployment or DeploymentRef()
+        # instances of other deployments running on this host now (the CPU build then leaves this one unpinned)
+        self.others_running: Callable[[], int] = lambda: 0
         self.revisions = revisions
         self.events = events
         self.admission = admission
         self.sm = StateMachine()
         self.instances: list[Instance] = []
         self.enabled = config.autostart
+        self.stop_reason: str | None = None  # why requests are refused while stopped (None: an operator stopped it)
         self.restart_requested = False
         self.halted: str | None = None  # why restarts stopped (crash loop), until an operator starts again
         self.planner = planner
@@ -139,7 +144,7 @@ class Supervisor:
         self.recovery = RecoveryPolicy(config.backoff_initial_s, config.backoff_max_s,
                                        config.crashloop_max_failures, config.crashloop_window_s)
         self.build, self.vllm_version = vllm_distribution()
-        self.log = ChildLog(config.logs_dir / "vllm.log", config.log_max_bytes, config.log_backups)
+        self.log = ChildLog(config.logs_dir / self.deployment.log_name, config.log_max_bytes, config.log_backups)
         self.run_dir = config.data_dir / "run"
         self.starts = 0
         self.apply: ApplyProgress | None = None  # the apply under way, or the latest one
@@ -186,7 +191,7 @@ class Supervisor:
         """What the API shows of the engine (reads the desired revision: call from a thread)."""
         p = self.primary
         return StatusOut(
-            state=self.sm.state, since=when(self.sm.since), reason=self.sm.reason,
+            deployment=self.deployment.name, state=self.sm.state, since=when(self.sm.since), reason=self.sm.reason,
             running_revision=p.revision.id if p else None,
             desired_revision=self.revisions.desired_revision_id(),
             model=p.settings.served_model_name if p else None,
@@ -243,7 +248,8 @@ class Supervisor:
         return p.settings.served_model_name if p else None
 
     def vllm_pids(self) -> set[int]:
-        """Pids of every vLLM instance and their descendants (called from the sampler thread; cached 5 s)."""
+        """Pids of every vLLM instance of this deployment and their descendants (called from the sampler thread;
+        cached 5 s)."""
         roots = tuple(sorted(i.child.pid for i in list(self.instances) if i.child.pid is not None))
         if not roots:
             return set()
@@ -258,14 +264,26 @@ class Supervisor:
 
     def request_start(self) -> None:
         self.enabled = True
+        self.stop_reason = None
         self.halted = None
         self.recovery.reset()
         self._next_attempt = 0.0
         self.wake()
 
-    def request_stop(self) -> None:
+    def request_stop(self, reason: str | None = None) -> None:
+        """Stop serving; requests get 503 with ``reason`` (default: stopped by an operator) until it starts."""
         self.enabled = False
+        self.stop_reason = reason or self._operator_stop()
         self.wake()
+
+    def _operator_stop(self) -> str:
+        where = "/api/engine/start" if self.deployment.default else \
+            f"/api/deployments/{self.deployment.name}/engine/start"
+        return f"vLLM is stopped by an operator; start it with POST {where}"
+
+    def served_names(self) -> set[str]:
+        """The names the instances that serve now answer to (vLLM's --served-model-name)."""
+        return {i.settings.served_model_name for i in list(self.instances) if i.serving}
 
     def request_restart(self) -> None:
         self.enabled = True
@@ -283,13 +301,16 @@ class Supervisor:
 
     # --- lifecycle --------------------------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Begin supervising (from the event loop): stop what a dead engine left, then run the reconcile loop."""
-        stray = await asyncio.to_thread(reap_all, self.run_dir)
-        if stray:
-            await self._event("stray_killed", f"stopped vLLM processes {stray} left by an engine that died", "warning")
+    async def start(self, reap: bool = True) -> None:
+        """Begin supervising (from the event loop): stop what a dead engine left (unless the registry did, once
+        for every deployment), then run the reconcile loop."""
+        if reap:
+            stray = await asyncio.to_thread(reap_all, self.run_dir)
+            if stray:
+                await self._event("stray_killed", f"stopped vLLM processes {stray} left by an engine that died",
+                                  "warning")
         self._loop = asyncio.get_running_loop()
-        self._task = asyncio.create_task(self._run(), name="supervisor")
+        self._task = asyncio.create_task(self._run(), name=f"supervisor-{self.deployment.name}")
 
     async def shutdown(self) -> None:
         await cancel_and_wait(self._task)
@@ -367,7 +388,7 @@ class Supervisor:
             return
         if not self.enabled:
             if self.admission.refusal is None:
-                await self.admission.refuse("vLLM is stopped by an operator; start it with POST /api/engine/start")
+                await self.admission.refuse(self.stop_reason or self._operator_stop())
             if self.instances:
                 await self._pause_out("stop requested")
             if self.sm.state != S.STOPPED and self.sm.can(S.STOPPED):
@@ -406,15 +427,20 @@ class Supervisor:
         return next(n for n in NAMES if n not in used)
 
     def _device_for(self, index: int, settings: EngineSettings) -> str | None:
-        """The GPUs of replica ``index``: its own tensor-parallel group when the host has enough GPUs for every
-        replica, else shared (None: CUDA_VISIBLE_DEVICES left as it is)."""
-        if self.build != "cuda" or self.planner is None or settings.replicas < 2:
+        """The GPUs of replica ``index``: its own tensor-parallel group when the deployment's GPUs (the host's,
+        when it names none) are enough for every replica, else the deployment's shared (None: CUDA_VISIBLE_DEVICES
+        left as it is)."""
+        if self.build != "cuda":
             return None
-        device = self.planner.device(settings.tensor_parallel_size)
+        placed = self.deployment.gpus
         tp = settings.tensor_parallel_size
-        if device is None or device.count < settings.replicas * tp:
-            return None
-        return ",".join(str(g) for g in range(index * tp, (index + 1) * tp))
+        if settings.replicas < 2 or self.planner is None:
+            return None if not placed else ",".join(map(str, placed))
+        device = self.planner.device(tp)
+        gpus = placed or (list(range(device.count)) if device is not None else [])
+        if len(gpus) < settings.replicas * tp:
+            return None if not placed else ",".join(map(str, placed))
+        return ",".join(str(g) for g in gpus[index * tp:(index + 1) * tp])
 
     async def _ready_to_start(self, revision: Revision) -> bool:
         settings = EngineSettings.model_construct(**revision.values)
@@ -434,14 +460,16 @@ class Supervisor:
         env = build_env(offline=resolve_local_model(settings.model, data_dir) is not None,
                         hf_token=self.config.hf_token.get_secret_value() if self.config.hf_token else None,
                         devices=device, dev_endpoints=sleep, api_key=key)
-        if self.build == "cpu" and self.instances and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+        if self.build == "cpu" and (self.instances or self.others_running()) and \
+                "VLLM_CPU_OMP_THREADS_BIND" not in env:
             # the CPU build pins its worker to cores on its own ("auto"); a second instance pinned to the same
             # cores hung at start (vLLM 0.32, two cores): one started beside another is left to the OS scheduler,
             # with the thread count pinning would have given it (unpinned, vLLM runs one per core)
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
             env.setdefault("OMP_NUM_THREADS", str(unbound_omp_threads(settings.tensor_parallel_size)))
         port = int(args[args.index("--port") + 1])
-        child = VllmChild(args, env, port, revision.id, self.log, self.run_dir / f"vllm-{name}.json", name=name,
+        child = VllmChild(args, env, port, revision.id, self.log, self.run_dir / self.deployment.pidfile_name(name),
+                          name=name,
                           cwd=data_dir, api_key=key)
         inst = Instance(name, child, revision, settings, device=device, bridge=bridge)
         child.on_exit = lambda _: self._spawn_task(self._instance_exited(inst), f"exited-{name}")
@@ -888,6 +916,7 @@ class Supervisor:
         if self.audit is not None:
             await self._write("the automatic rollback", functools.partial(
                 self.audit.record, actor="engine", action="settings.auto_rollback", target=f"revision {rev_id}",
+                deployment=self.deployment.name,
                 before={"revision": rev_id}, after={"revision": back}, detail=message))
 
     async def _start_failed(self, inst: Instance, outcome: StartOutcome) -> None:
@@ -951,6 +980,7 @@ class Supervisor:
             if self.audit is not None:
                 await self._write("the automatic rollback", functools.partial(
                     self.audit.record, actor="engine", action="settings.auto_rollback", target=f"revision {rev_id}",
+                    deployment=self.deployment.name,
                     before={"revision": rev_id}, after={"revision": back}, detail=decision.message))
         elif decision.action == "halt":
             self.halted = decision.message
@@ -960,6 +990,7 @@ class Supervisor:
             if self.audit is not None:
                 await self._write("the halt", functools.partial(
                     self.audit.record, actor="engine", action="engine.halt", target=f"revision {rev_id}",
+                    deployment=self.deployment.name,
                     detail=decision.message))
         else:
             self._next_attempt = time.monotonic() + decision.delay_s

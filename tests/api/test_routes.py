@@ -15,7 +15,8 @@ from engine.config import AppConfig
 from tests.support.engine import ADMIN_PASSWORD, REPO
 
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
-FILES = ("/api/logs/download", "/api/audit/export", "/metrics", "/api/engine/", "/api/prompts/{prompt_id}")
+FILES = ("/api/logs/download", "/api/audit/export", "/metrics", "/api/engine/", "/api/prompts/{prompt_id}",
+         "/api/deployments/{deployment}/logs/download", "/api/deployments/{deployment}/engine/")
 
 
 def routes(data_dir: Path) -> list[APIRoute]:

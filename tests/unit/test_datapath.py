@@ -85,7 +85,7 @@ async def with_upstream(handler: Any) -> AsyncIterator[str]:
 
 def make_path(admission: Admission, required: bool = False, max_bytes: int = 1 << 20) -> DataPath:
     keys = GatewayKeys(FakeAuth(), RateLimiter(), required)  # type: ignore[arg-type]
-    return DataPath(Gateway(admission, 5.0), keys, BodyLimits(max_bytes, 2.0, 64))
+    return DataPath(Gateway(lambda _: admission, 5.0), keys, BodyLimits(max_bytes, 2.0, 64))
 
 
 def test_paths_are_forwarded_only_as_vllm_routes() -> None:

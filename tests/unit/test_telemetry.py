@@ -28,7 +28,7 @@ def make(gpus: list[FakeGpu], slow_every: int = 1, **kw: Any) -> tuple[Sampler, 
     nvml = NvmlDouble(gpus, **kw)
     events = Events()
     alerts = AlertEngine(AlertThresholds(power_hold_s=10, quiet_s=60), events)
-    sampler = Sampler(nvml, 1.0, lambda: {os.getpid()}, [alerts.evaluate], events, slow_every=slow_every)
+    sampler = Sampler(nvml, 1.0, lambda: {os.getpid(): "demo"}, [alerts.evaluate], events, slow_every=slow_every)
     return sampler, nvml, events, alerts
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from engine.api.deps import EventsDep, NoteDep, ServicesDep, SupervisorDep, access, actor
+from engine.api.deps import EventsDep, NoteDep, RuntimeDep, ServicesDep, SupervisorDep, access, actor
 from engine.capacity import find_model_config, load_shape, model_card
 from engine.metrics import render
 from engine.revisions import EngineSettings
@@ -51,10 +51,10 @@ def restart(request: Request, supervisor: SupervisorDep, events: EventsDep, note
 
 
 @router.get("/api/gateway", response_model=GatewayInfo, dependencies=access("viewer"))
-def gateway_info(svc: ServicesDep) -> GatewayInfo:
-    """How clients reach the served model: the /v1 base URL, whether an API key is needed, and the model's card
-    (architecture, parameters, context length, dtype, KV-cache bytes per token)."""
-    rev = svc.supervisor.running or svc.revisions.desired_revision()
+def gateway_info(svc: ServicesDep, runtime: RuntimeDep) -> GatewayInfo:
+    """How clients reach the deployment's model: the /v1 base URL, whether an API key is needed, the model name
+    to send, and the model's card (architecture, parameters, context length, dtype, KV-cache bytes per token)."""
+    rev = runtime.supervisor.running or runtime.revisions.desired_revision()
     values = rev.values if rev is not None else {}
     card: ModelCard | None = None
     folder = find_model_config(str(values.get("model") or ""), svc.config.data_dir.resolve())

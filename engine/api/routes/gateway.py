@@ -27,10 +27,11 @@ def client_of(request: Request) -> str:
 @router.post("/v1/generate", dependencies=access(None), responses=RESPONSES)
 async def generate(body: GenerateRequest, request: Request, svc: ServicesDep) -> Response:
     """Prompt in, text out: ``{"prompt", "temperature", "max_tokens"}`` → ``{"result"}``."""
-    payload = {"model": svc.supervisor.served_model() or "", "prompt": body.prompt,
+    default = svc.fleet.default
+    payload = {"model": default.supervisor.served_model() or default.name, "prompt": body.prompt,
                "temperature": body.temperature, "max_tokens": body.max_tokens}
     status, content = await svc.gateway.complete("/v1/completions", json.dumps(payload).encode(),
-                                                 client_of(request))
+                                                 client_of(request), model=default.name)
     if status != 200:
         return Response(content, status_code=status, media_type="application/json",
                         headers={"Retry-After": str(svc.gateway.retry_after_s)} if status == 503 else None)

@@ -1,0 +1,254 @@
+"""Deployments: list, create (from a model in the roots or the Hugging Face cache), enable or disable, place,
+delete. Each deployment's own routes (settings, status, events, logs, serving, benchmarks) are today's routes under
+``/api/deployments/{name}/…`` (engine/api/__init__.py mounts them); today's ``/api/…`` act on the default one."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import Path as PathParam
+
+from engine.api.deps import DeploymentsDep, FleetDep, NoteDep, ServicesDep, access, actor
+from engine.capacity import find_model_config, load_shape
+from engine.deployments import DeploymentError, DeploymentExistsError, DeploymentNotFoundError, Fleet, Runtime
+from engine.errors import PreflightError
+from engine.revisions import EngineSettings, allowed_roots, hf_hub_cache, initial_settings, merge_values
+from engine.schemas import (
+    AvailableModel,
+    CreatedDeploymentOut,
+    DeletionOut,
+    DeploymentIn,
+    DeploymentMemory,
+    DeploymentOut,
+    DeploymentPatch,
+    ModelsListOut,
+)
+from engine.serving import DeploymentRef
+
+router = APIRouter(tags=["deployments"])
+NAME_PATH = PathParam(min_length=1, max_length=128)
+MODELS_LISTED = 200  # folders and cache entries looked at: a root with thousands of folders is not walked whole
+
+
+def _when(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+def memory_of(fleet: Fleet, runtime: Runtime) -> list[DeploymentMemory]:
+    """What its instances hold now, from the sampler's latest reading (NVML per GPU; the host's RSS)."""
+    snap = fleet.planner.sampler.latest
+    if fleet.planner.build == "cuda":
+        out = []
+        for gpu in snap.gpus:
+            held = sum(int(p.get("used_memory") or 0) for p in gpu.processes if p.get("deployment") == runtime.name)
+            if held:
+                out.append(DeploymentMemory(device=str(gpu.index), bytes=held))
+        return out
+    held = int((snap.host or {}).get("vllm_rss_by_deployment", {}).get(runtime.name, 0))
+    return [DeploymentMemory(device="host", bytes=held)] if held else []
+
+
+def deployment_out(fleet: Fleet, runtime: Runtime) -> DeploymentOut:
+    sup, row = runtime.supervisor, runtime.row
+    desired = runtime.revisions.desired_revision()
+    assert row.id is not None
+    return DeploymentOut(
+        id=row.id, name=runtime.name, default=runtime.ref.default, enabled=row.enabled,
+        gpus=list(row.gpus) if row.gpus else None, created_at=_when(row.created_at), created_by=row.created_by,
+        note=row.note, state=sup.sm.state, reason=sup.sm.reason,
+        model=str(desired.values.get("model")) if desired is not None else None,
+        running_revision=sup.running.id if sup.running else None,
+        desired_revision=desired.id if desired is not None else None,
+        instances=len(sup.instances), serving=sum(1 for i in sup.instances if i.serving),
+        memory=memory_of(fleet, runtime))
+
+
+def _runtime(fleet: Fleet, name: str) -> Runtime:
+    """The deployment a path names: by name, or by id (a name with a / in it is reached by its id)."""
+    try:
+        return fleet.get(name)
+    except DeploymentNotFoundError as exc:
+        raise HTTPException(404, detail=str(exc)) from None
+
+
+def _check_gpus(svc: ServicesDep, gpus: list[int] | None) -> None:
+    if gpus is None:
+        return
+    snap = svc.sampler.latest
+    present = {g.index for g in snap.gpus}
+    if len(set(gpus)) != len(gpus):
+        raise HTTPException(422, detail=[{"loc": ["body", "gpus"], "msg": "a GPU is named twice",
+                                          "type": "value_error"}])
+    if svc.build != "cuda" or not present:
+        raise HTTPException(422, detail=[{"loc": ["body", "gpus"], "msg": "this host has no GPU to place a "
+                                          "deployment on (the CPU build): leave gpus out", "type": "value_error"}])
+    missing = sorted(set(gpus) - present)
+    if missing:
+        raise HTTPException(422, detail=[{"loc": ["body", "gpus"], "msg": f"no GPU {missing[0]} on this host "
+                                          f"(GPUs: {', '.join(map(str, sorted(present)))})", "type": "value_error"}])
+
+
+@router.get("/api/deployments", response_model=list[DeploymentOut], dependencies=access("viewer"))
+def deployments(fleet: FleetDep) -> list[DeploymentOut]:
+    """Every deployment, with its state, revisions, instances and the memory they hold."""
+    return [deployment_out(fleet, r) for r in sorted(fleet.runtimes.values(), key=lambda r: r.ref.id)]
+
+
+@router.post("/api/deployments", status_code=201, response_model=CreatedDeploymentOut,
+             dependencies=access("operator", "deployments.create"))
+def create(body: DeploymentIn, request: Request, svc: ServicesDep, fleet: FleetDep, store: DeploymentsDep,
+           note: NoteDep) -> CreatedDeploymentOut:
+    """A new deployment serving ``values.model`` under ``name``: validated and pre-flighted like a settings write,
+    packed beside the deployments already on the host (what they reserve is not its to take)."""
+    request.state.deployment = body.name
+    note.target = f"deployment {body.name}"
+    if "model" not in body.values:
+        raise HTTPException(422, detail=[{"loc": ["body", "values", "model"], "msg": "a deployment needs a model",
+                                          "type": "missing"}])
+    if any(r.name == body.name or body.name in r.supervisor.served_names() for r in fleet.runtimes.values()):
+        raise HTTPException(409, detail=f"a deployment named {body.name!r} exists")
+    _check_gpus(svc, body.gpus)
+    defaults = EngineSettings.model_construct(**initial_settings(svc.config.data_dir.resolve())).model_dump()
+    values = merge_values(defaults, {**body.values, "served_model_name": body.name})
+    writer = fleet.default.writer
+    settings = writer.validate(values)  # InvalidSettingsError: 422 naming each field
+    planner = svc.planner.scoped(DeploymentRef(id=-1, name=body.name, gpus=body.gpus))
+    result = planner.check(settings)
+    errors: list[dict[str, object]] = [{"type": "preflight", "loc": ["body", "values", f.field], "msg": f.message,
+                                        "code": f.code, "fit": f.fit} for f in result.errors]
+    if errors and not body.force:
+        raise PreflightError(errors)
+    try:
+        row, rev = store.create(body.name, settings.model_dump(), author=actor(request), gpus=body.gpus,
+                                enabled=body.enabled, note=body.note)
+    except DeploymentExistsError as exc:
+        raise HTTPException(409, detail=str(exc)) from None
+    except DeploymentError as exc:
+        raise HTTPException(422, detail=[{"loc": ["body", "name"], "msg": str(exc), "type": "value_error"}]) from None
+    fleet.wake()
+    note.after = {"model": settings.model, "gpus": body.gpus, "enabled": body.enabled, "revision": rev.id,
+                  "forced": bool(errors)}
+    assert row.id is not None and rev.id is not None
+    warnings: list[dict[str, Any]] = [f.as_dict() for f in result.warnings] + [
+        {**f.as_dict(), "forced": True} for f in result.errors]
+    return CreatedDeploymentOut(
+        id=row.id, name=row.name, default=False, enabled=row.enabled, gpus=body.gpus,
+        created_at=_when(row.created_at), created_by=row.created_by, note=row.note, state="stopped",
+        reason="created: the engine starts it within a second" if row.enabled else "created disabled",
+        model=settings.model, running_revision=None, desired_revision=rev.id, instances=0, serving=0,
+        revision=rev.id, warnings=json.loads(json.dumps(warnings, default=str)))
+
+
+@router.get("/api/deployments/{name}", response_model=DeploymentOut, dependencies=access("viewer"))
+def one(fleet: FleetDep, name: str = NAME_PATH) -> DeploymentOut:
+    return deployment_out(fleet, _runtime(fleet, name))
+
+
+@router.patch("/api/deployments/{name}", response_model=DeploymentOut,
+              dependencies=access("operator", "deployments.update"))
+def update(body: DeploymentPatch, request: Request, svc: ServicesDep, fleet: FleetDep, store: DeploymentsDep,
+           note: NoteDep, name: str = NAME_PATH) -> DeploymentOut:
+    """Enable or disable a deployment (disabled: its instances drain and stop, requests for it get 503), or place
+    it on other GPUs (taken at its next start or apply)."""
+    runtime = _runtime(fleet, name)
+    name = runtime.name
+    request.state.deployment = name
+    if body.any_gpu and body.gpus is not None:
+        raise HTTPException(422, detail=[{"loc": ["body", "gpus"], "msg": "any_gpu clears the placement: leave gpus "
+                                          "out", "type": "value_error"}])
+    _check_gpus(svc, body.gpus)
+    gpus: list[int] | bool | None = None if body.any_gpu else (body.gpus if body.gpus is not None else False)
+    try:
+        before, after = store.update(name, enabled=body.enabled, gpus=gpus)
+    except DeploymentError as exc:
+        raise HTTPException(422, detail=[{"loc": ["body"], "msg": str(exc), "type": "value_error"}]) from None
+    note.target = f"deployment {name}"
+    note.before = {"enabled": before.enabled, "gpus": before.gpus}
+    note.after = {"enabled": after.enabled, "gpus": after.gpus}
+    fleet.wake()
+    runtime.row = after
+    return deployment_out(fleet, runtime)
+
+
+@router.get("/api/deployments/{name}/deletion", response_model=DeletionOut, dependencies=access("viewer"))
+def deletion(store: DeploymentsDep, fleet: FleetDep, name: str = NAME_PATH) -> DeletionOut:
+    """What deleting it would remove: shown by the console's confirmation before anything is deleted."""
+    name = _runtime(fleet, name).name
+    return DeletionOut(name=name, **store.summary(name).as_dict())
+
+
+@router.delete("/api/deployments/{name}", response_model=DeletionOut,
+               dependencies=access("operator", "deployments.delete"))
+def delete(request: Request, store: DeploymentsDep, fleet: FleetDep, note: NoteDep, name: str = NAME_PATH,
+           confirm: str = Query(max_length=128, description="the deployment's name again: nothing is deleted by a "
+                                "request that does not repeat it")) -> DeletionOut:
+    """Delete a deployment: its instances stop; its revisions, events, benchmarks, serving history and request
+    ledger go (the audit keeps its records). The default deployment cannot be deleted (disable it)."""
+    name = _runtime(fleet, name).name
+    request.state.deployment = name
+    note.target = f"deployment {name}"
+    if confirm != name:
+        raise HTTPException(422, detail=[{"loc": ["query", "confirm"], "msg": f"repeat the name ({name!r}) to "
+                                          "delete it", "type": "value_error"}])
+    try:
+        deleted = store.delete(name)
+    except DeploymentError as exc:
+        raise HTTPException(409, detail=str(exc)) from None
+    note.after = {"deleted": deleted.as_dict()}
+    fleet.wake()
+    return DeletionOut(name=name, **deleted.as_dict())
+
+
+@router.get("/api/models", response_model=ModelsListOut, dependencies=access("viewer"))
+def models(svc: ServicesDep, fleet: FleetDep) -> ModelsListOut:
+    """Models a deployment can be created from: folders with a config.json under the model roots (DATA_DIR/models,
+    LLMOPS_MODEL_ROOTS) and hub models in the Hugging Face cache."""
+    data_dir = svc.config.data_dir.resolve()
+    roots = allowed_roots(data_dir, svc.config.model_roots)
+    used: dict[str, list[str]] = {}
+    for runtime in fleet.runtimes.values():
+        rev = runtime.revisions.desired_revision()
+        if rev is not None:
+            used.setdefault(str(rev.values.get("model")), []).append(runtime.name)
+    found: dict[str, AvailableModel] = {}
+    cache = hf_hub_cache()
+    for root in roots:
+        if root == cache or not root.is_dir():
+            continue
+        for config in _limited(root.glob("*/config.json")):
+            _add(found, str(config.parent), "local", config.parent, used)
+    if cache.is_dir():
+        for entry in _limited(cache.glob("models--*")):
+            hub_id = entry.name.removeprefix("models--").replace("--", "/", 1)
+            folder = find_model_config(hub_id, data_dir)
+            if folder is not None:
+                _add(found, hub_id, "hf-cache", folder, used)
+    for value, names in used.items():  # what deployments serve, wherever it is
+        if value not in found and value:
+            found[value] = AvailableModel(value=value, source="local" if value.startswith("/") else "hf-cache",
+                                          used_by=names)
+    return ModelsListOut(models=sorted(found.values(), key=lambda m: m.value), roots=[str(r) for r in roots])
+
+
+def _limited(paths: Any) -> list[Path]:
+    out = []
+    for path in paths:
+        out.append(path)
+        if len(out) >= MODELS_LISTED:
+            break
+    return out
+
+
+def _add(found: dict[str, AvailableModel], value: str, source: str, folder: Path, used: dict[str, list[str]]) -> None:
+    try:
+        shape = load_shape(folder)
+        arch, params, positions = ", ".join(shape.architectures) or None, shape.parameters(), \
+            shape.max_position_embeddings
+    except (KeyError, ValueError, TypeError, OSError):
+        arch, params, positions = None, None, None
+    found[value] = AvailableModel(value=value, source=source, architecture=arch, parameters=params,
+                                  max_position_embeddings=positions, used_by=used.get(value, []))

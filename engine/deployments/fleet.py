@@ -1,0 +1,271 @@
+"""The deployments the engine serves, live: one supervisor (with its own revisions, events, settings writer and
+gateway admission) per deployment in the database, kept in step with the table.
+
+The registry reconciles toward the table once a second, so a deployment created, disabled or deleted through the
+API, the CLI or straight in the database is picked up the same way. It stops what a dead engine left behind once,
+for every deployment, before any of them starts; it answers the gateway's question "where does a request for model
+X go"; and it tells the capacity planner what each deployment's neighbours reserve on the GPUs (or the host) they
+share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from engine.access import AuditLog
+from engine.aio import cancel_and_wait
+from engine.benchmarks import Benchmarks
+from engine.capacity import Neighbour, Planner, cpu_need_bytes, find_model_config, load_shape
+from engine.config import AppConfig
+from engine.db import DEFAULT_DEPLOYMENT, Database, Deployment
+from engine.deployments.store import DeploymentNotFoundError, DeploymentStore, is_id
+from engine.events import EventLog
+from engine.gateway import Admission
+from engine.metrics import ServingMonitor
+from engine.revisions import EngineSettings, FlagSource, RevisionStore, SettingsWriter
+from engine.serving import DeploymentRef, Supervisor, reap_all
+
+log = logging.getLogger("llmops.deployments")
+
+
+@dataclass(eq=False)
+class Runtime:
+    """One deployment at work: what the API routes of ``/api/deployments/{name}/…`` (and today's ``/api/…`` for
+    the default one) act on."""
+
+    ref: DeploymentRef
+    row: Deployment
+    revisions: RevisionStore
+    events: EventLog
+    writer: SettingsWriter
+    admission: Admission
+    supervisor: Supervisor
+    planner: Planner
+    serving: ServingMonitor | None = None  # the scrape of its vLLM's /metrics (attached by the composition root)
+    benchmarks: Benchmarks | None = None
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+
+class Fleet:
+    def __init__(self, config: AppConfig, db: Database, store: DeploymentStore, revisions: RevisionStore,
+                 events: EventLog, planner: Planner, audit: AuditLog | None, flags: FlagSource | None,
+                 extras: Callable[[Runtime], None] = lambda _: None) -> None:
+        self.config = config
+        self.extras = extras
+        self.db = db
+        self.store = store
+        self.revisions = revisions
+        self.events = events  # the engine's own log (unscoped)
+        self.planner = planner
+        self.audit = audit
+        self.flags = flags
+        self.runtimes: dict[int, Runtime] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._started = False
+        planner.neighbours = self.neighbours
+        self.on_change: list[Callable[[], None]] = []  # told when a deployment comes or goes (the gateway)
+
+    # --- building a deployment's runtime --------------------------------------------------------------------
+
+    def _runtime(self, row: Deployment) -> Runtime:
+        assert row.id is not None
+        ref = DeploymentRef(id=row.id, name=row.name, gpus=list(row.gpus) if row.gpus else None)
+        revisions = self.revisions.of(row.id)
+        events = self.events.of(row.id)
+        admission = Admission(self.config.queue_size, self.config.queue_timeout_s, deployment_id=row.id)
+        planner = self.planner.scoped(ref)
+        supervisor = Supervisor(self.config, revisions, events, admission, planner=planner, audit=self.audit,
+                                deployment=ref)
+        supervisor.planner = planner
+        supervisor.others_running = lambda: sum(len(r.supervisor.instances) for r in list(self.runtimes.values())
+                                                if r.ref is not ref)
+        supervisor.enabled = self.config.autostart and row.enabled
+        writer = SettingsWriter(revisions, events, planner, self.config.data_dir.resolve(), self.config.model_roots,
+                                wake=supervisor.wake, flags=self.flags)
+        runtime = Runtime(ref, row, revisions, events, writer, admission, supervisor, planner)
+        self.extras(runtime)
+        return runtime
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Stop what a dead engine left (every deployment's), then supervise every deployment of the table."""
+        stray = await asyncio.to_thread(reap_all, self.config.data_dir / "run")
+        if stray:
+            await self.events.emit("stray_killed", f"stopped vLLM processes {stray} left by an engine that died",
+                                   severity="warning")
+        rows = await asyncio.to_thread(self.store.all)
+        for row in rows:
+            await self._add(row)
+        self._started = True
+        self._task = asyncio.create_task(self._run(), name="deployments")
+
+    async def shutdown(self) -> None:
+        await cancel_and_wait(self._task)
+        for runtime in list(self.runtimes.values()):
+            await self._stop(runtime)
+
+    async def _stop(self, runtime: Runtime) -> None:
+        if runtime.benchmarks is not None:
+            await runtime.benchmarks.close()
+        if runtime.serving is not None:
+            await runtime.serving.stop()
+        await runtime.supervisor.shutdown()
+
+    def wake(self) -> None:
+        """Look at the table now (after the API changed it)."""
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.sync()
+            except SQLAlchemyError as exc:  # the database is away: the deployments serve on as they are
+                log.error("deployments: could not read the table: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), 1.0)
+            self._wake.clear()
+
+    async def sync(self) -> None:
+        """Bring the live deployments in step with the table: new ones start, deleted ones stop, renames and
+        placements are taken over, an enabled flag that changed starts or stops the deployment."""
+        rows = {r.id: r for r in await asyncio.to_thread(self.store.all) if r.id is not None}
+        changed = False
+        for deployment_id, runtime in list(self.runtimes.items()):
+            row = rows.get(deployment_id)
+            if row is None:
+                await self._remove(runtime)
+                changed = True
+                continue
+            if row.name != runtime.ref.name or (row.gpus or None) != runtime.ref.gpus:
+                runtime.ref.name, runtime.ref.gpus = row.name, list(row.gpus) if row.gpus else None
+                changed = True
+            if row.enabled != runtime.row.enabled:
+                if row.enabled:
+                    runtime.supervisor.request_start()
+                else:
+                    runtime.supervisor.request_stop(f"deployment {row.name} is disabled; enable it with PATCH "
+                                                    f"/api/deployments/{row.name}")
+            runtime.row = row
+        for deployment_id, row in rows.items():
+            if deployment_id not in self.runtimes:
+                await self._add(row)
+                changed = True
+        if changed:
+            for hook in self.on_change:
+                hook()
+
+    async def _add(self, row: Deployment) -> None:
+        runtime = self._runtime(row)
+        assert row.id is not None
+        self.runtimes[row.id] = runtime
+        if not row.enabled:
+            await runtime.admission.refuse(f"deployment {row.name} is disabled")
+        await runtime.supervisor.start(reap=False)
+        if runtime.serving is not None:
+            runtime.serving.start()
+
+    async def _remove(self, runtime: Runtime) -> None:
+        await self._stop(runtime)
+        self.runtimes.pop(runtime.ref.id, None)
+        await self.events.emit("deployment_removed", f"deployment {runtime.name} was deleted: its instances stopped",
+                               data={"deployment": runtime.name})
+
+    # --- what the API, the gateway and the planner ask --------------------------------------------------------
+
+    @property
+    def default(self) -> Runtime:
+        runtime = self.runtimes.get(DEFAULT_DEPLOYMENT)
+        if runtime is None:
+            raise DeploymentNotFoundError("(the default deployment)")
+        return runtime
+
+    def get(self, name: str | None) -> Runtime:
+        """The deployment named ``name``, or whose id it is (a name with a / cannot be one path segment: its id
+        can); None: the default one. DeploymentNotFoundError otherwise."""
+        if name is None:
+            return self.default
+        for runtime in list(self.runtimes.values()):
+            if runtime.ref.name == name:
+                return runtime
+        if is_id(name) and (found := self.runtimes.get(int(name))) is not None:
+            return found
+        raise DeploymentNotFoundError(name)
+
+    def by_model(self, model: str | None) -> Runtime | None:
+        """Where a request for ``model`` goes: the deployment of that name, or whose serving instances answer to
+        it (a revision that renamed a deployment serves the old name until it is applied). No model: the
+        default deployment, as vLLM serves its only model to a request without one."""
+        if model is None:
+            return self.runtimes.get(DEFAULT_DEPLOYMENT)
+        runtimes = list(self.runtimes.values())
+        for runtime in runtimes:
+            if runtime.ref.name == model:
+                return runtime
+        for runtime in runtimes:
+            if model in runtime.supervisor.served_names():
+                return runtime
+        return None
+
+    def admission_for(self, model: str | None) -> Admission | None:
+        """The gateway's question: whose admission takes a request for ``model`` (None: no such deployment)."""
+        runtime = self.by_model(model)
+        return runtime.admission if runtime is not None else None
+
+    def vllm_pids(self) -> dict[int, str | None]:
+        """Every vLLM process of the engine with the deployment it serves (from the sampler's thread)."""
+        out: dict[int, str | None] = {}
+        for runtime in list(self.runtimes.values()):
+            for pid in runtime.supervisor.vllm_pids():
+                out[pid] = runtime.ref.name
+        return out
+
+    def neighbours(self, of: DeploymentRef | None) -> list[Neighbour]:
+        """What the other enabled deployments reserve (their desired revision's memory, on the GPUs they run on;
+        on the CPU build, what their instances will still take of the host). Reads each one's desired revision:
+        call off the event loop."""
+        out: list[Neighbour] = []
+        device = self.planner.device()
+        data_dir = self.config.data_dir.resolve()
+        for runtime in list(self.runtimes.values()):
+            if (of is not None and runtime.ref.id == of.id) or not runtime.row.enabled:
+                continue
+            rev = runtime.supervisor.running or runtime.revisions.desired_revision()
+            if rev is None:
+                continue
+            settings = EngineSettings.model_construct(**rev.values)
+            tp, replicas = settings.tensor_parallel_size, settings.replicas
+            if self.planner.build == "cuda":
+                count = device.count if device is not None else 1
+                gpus = tuple(runtime.ref.gpus) if runtime.ref.gpus else tuple(range(min(count, tp * replicas)))
+                sharing = max(1, (tp * replicas) // max(1, len(gpus)))  # replicas that share a GPU add up
+                out.append(Neighbour(runtime.name, gpus=gpus, utilization=settings.gpu_memory_utilization * sharing,
+                                     instances=sharing))
+            else:
+                folder = find_model_config(settings.model, data_dir)
+                shape = _shape(folder)
+                need = cpu_need_bytes(settings, shape) * replicas
+                held = self.planner.scoped(runtime.ref).vllm_memory() or 0
+                out.append(Neighbour(runtime.name, host_bytes=max(0, need - held), instances=replicas))
+        return out
+
+
+def _shape(folder: Path | None) -> Any:
+    if folder is None:
+        return None
+    try:
+        return load_shape(folder)
+    except (KeyError, ValueError, TypeError, OSError):
+        return None

@@ -1,0 +1,91 @@
+"""Deployments: several models served by one engine, each under its own name (the ``model`` clients send)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from engine.schemas.common import EngineState
+
+NAME = r"^[\w.:/-]{1,128}$"
+
+
+class DeploymentIn(BaseModel):
+    """A new deployment: its name and the settings of its first revision (omitted fields take the defaults)."""
+
+    model_config = ConfigDict(strict=True)
+
+    name: str = Field(pattern=NAME, description="The model name clients send (and vLLM's --served-model-name).")
+    values: dict[str, JsonValue] = Field(max_length=64, description="Settings of its first revision; `model` is "
+                                         "required (a folder under the model roots, or a hub id in the cache).")
+    gpus: list[int] | None = Field(None, max_length=64, description="GPU indices it runs on (None: placed by the "
+                                   "capacity model on the GPU with the most room).")
+    enabled: bool = True
+    note: str = Field("", max_length=500)
+    force: bool = Field(False, description="Create it past pre-flight errors (recorded).")
+
+
+class DeploymentPatch(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    enabled: bool | None = None
+    gpus: list[int] | None = Field(None, max_length=64)
+    any_gpu: bool = Field(False, description="Clear the placement: run on any GPU (gpus must be null).")
+
+
+class DeploymentMemory(BaseModel):
+    """What the deployment's instances hold now, per GPU (or on the host for the CPU build)."""
+
+    device: str = Field(description="GPU index, or 'host'")
+    bytes: int
+
+
+class DeploymentOut(BaseModel):
+    id: int
+    name: str
+    default: bool = Field(description="today's /api routes act on this one")
+    enabled: bool
+    gpus: list[int] | None
+    created_at: datetime
+    created_by: str
+    note: str
+    state: EngineState
+    reason: str
+    model: str | None = Field(description="the desired revision's model (folder or hub id)")
+    running_revision: int | None
+    desired_revision: int | None
+    instances: int
+    serving: int = Field(description="instances the gateway sends to")
+    memory: list[DeploymentMemory] = Field(default_factory=list)
+
+
+class DeletionOut(BaseModel):
+    """What deleting a deployment removes (the audit trail keeps every record of it)."""
+
+    name: str
+    revisions: int
+    events: int
+    benchmarks: int
+    requests: int
+
+
+class AvailableModel(BaseModel):
+    """A model a deployment can be created from: a folder under a model root, or a hub model in the cache."""
+
+    value: str = Field(description="what to put in `model`")
+    source: str = Field(description="'local' or 'hf-cache'")
+    architecture: str | None = None
+    parameters: int | None = None
+    max_position_embeddings: int | None = None
+    used_by: list[str] = Field(default_factory=list, description="deployments serving it now")
+
+
+class ModelsListOut(BaseModel):
+    models: list[AvailableModel]
+    roots: list[str]
+
+
+class CreatedDeploymentOut(DeploymentOut):
+    revision: int
+    warnings: list[dict[str, JsonValue]] = Field(default_factory=list)
