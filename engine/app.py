@@ -211,7 +211,7 @@ def create_app(config: AppConfig) -> FastAPI:
     app.state.services = services
     app.state.generated_admin_password = generated
     app.data_path = DataPath(gateway, keys, BodyLimits(config.body_limit_v1_bytes, config.body_timeout_s,
-                                                       config.json_max_depth))
+                                                       config.json_max_depth), models=fleet.models)
     mount(app)
     app.add_middleware(BodyGuard, limits=Limits(config.body_limit_auth_bytes, config.body_limit_api_bytes,
                                                 config.body_limit_v1_bytes, config.json_max_depth,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,8 +24,10 @@ def revision_out(rev: Revision, oom_count: int = 0) -> RevisionOut:
                        oom_count=oom_count)
 
 
-def event_out(ev: Event) -> EventOut:
+def event_out(ev: Event, deployments: Mapping[int, str] | None = None) -> EventOut:
+    """``deployments``: names by id, to say whose event it is."""
     assert ev.id is not None
     data: dict[str, Any] = ev.data if isinstance(ev.data, dict) else {}
+    name = (deployments or {}).get(ev.deployment_id) if ev.deployment_id is not None else None
     return EventOut(id=ev.id, ts=when(ev.ts) or datetime.now(UTC), kind=ev.kind, severity=ev.severity,
-                    message=ev.message, revision=ev.revision_id, data=data)
+                    message=ev.message, revision=ev.revision_id, data=data, deployment=name)

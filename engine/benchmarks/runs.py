@@ -92,8 +92,10 @@ class Benchmarks:
         self._task: asyncio.Task[None] | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._starting = asyncio.Lock()
+        self.deployment_id = revisions.deployment_id  # whose benchmarks these are
         with db.session() as s:  # runs of an engine that stopped mid-run never finish
-            for stale in s.exec(select(BenchmarkRun).where(BenchmarkRun.status == "running")).all():
+            for stale in s.exec(select(BenchmarkRun).where(BenchmarkRun.status == "running",
+                                                           BenchmarkRun.deployment_id == self.deployment_id)).all():
                 stale.status, stale.error = "failed", "the engine stopped during the run"
                 stale.finished_at = time.time()
                 s.add(stale)
@@ -101,12 +103,15 @@ class Benchmarks:
     # --- storage ------------------------------------------------------------------------------------------
 
     def get(self, run_id: int) -> BenchmarkRun | None:
+        """One of this deployment's runs."""
         with self.db.session() as s:
-            return s.get(BenchmarkRun, run_id)
+            run = s.get(BenchmarkRun, run_id)
+            return run if run is not None and run.deployment_id == self.deployment_id else None
 
     def list(self, revision: int | None = None, limit: int = 50) -> list[BenchmarkRun]:
         with self.db.session() as s:
-            q = select(BenchmarkRun).order_by(col(BenchmarkRun.id).desc()).limit(limit)
+            q = select(BenchmarkRun).where(BenchmarkRun.deployment_id == self.deployment_id) \
+                .order_by(col(BenchmarkRun.id).desc()).limit(limit)
             if revision is not None:
                 q = q.where(BenchmarkRun.revision_id == revision)
             return list(s.exec(q).all())
@@ -128,7 +133,7 @@ class Benchmarks:
             if self.busy:
                 raise BenchmarkBusyError("a benchmark is already running; wait for it or cancel it")
             run = await asyncio.to_thread(self._save, BenchmarkRun(
-                kind=kind, preset=preset, params=params, author=author,
+                kind=kind, preset=preset, params=params, author=author, deployment_id=self.deployment_id,
                 revision_id=self.supervisor.running.id if self.supervisor.running else None,
                 progress={"stage": "starting", "done": 0, "total": 0}))
             assert run.id is not None

@@ -30,7 +30,7 @@ from engine.deployments.store import DeploymentNotFoundError, DeploymentStore, i
 from engine.events import EventLog
 from engine.gateway import Admission
 from engine.metrics import ServingMonitor
-from engine.revisions import EngineSettings, FlagSource, RevisionStore, SettingsWriter
+from engine.revisions import HUB_ID, EngineSettings, FlagSource, RevisionStore, SettingsWriter
 from engine.serving import DeploymentRef, Supervisor, reap_all
 
 log = logging.getLogger("llmops.deployments")
@@ -223,6 +223,22 @@ class Fleet:
         """The gateway's question: whose admission takes a request for ``model`` (None: no such deployment)."""
         runtime = self.by_model(model)
         return runtime.admission if runtime is not None else None
+
+    def models(self) -> list[dict[str, Any]]:
+        """GET /v1/models: the deployments that serve now, as OpenAI lists models (the model's folder on this host
+        is nobody's business: ``root`` is the hub id, or the deployment's own name)."""
+        out = []
+        for runtime in sorted(self.runtimes.values(), key=lambda r: r.ref.id):
+            serving = [i for i in runtime.supervisor.instances if i.serving]
+            if not serving:
+                continue
+            settings = serving[0].settings
+            root = settings.model if HUB_ID.fullmatch(settings.model) and not settings.model.startswith(
+                ("/", ".")) else runtime.name
+            out.append({"id": settings.served_model_name, "object": "model", "created": int(runtime.row.created_at),
+                        "owned_by": "llmops", "root": root, "parent": None, "max_model_len": settings.max_model_len,
+                        "permission": []})
+        return out
 
     def vllm_pids(self) -> dict[int, str | None]:
         """Every vLLM process of the engine with the deployment it serves (from the sampler's thread)."""

@@ -6,6 +6,7 @@ left to FastAPI."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,19 @@ def _error(status: int, message: str, kind: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
 
 
+TRUE_TEXTS = frozenset({"1", "true", "yes", "on", "t", "y"})
+
+
+def streams(value: Any) -> bool:
+    """Whether vLLM will stream this request: its request models are pydantic's, whose lax booleans take 1, 1.0
+    and "true", "yes", "on", "1"… as true (a ``"stream": 1`` streamed unmetered when only ``true`` counted)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return value == 1
+    return isinstance(value, str) and value.strip().lower() in TRUE_TEXTS
+
+
 def prompt_text(data: Any) -> str | None:
     """The prompt or messages as JSON, cut at 4,000 characters (only for sampled requests: it costs)."""
     prompt = data.get("messages", data.get("prompt")) if isinstance(data, dict) else None
@@ -46,10 +60,14 @@ def prompt_text(data: Any) -> str | None:
 
 
 class DataPath:
-    def __init__(self, gateway: Gateway, keys: GatewayKeys, limits: BodyLimits) -> None:
+    def __init__(self, gateway: Gateway, keys: GatewayKeys, limits: BodyLimits,
+                 models: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.gateway = gateway
         self.keys = keys
         self.limits = limits
+        # GET /v1/models is answered here from the deployments that serve (None: forwarded to vLLM), so a client
+        # sees every model of the gateway, and never a model's folder on this host (vLLM's `root`)
+        self.models = models
 
     @staticmethod
     def handles(scope: Scope) -> bool:
@@ -73,6 +91,9 @@ class DataPath:
             await send_simple(send, exc.status, _error(exc.status, str(exc), "authentication_error"
                                                        if exc.status == 401 else "rate_limit"), exc.headers)
             return
+        if checked == "/v1/models" and self.models is not None:
+            await send_simple(send, 200, json.dumps({"object": "list", "data": self.models()}).encode())
+            return
         body, tail, data = b"", None, None
         try:
             if method not in ("GET", "HEAD"):
@@ -90,7 +111,7 @@ class DataPath:
             return
         if tail is not None:  # the client left while sending: nothing to answer
             return
-        stream = isinstance(data, dict) and data.get("stream") is True
+        stream = isinstance(data, dict) and streams(data.get("stream"))
         asked = with_usage(body, data) if checked in USAGE_PATHS and stream else None
         client = header(headers, b"x-llmops-client") or (scope["client"][0] if scope.get("client") else "")
         model = data.get("model") if isinstance(data, dict) else None

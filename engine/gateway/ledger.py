@@ -23,7 +23,7 @@ from sqlalchemy.orm import defer
 from sqlmodel import col, select
 
 from engine.aio import cancel_and_wait
-from engine.db import Database, Event, RequestLog
+from engine.db import DEFAULT_DEPLOYMENT, Database, Event, RequestLog
 from engine.metrics import RequestMetrics
 
 log = logging.getLogger("llmops.ledger")
@@ -122,11 +122,17 @@ class Ledger:
 
     # --- reading ----------------------------------------------------------------------------------------------
 
-    def rows(self, since: float, revision: int | None = None, client: str | None = None) -> Sequence[RequestLog]:
-        """The window's rows for the KPIs: sampled prompt texts are not read."""
+    def rows(self, since: float, revision: int | None = None, client: str | None = None,
+             deployment_id: int | None = None) -> Sequence[RequestLog]:
+        """The window's rows for the KPIs (of one deployment's requests, when given; rows from before deployments
+        existed are the default one's): sampled prompt texts are not read."""
         with self.db.session() as s:
             prompt: Any = RequestLog.prompt  # the mapped attribute (SQLModel types it as its value)
             q = select(RequestLog).options(defer(prompt)).where(RequestLog.ts >= since)
+            if deployment_id is not None:
+                mine = col(RequestLog.deployment_id) == deployment_id
+                q = q.where(mine | col(RequestLog.deployment_id).is_(None) if deployment_id == DEFAULT_DEPLOYMENT
+                            else mine)
             if revision is not None:
                 q = q.where(RequestLog.revision_id == revision)
             if client is not None:
@@ -139,13 +145,13 @@ class Ledger:
                 RequestLog.ts >= since, RequestLog.client == client)).one())
 
     def kpis(self, window_s: float, revision: int | None = None, now: float | None = None,
-             client: str | None = None) -> list[dict[str, Any]]:
+             client: str | None = None, deployment_id: int | None = None) -> list[dict[str, Any]]:
         """Per revision over the window: requests, average input and output tokens, P50/P95/P99 latency, P95 time
         to first token, output tokens/s, error rate, OOM failures and their rate per hour."""
         now = time.time() if now is None else now
         since = now - window_s
         by_rev: dict[int | None, list[RequestLog]] = defaultdict(list)
-        for row in self.rows(since, revision, client):
+        for row in self.rows(since, revision, client, deployment_id):
             by_rev[row.revision_id].append(row)
         ooms = self._oom_counts(since, revision) if client is None else {}
         out = []

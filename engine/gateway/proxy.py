@@ -244,8 +244,9 @@ def forward_query(query: bytes) -> str:
 
 
 def with_usage(body: bytes, data: Any) -> bytes | None:
-    """The request asking vLLM for a final usage chunk, or None if it already does or cannot be asked."""
-    if not isinstance(data, dict) or data.get("stream") is not True or not data:
+    """The streamed request asking vLLM for a final usage chunk, or None if it already does or cannot be asked
+    (the caller has decided that it streams)."""
+    if not isinstance(data, dict) or not data:
         return None
     options = data.get("stream_options")
     if options is None and "stream_options" not in data:

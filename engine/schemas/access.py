@@ -103,3 +103,4 @@ class AuditOut(BaseModel):
     source: str
     result: int
     detail: str
+    deployment: str | None = Field(None, description="the deployment acted on (None: not one deployment's)")

@@ -387,8 +387,9 @@ class Supervisor:
         if self.halted is not None:
             return
         if not self.enabled:
-            if self.admission.refusal is None:
-                await self.admission.refuse(self.stop_reason or self._operator_stop())
+            refusal = self.stop_reason or self._operator_stop()
+            if self.admission.refusal != refusal:
+                await self.admission.refuse(refusal)
             if self.instances:
                 await self._pause_out("stop requested")
             if self.sm.state != S.STOPPED and self.sm.can(S.STOPPED):

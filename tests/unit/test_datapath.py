@@ -117,7 +117,19 @@ def test_usage_is_asked_for_by_prepending_bytes_not_reencoding() -> None:
     assert asked == b'{"stream_options":{"include_usage":true},"model":"m","stream":true,"prompt":"\\u00e9"}'
     assert with_usage(b'{"stream":true,"stream_options":{"include_usage":true}}',
                       {"stream": True, "stream_options": {"include_usage": True}}) is None
-    assert with_usage(b'{"stream":false}', {"stream": False}) is None
+
+
+@pytest.mark.parametrize(("value", "expected"), [(True, True), (1, True), (1.0, True), ("true", True),
+                                                 ("YES", True), ("on", True), (False, False), (0, False),
+                                                 ("false", False), (None, False), ([1], False), (2, False)])
+def test_a_stream_is_recognised_as_vllm_reads_the_flag(value: object, expected: bool) -> None:
+    """Outside probe: ``"stream": 1`` streamed (vLLM's pydantic reads it as true) but skipped usage metering."""
+    from engine.gateway.datapath import streams
+
+    assert streams(value) is expected
+    if expected:  # and such a stream is asked for its usage chunk like any other
+        body = json.dumps({"model": "m", "stream": value}).encode()
+        assert with_usage(body, json.loads(body)) is not None
 
 
 def test_the_usage_chunk_is_read_and_hidden_even_when_split_across_reads() -> None:

@@ -21,7 +21,7 @@ def audit_out(r: AuditRecord) -> AuditOut:
     return AuditOut(id=r.id or 0, ts=r.ts, actor=r.actor, role=r.role, action=r.action, target=r.target,
                     before=bound(r.before) if isinstance(r.before, dict) else None,
                     after=bound(r.after) if isinstance(r.after, dict) else None, source=r.source, result=r.result,
-                    detail=r.detail)
+                    detail=r.detail, deployment=r.deployment)
 
 
 def _query(audit: AuditLog, actor: str | None, action: str | None, target: str | None, since: float | None,

@@ -14,6 +14,7 @@ from fastapi import Path as PathParam
 
 from engine.api.deps import DeploymentsDep, FleetDep, NoteDep, ServicesDep, access, actor
 from engine.capacity import find_model_config, load_shape
+from engine.db import Deployment
 from engine.deployments import DeploymentError, DeploymentExistsError, DeploymentNotFoundError, Fleet, Runtime
 from engine.errors import PreflightError
 from engine.revisions import EngineSettings, allowed_roots, hf_hub_cache, initial_settings, merge_values
@@ -52,8 +53,9 @@ def memory_of(fleet: Fleet, runtime: Runtime) -> list[DeploymentMemory]:
     return [DeploymentMemory(device="host", bytes=held)] if held else []
 
 
-def deployment_out(fleet: Fleet, runtime: Runtime) -> DeploymentOut:
-    sup, row = runtime.supervisor, runtime.row
+def deployment_out(fleet: Fleet, runtime: Runtime, row: Deployment | None = None) -> DeploymentOut:
+    """``row``: the table's row just written, when the registry has not taken it over yet."""
+    sup, row = runtime.supervisor, row or runtime.row
     desired = runtime.revisions.desired_revision()
     assert row.id is not None
     return DeploymentOut(
@@ -169,9 +171,8 @@ def update(body: DeploymentPatch, request: Request, svc: ServicesDep, fleet: Fle
     note.target = f"deployment {name}"
     note.before = {"enabled": before.enabled, "gpus": before.gpus}
     note.after = {"enabled": after.enabled, "gpus": after.gpus}
-    fleet.wake()
-    runtime.row = after
-    return deployment_out(fleet, runtime)
+    fleet.wake()  # the registry starts or stops it (within a second: it also sees changes made elsewhere)
+    return deployment_out(fleet, runtime, after)
 
 
 @router.get("/api/deployments/{name}/deletion", response_model=DeletionOut, dependencies=access("viewer"))

@@ -7,7 +7,7 @@ from typing import Literal
 from fastapi import APIRouter, Query, Response
 
 from engine.api.convert import event_out
-from engine.api.deps import EventsDep, SupervisorDep, access
+from engine.api.deps import EventsDep, FleetDep, SupervisorDep, access
 from engine.schemas import MAX_ID, EventOut, LogsOut
 from engine.serving import filter_log
 
@@ -15,10 +15,13 @@ router = APIRouter(tags=["events"])
 
 
 @router.get("/api/events", response_model=list[EventOut], dependencies=access("viewer"))
-def events(log: EventsDep, since: int = Query(0, ge=0, le=MAX_ID), limit: int = Query(200, ge=1, le=5000),
-           kind: list[str] | None = Query(None, max_length=64), newest_first: bool = False) -> list[EventOut]:
-    """Events after id ``since`` (oldest first, or newest first), of the given kinds."""
-    return [event_out(e) for e in log.events(since, limit, kind, newest_first)]
+def events(log: EventsDep, fleet: FleetDep, since: int = Query(0, ge=0, le=MAX_ID),
+           limit: int = Query(200, ge=1, le=5000), kind: list[str] | None = Query(None, max_length=64),
+           newest_first: bool = False) -> list[EventOut]:
+    """The deployment's events and the engine's own (GPU alerts, the engine starting) after id ``since`` (oldest
+    first, or newest first), of the given kinds."""
+    names = {r.ref.id: r.name for r in list(fleet.runtimes.values())}
+    return [event_out(e, names) for e in log.events(since, limit, kind, newest_first)]
 
 
 @router.get("/api/logs", response_model=LogsOut, dependencies=access("viewer"))

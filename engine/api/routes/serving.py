@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import Field
 
-from engine.api.deps import ServicesDep, ServingDep, ServingHistoryDep, access
+from engine.api.deps import RuntimeDep, ServicesDep, ServingDep, ServingHistoryDep, access
 from engine.api.params import step_of, window_of
 from engine.schemas import MAX_ID, KpiRow, KpisOut, SeriesOut, ServingOut
 
@@ -23,17 +23,21 @@ def serving_now(serving: ServingDep) -> ServingOut:
 
 
 @router.get("/api/serving/history", response_model=SeriesOut, dependencies=access("viewer"))
-def serving_history(history: ServingHistoryDep, window: str = Query("1h", max_length=20),
+def serving_history(history: ServingHistoryDep, runtime: RuntimeDep, window: str = Query("1h", max_length=20),
                     step: str | None = Query(None, max_length=20),
                     revision: list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None = Query(None, max_length=64),
                     metric: list[str] | None = Query(None, max_length=64)) -> SeriesOut:
-    """Serving metrics over time, one series per revision that served (raw for an hour, per minute for 7 d)."""
+    """Serving metrics over time, one series per revision of the deployment that served (raw for an hour, per
+    minute for 7 d)."""
     seconds = window_of(window, history.minute_retention_s)
-    return SeriesOut.model_validate(history.history(seconds, step_of(step, seconds), revision, metric))
+    own = [r.id for r in runtime.revisions.history(1000) if r.id is not None]
+    keys = [r for r in revision if r in own] if revision else own
+    return SeriesOut.model_validate(history.history(seconds, step_of(step, seconds), keys or [0], metric))
 
 
 @router.get("/api/kpis", response_model=KpisOut, dependencies=access("viewer"))
-def kpis(svc: ServicesDep, window: str = Query("1h", max_length=20, description="e.g. 15m, 1h, 7d"),
+def kpis(svc: ServicesDep, runtime: RuntimeDep,
+         window: str = Query("1h", max_length=20, description="e.g. 15m, 1h, 7d"),
          revision: int | None = Query(None, ge=1, le=MAX_ID),
          client: str | None = Query(None, max_length=200, description="only requests of this client "
                                     "(X-LLMOps-Client)")) -> KpisOut:
@@ -41,5 +45,5 @@ def kpis(svc: ServicesDep, window: str = Query("1h", max_length=20, description=
     tokens/s, error rate and OOM rate, from the gateway's request ledger."""
     seconds = window_of(window, 400 * 86400)
     svc.ledger.flush()
-    return KpisOut(window_s=seconds, revisions=[KpiRow.model_validate(r)
-                                                for r in svc.ledger.kpis(seconds, revision, client=client)])
+    return KpisOut(window_s=seconds, revisions=[KpiRow.model_validate(r) for r in svc.ledger.kpis(
+        seconds, revision, client=client, deployment_id=runtime.ref.id)])
