@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
@@ -19,6 +20,9 @@ from engine.schemas import (
     BenchmarkRunOut,
     CapacityOut,
     CompareOut,
+    CreatedDeploymentOut,
+    DeletionOut,
+    DeploymentOut,
     EventOut,
     GatewayInfo,
     GpuHistoryOut,
@@ -27,6 +31,7 @@ from engine.schemas import (
     KpisOut,
     LogsOut,
     MeOut,
+    ModelsListOut,
     Preset,
     PromptOut,
     RevisionOut,
@@ -142,17 +147,51 @@ def _error_text(resp: httpx.Response) -> str:
     return f"HTTP {resp.status_code}: {message}"
 
 
+# the API's routes that act on one deployment: /api/<these> on the default one, /api/deployments/{id}/<these> on
+# another (engine/api/__init__.py PER_DEPLOYMENT mounts them)
+PER_DEPLOYMENT = ("/api/status", "/api/engine/", "/api/gateway", "/api/settings", "/api/capacity", "/api/events",
+                  "/api/logs", "/api/serving", "/api/kpis", "/api/benchmarks")
+
+
 class EngineClient:
-    def __init__(self, base_url: str | None = None, *, timeout: float = 10.0, token: str | None = None) -> None:
+    def __init__(self, base_url: str | None = None, *, timeout: float = 10.0, token: str | None = None,
+                 deployment: str | int | None = None) -> None:
         """``token``: a bearer token (a console sign-in's, or one from `llmops token create`); default
-        LLMOPS_TOKEN."""
+        LLMOPS_TOKEN. ``deployment``: the deployment (name or id) the per-deployment calls act on (None: the
+        default one)."""
         self.base_url = (base_url or os.environ.get("LLMOPS_ENGINE_URL") or DEFAULT_ENGINE_URL).rstrip("/")
         self.token = token if token is not None else os.environ.get("LLMOPS_TOKEN")
         headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+        self._owns_http = True
+        self.deployment = deployment
+
+    def of(self, deployment: str | int | None) -> EngineClient:
+        """The same client (connection, token) acting on another deployment."""
+        other = object.__new__(EngineClient)
+        other.base_url, other.token, other._http, other._owns_http = self.base_url, self.token, self._http, False
+        other.deployment = deployment
+        return other
+
+    def _path(self, path: str) -> str:
+        """Where a call goes: a per-deployment route under /api/deployments/{deployment} when one is chosen. A
+        name with a / in it cannot be one path segment: such a deployment is addressed by its id."""
+        if self.deployment is None or not path.startswith(PER_DEPLOYMENT):
+            return path
+        segment = str(self.deployment)
+        if "/" in segment:
+            segment = str(self.deployment_id(segment))
+        return f"/api/deployments/{quote(segment, safe='')}{path.removeprefix('/api')}"
+
+    def deployment_id(self, name: str) -> int:
+        for row in self.deployments():
+            if row.name == name:
+                return row.id
+        raise NotFoundError(404, f"no deployment {name!r}")
 
     def close(self) -> None:
-        self._http.close()
+        if self._owns_http:
+            self._http.close()
 
     def __enter__(self) -> EngineClient:
         return self
@@ -175,7 +214,7 @@ class EngineClient:
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """A successful response, or the ClientError that says why there is none."""
         try:
-            resp = self._http.request(method, path, **kwargs)
+            resp = self._http.request(method, self._path(path), **kwargs)
         except httpx.TransportError as exc:
             raise EngineUnreachableError(
                 f"cannot reach the engine at {self.base_url} ({type(exc).__name__}); is `llmops engine` running?"
@@ -255,6 +294,36 @@ class EngineClient:
 
     def status(self) -> StatusOut:
         return self._get(StatusOut, "GET", "/api/status")
+
+    # --- deployments ------------------------------------------------------------------------------------------
+
+    def deployments(self) -> list[DeploymentOut]:
+        return self._list(DeploymentOut, "GET", "/api/deployments")
+
+    def create_deployment(self, name: str, values: dict[str, Any], *, gpus: list[int] | None = None,
+                          enabled: bool = True, note: str = "", force: bool = False) -> CreatedDeploymentOut:
+        body = {"name": name, "values": values, "gpus": gpus, "enabled": enabled, "note": note, "force": force}
+        return self._get(CreatedDeploymentOut, "POST", "/api/deployments", json=body)
+
+    def update_deployment(self, deployment: str | int, *, enabled: bool | None = None,
+                          gpus: list[int] | None = None, any_gpu: bool = False) -> DeploymentOut:
+        body: dict[str, Any] = {"enabled": enabled, "gpus": gpus, "any_gpu": any_gpu}
+        return self._get(DeploymentOut, "PATCH", f"/api/deployments/{self._segment(deployment)}", json=body)
+
+    def deletion(self, deployment: str | int) -> DeletionOut:
+        """What deleting it would remove (for the confirmation)."""
+        return self._get(DeletionOut, "GET", f"/api/deployments/{self._segment(deployment)}/deletion")
+
+    def delete_deployment(self, deployment: str | int, confirm: str) -> DeletionOut:
+        return self._get(DeletionOut, "DELETE", f"/api/deployments/{self._segment(deployment)}",
+                         params={"confirm": confirm})
+
+    def models(self) -> ModelsListOut:
+        return self._get(ModelsListOut, "GET", "/api/models")
+
+    def _segment(self, deployment: str | int) -> str:
+        text = str(deployment)
+        return quote(str(self.deployment_id(text)) if "/" in text else text, safe="")
 
     def wait_for(self, states: set[str], timeout: float, revision: int | None = None,
                  poll: float = 0.5, on_status: Callable[[StatusOut], None] | None = None) -> StatusOut:

@@ -30,7 +30,7 @@ def _client(args: argparse.Namespace) -> EngineClient:
     if not token:
         path = _cli_token_path(AppConfig(**({"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})))
         token = path.read_text().strip() if path.exists() else None
-    return EngineClient(url or AppConfig().engine_url, token=token)
+    return EngineClient(url or AppConfig().engine_url, token=token, deployment=getattr(args, "deployment", None))
 
 
 def _cli_token_path(config: AppConfig) -> Path:
@@ -372,6 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--token", default=None, help="Bearer token (default: LLMOPS_TOKEN, else the local "
                        "DATA_DIR/run/cli.token that `llmops up` writes).")
         p.add_argument("--data-dir", dest="data_dir", type=Path, default=None, help=_help("data_dir"))
+        p.add_argument("--deployment", "-d", default=None, metavar="NAME",
+                       help="The deployment to act on (name or id; default: the default deployment).")
 
     p = sub.add_parser("up", help="Run the engine and the console; print their URLs.")
     server_opts(p, "host", "port", "console_port", "console_host", "data_dir")
@@ -437,11 +439,81 @@ def build_parser() -> argparse.ArgumentParser:
     server_opts(t, "data_dir")
     p.set_defaults(func=cmd_token)
 
+    p = sub.add_parser("deployments", help="List, create, enable, disable or delete deployments (several models).")
+    dsub = p.add_subparsers(dest="action", required=True)
+    d = dsub.add_parser("list", help="Every deployment with its state and revisions.")
+    client_opts(d)
+    d = dsub.add_parser("create", help="A new deployment: NAME model=… [KEY=VALUE …] (the settings of its first "
+                        "revision).", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_settings_epilog())
+    d.add_argument("name", metavar="NAME", help="The model name clients will send.")
+    d.add_argument("pairs", nargs="+", metavar="KEY=VALUE")
+    d.add_argument("--gpus", default=None, help="GPU indices it runs on, e.g. 0 or 0,1 (default: placed for it).")
+    d.add_argument("--disabled", action="store_true", help="Create it without starting it.")
+    d.add_argument("--note", default="")
+    d.add_argument("--force", action="store_true", help="Create it despite pre-flight errors.")
+    client_opts(d)
+    for action in ("enable", "disable", "delete"):
+        d = dsub.add_parser(action, help=f"{action.capitalize()} a deployment"
+                            + (" (its instances stop; its revisions, events and benchmarks go)" if action == "delete"
+                               else "."))
+        d.add_argument("name", metavar="NAME")
+        if action == "delete":
+            d.add_argument("--yes", "-y", action="store_true", help="Do not ask (a terminal is asked).")
+        client_opts(d)
+    p.set_defaults(func=cmd_deployments)
+
     p = sub.add_parser("ctl", help="start | stop | restart vLLM.")
     p.add_argument("action", choices=["start", "stop", "restart"])
     client_opts(p)
     p.set_defaults(func=cmd_ctl)
     return parser
+
+
+def _pairs(items: list[str]) -> dict[str, Any] | None:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            print(f"error: {item!r} is not KEY=VALUE", file=sys.stderr)
+            return None
+        out[key.strip()] = _parse_value(raw)
+    return out
+
+
+def cmd_deployments(args: argparse.Namespace) -> int:
+    args.deployment = None  # these commands name their deployment themselves
+    with _client(args) as client:
+        if args.action == "list":
+            for d in client.deployments():
+                mark = "*" if d.default else " "
+                print(f"{mark}{d.id:>3}  {d.name:<24} {'enabled ' if d.enabled else 'disabled'} {d.state:<9} "
+                      f"running {d.running_revision} desired {d.desired_revision}  {d.model}"
+                      + (f"  gpus {','.join(map(str, d.gpus))}" if d.gpus else ""))
+            return 0
+        if args.action == "create":
+            values = _pairs(args.pairs)
+            if values is None:
+                return 2
+            gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
+            made = client.create_deployment(args.name, values, gpus=gpus, enabled=not args.disabled,
+                                            note=args.note or "", force=args.force)
+            print(f"deployment {made.id} {made.name} created with revision {made.revision}: {made.reason}")
+            for warning in made.warnings:
+                print(f"warning: {warning.get('message')}")
+            return 0
+        if args.action in ("enable", "disable"):
+            done = client.update_deployment(args.name, enabled=args.action == "enable")
+            print(f"deployment {done.name} {args.action}d")
+            return 0
+        gone = client.deletion(args.name)
+        print(f"deleting {gone.name} stops its instances and removes {gone.revisions} revisions, {gone.events} "
+              f"events, {gone.benchmarks} benchmarks and {gone.requests} ledger rows (the audit keeps its records)")
+        if not args.yes and sys.stdin.isatty() and input("delete it? [y/N] ").strip().lower() not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+        client.delete_deployment(args.name, confirm=gone.name)
+        print(f"deployment {gone.name} deleted")
+    return 0
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:

@@ -3,13 +3,14 @@ balance of an engine's GPUs, and the sampler's own cost."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class GpuProcess(BaseModel):
     pid: int
     used_memory: int | None
     ours: bool
+    deployment: str | None = None  # the deployment whose vLLM it is (ours only)
 
 
 class GpuView(BaseModel):
@@ -38,6 +39,8 @@ class HostReading(BaseModel):
     mem_available: float
     vllm_rss: float
     vllm_cpu_pct: float
+    vllm_rss_by_deployment: dict[str, float] = Field(default_factory=dict, description="resident memory of each "
+                                                     "deployment's vLLM processes (bytes)")
 
 
 class AlertOut(BaseModel):

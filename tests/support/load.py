@@ -40,6 +40,7 @@ class Load:
     max_tokens: int = 8
     timeout_s: float = 420.0
     stream: bool | None = None  # None: every other request streams
+    model: str = "demo"
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -84,7 +85,7 @@ class Load:
                     self.outcomes.append(outcome)
 
     def _one(self, http: httpx.Client, client: int, stream: bool) -> Outcome:
-        body = {"model": "demo", "messages": [{"role": "user", "content": f"client {client}: describe a module"}],
+        body = {"model": self.model, "messages": [{"role": "user", "content": f"client {client}: describe a module"}],
                 "max_tokens": self.max_tokens, "temperature": 0.7, "stream": stream}
         t0 = time.monotonic()
         out = Outcome(client, stream, None, 0.0)
