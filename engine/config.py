@@ -94,6 +94,11 @@ class AppConfig(BaseSettings):
                                     "it the connection is closed (slowloris).")
     min_free_disk_bytes: int = Field(64 << 20, ge=0, description="Free space the data dir's disk must have for a "
                                      "change to be accepted; below it changes are refused with 507, nothing done.")
+    ray_address: str | None = Field(None, description="A Ray cluster to place vLLM instances on (the address "
+                                    "`ray start --head` printed, e.g. 10.0.0.5:6379, or auto): the engine becomes a "
+                                    "Ray driver, each instance an actor pinned to a node, each node's GPUs sampled "
+                                    "there. Unset (the default): instances are child processes of the engine and Ray "
+                                    "is not imported.")
     log_max_bytes: int = Field(10_000_000, gt=0, description="Size at which vLLM's log file rotates.")
     log_backups: int = Field(5, ge=0, description="Rotated vLLM log files kept.")
 

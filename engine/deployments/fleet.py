@@ -30,6 +30,7 @@ from engine.deployments.store import DeploymentNotFoundError, DeploymentStore, i
 from engine.events import EventLog
 from engine.gateway import Admission
 from engine.metrics import ServingMonitor
+from engine.placement import Placement, make_placement
 from engine.revisions import HUB_ID, EngineSettings, FlagSource, RevisionStore, SettingsWriter
 from engine.serving import DeploymentRef, Supervisor, reap_all
 
@@ -71,6 +72,7 @@ class Fleet:
         self.audit = audit
         self.flags = flags
         self.runtimes: dict[int, Runtime] = {}
+        self.placement: Placement = make_placement(config.ray_address, config.gpu_sample_interval_s)
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._started = False
@@ -89,6 +91,7 @@ class Fleet:
         supervisor = Supervisor(self.config, revisions, events, admission, planner=planner, audit=self.audit,
                                 deployment=ref)
         supervisor.planner = planner
+        supervisor.placement = self.placement
         supervisor.others_running = lambda: sum(len(r.supervisor.instances) for r in list(self.runtimes.values())
                                                 if r.ref is not ref)
         supervisor.enabled = self.config.autostart and row.enabled

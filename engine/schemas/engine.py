@@ -55,6 +55,8 @@ class InstanceOut(BaseModel):
     port: int
     pid: int | None
     device: str | None = Field(None, description="CUDA_VISIBLE_DEVICES of the instance (None: all, or the CPU)")
+    node: str | None = Field(None, description="the Ray node it runs on (None: the engine's own host)")
+    address: str | None = Field(None, description="where the gateway reaches it")
     serving: bool = Field(description="the gateway sends requests to it")
     outstanding: int = 0
     since: datetime | None = None

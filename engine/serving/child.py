@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -67,7 +68,7 @@ class VllmChild:
 
     def __init__(self, args: list[str], env: dict[str, str], port: int, revision_id: int, log_: ChildLog,
                  pidfile: Path, name: str = "a", keep_lines: int = 5000, cwd: Path | None = None,
-                 on_exit: Callable[[VllmChild], None] | None = None, api_key: str | None = None) -> None:
+                 on_exit: Callable[[Any], None] | None = None, api_key: str | None = None) -> None:
         self.args = args
         self.api_key = api_key  # the instance's own key for vLLM's /v1 (VLLM_API_KEY): only the engine holds it
         self.cwd = cwd  # vLLM's working directory: the data dir, never the engine's (a relative --model is read there)
@@ -104,6 +105,19 @@ class VllmChild:
     @property
     def returncode(self) -> int | None:
         return self.proc.returncode if self.proc else None
+
+    @property
+    def started(self) -> bool:
+        return self.proc is not None
+
+    @property
+    def local(self) -> bool:
+        """A child process of this engine (its pids, priorities and GPU memory are this host's)."""
+        return True
+
+    @property
+    def node(self) -> str | None:
+        return None
 
     @property
     def exited(self) -> bool:

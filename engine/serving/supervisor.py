@@ -42,6 +42,7 @@ from engine.db import Revision
 from engine.errors import InvalidSettingsError, SupervisorError
 from engine.events import EventLog
 from engine.gateway import Admission, Upstream
+from engine.placement import Child, ChildSpec, LocalPlacement, Placement
 from engine.revisions import (
     EngineSettings,
     RevisionStore,
@@ -60,7 +61,7 @@ from engine.schemas import (
     StartupView,
     StatusOut,
 )
-from engine.serving.child import VllmChild, free_port, kill_group, reap_all
+from engine.serving.child import free_port, kill_group, reap_all
 from engine.serving.command import (
     at_nice,
     build_command,
@@ -104,7 +105,7 @@ class Instance:
     runs, its role, and the GPUs it is pinned to."""
 
     name: str
-    child: VllmChild
+    child: Child
     revision: Revision
     settings: EngineSettings
     role: InstanceRole = "starting"
@@ -130,6 +131,7 @@ class Supervisor:
         self.deployment = deployment or DeploymentRef()
         # instances of other deployments running on this host now (the CPU build then leaves this one unpinned)
         self.others_running: Callable[[], int] = lambda: 0
+        self.placement: Placement = LocalPlacement()  # where instances run (the registry hands the configured one)
         self.revisions = revisions
         self.events = events
         self.admission = admission
@@ -172,7 +174,7 @@ class Supervisor:
         return None
 
     @property
-    def child(self) -> VllmChild | None:
+    def child(self) -> Child | None:
         p = self.primary
         return p.child if p else None
 
@@ -205,16 +207,17 @@ class Supervisor:
     def _instance_out(self, inst: Instance) -> InstanceOut:
         upstream = next((u for u in self.admission.upstreams if u.instance == inst.name), None)
         startup = None
-        if inst.role == "starting" and inst.child.proc is not None:
+        if inst.role == "starting" and inst.child.started:
             startup = StartupView(revision=inst.revision.id, **inst.child.tracker.view(inst.eta))
         return InstanceOut(name=inst.name, role=inst.role, revision=inst.revision.id, port=inst.child.port,
-                           pid=inst.child.pid, device=inst.device, serving=upstream is not None,
+                           pid=inst.child.pid, device=inst.device, node=inst.child.node,
+                           address=inst.child.url if inst.child.started else None, serving=upstream is not None,
                            outstanding=upstream.outstanding if upstream else 0, since=when(inst.since),
                            startup=startup)
 
     def startup_view(self) -> StartupView | None:
         """The start in progress, phase by phase with its ETA; else the latest start's record."""
-        starting = next((i for i in self.instances if i.role == "starting" and i.child.proc is not None), None)
+        starting = next((i for i in self.instances if i.role == "starting" and i.child.started), None)
         if starting is not None:
             return StartupView(revision=starting.revision.id, **starting.child.tracker.view(starting.eta))
         return StartupView.model_validate(self.last_start) if self.last_start else None
@@ -250,7 +253,7 @@ class Supervisor:
     def vllm_pids(self) -> set[int]:
         """Pids of every vLLM instance of this deployment and their descendants (called from the sampler thread;
         cached 5 s)."""
-        roots = tuple(sorted(i.child.pid for i in list(self.instances) if i.child.pid is not None))
+        roots = tuple(sorted(i.child.pid for i in list(self.instances) if i.child.pid is not None and i.child.local))
         if not roots:
             return set()
         now = time.monotonic()
@@ -423,6 +426,12 @@ class Supervisor:
 
     # --- starting and stopping instances -----------------------------------------------------------------------
 
+    def _node_for(self, index: int, settings: EngineSettings) -> str | None:
+        """Where replica ``index`` goes: the placement's choice among nodes with room, beside this deployment's
+        other instances (None: this host)."""
+        taken = [i.child.node for i in self.instances if i.serving or i.role == "starting"]
+        return self.placement.place(index, taken, settings.tensor_parallel_size if self.build == "cuda" else 0)
+
     def _free_name(self) -> str:
         used = {i.name for i in self.instances}
         return next(n for n in NAMES if n not in used)
@@ -450,8 +459,11 @@ class Supervisor:
             await self._valid(revision, data_dir)
 
     async def _launch(self, revision: Revision, settings: EngineSettings, *, name: str, device: str | None,
-                      bridge: bool = False) -> Instance:
-        """Spawn an instance (role starting); the caller waits for it with _await_ready."""
+                      bridge: bool = False, node: str | None = None, index: int = 0) -> Instance:
+        """Spawn an instance (role starting) on ``node`` (None: where the placement puts replica ``index``); the
+        caller waits for it with _await_ready."""
+        if node is None or not self.placement.alive(node):
+            node = await asyncio.to_thread(self._node_for, index, settings)
         assert revision.id is not None
         data_dir = self.config.data_dir.resolve()
         sleep = self.build == "cuda" and self.config.sleep_mode
@@ -469,9 +481,10 @@ class Supervisor:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
             env.setdefault("OMP_NUM_THREADS", str(unbound_omp_threads(settings.tensor_parallel_size)))
         port = int(args[args.index("--port") + 1])
-        child = VllmChild(args, env, port, revision.id, self.log, self.run_dir / self.deployment.pidfile_name(name),
-                          name=name,
-                          cwd=data_dir, api_key=key)
+        child = self.placement.child(ChildSpec(
+            args=args, env=env, port=port, revision_id=revision.id, log=self.log,
+            pidfile=self.run_dir / self.deployment.pidfile_name(name), name=name, cwd=data_dir, api_key=key,
+            node=node, gpus=settings.tensor_parallel_size if self.build == "cuda" else 0))
         inst = Instance(name, child, revision, settings, device=device, bridge=bridge)
         child.on_exit = lambda _: self._spawn_task(self._instance_exited(inst), f"exited-{name}")
         inst.predicted = await asyncio.to_thread(self.planner.predict_now, settings) if self.planner else None
@@ -480,11 +493,11 @@ class Supervisor:
         self.starts += 1
         what = "a bridge of revision" if bridge else "revision"
         await self._event("starting", f"starting vLLM instance {name} with {what} {revision.id}"
-                          + (f" on GPU {device}" if device else "")
+                          + (f" on node {node[:12]}" if node else "") + (f" on GPU {device}" if device else "")
                           + (f"; expected ready in {inst.eta.describe()}" if inst.eta else ""),
                           revision_id=revision.id,
                           data={"args": args[1:], "predicted": inst.predicted, "instance": name, "bridge": bridge,
-                                "device": device, "eta_s": inst.eta.total_s if inst.eta else None})
+                                "device": device, "node": node, "eta_s": inst.eta.total_s if inst.eta else None})
         await child.spawn()
         return inst
 
@@ -561,9 +574,10 @@ class Supervisor:
         its shutdown runs at the lowest CPU priority: it must not slow them."""
         inst.role = "stopping"
         old_pids: set[int] = set()
-        if inst.child.pid is not None and any(i.serving for i in self.instances if i is not inst):
+        local = inst.child.local
+        if local and inst.child.pid is not None and any(i.serving for i in self.instances if i is not inst):
             renice_group(inst.child.pid, 19)  # raising a nice value is always allowed
-        if inst.child.pid is not None:
+        if local and inst.child.pid is not None:
             old_pids = {inst.child.pid}
             with contextlib.suppress(psutil.Error):
                 old_pids.update(p.pid for p in psutil.Process(inst.child.pid).children(recursive=True))

@@ -1,0 +1,222 @@
+"""Ray placement: the engine is a Ray driver (``LLMOPS_RAY_ADDRESS``); each vLLM instance is started on a node by
+an actor pinned there (engine/placement/actor.py), which streams its log lines back and reports its address. The
+actor's death, or its node's, is the instance's crash: seen at once (the actor's ``wait`` fails), the gateway
+stops sending to it, and the supervisor starts it again on a node with room.
+
+Imported only when a Ray address is configured: the local path (``make run``) never imports Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from engine.placement.actor import NodeAgentImpl, VllmProcessImpl
+from engine.placement.base import ChildSpec, NodeInfo, PlacementError
+from engine.serving.logs import ChildLog
+from engine.serving.startup import StartTracker
+
+log = logging.getLogger("llmops.placement")
+NAMESPACE = "llmops"
+VllmProcess = ray.remote(num_cpus=0, max_concurrency=8)(VllmProcessImpl)
+NodeAgent = ray.remote(num_cpus=0, max_concurrency=4)(NodeAgentImpl)
+
+
+class RayPlacement:
+    kind = "ray"
+
+    def __init__(self, address: str, sample_interval_s: float = 1.0) -> None:
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
+        self.address = address
+        self.sample_interval_s = sample_interval_s
+        self._agents: dict[str, Any] = {}
+
+    def nodes(self) -> list[NodeInfo]:
+        """The cluster's nodes as Ray sees them (dead ones included, marked)."""
+        out = []
+        for n in ray.nodes():
+            res = n.get("Resources") or {}
+            out.append(NodeInfo(id=str(n["NodeID"]), address=str(n.get("NodeManagerAddress") or ""),
+                                alive=bool(n.get("Alive")), head="node:__internal_head__" in res,
+                                cpus=float(res.get("CPU", 0)), gpus=float(res.get("GPU", 0)),
+                                memory_bytes=int(res.get("memory", 0)),
+                                labels={k: str(v) for k, v in (n.get("Labels") or {}).items()}))
+        return sorted(out, key=lambda node: (not node.head, node.id))
+
+    def child(self, spec: ChildSpec) -> RayChild:
+        if spec.node is None:
+            raise PlacementError("a Ray instance needs a node: the planner found none with room")
+        return RayChild(spec)
+
+    def place(self, index: int, taken: list[str | None], gpus: int = 0) -> str | None:
+        """Replica ``index``'s node: an alive one (with ``gpus`` GPUs, if it needs them) running the fewest of
+        this deployment's instances, the head first among equals."""
+        alive = [n for n in self.nodes() if n.alive and n.gpus >= gpus]
+        if not alive:
+            raise PlacementError("no alive node of the Ray cluster" + (f" has {gpus} GPU(s)" if gpus else ""))
+        return min(alive, key=lambda n: (taken.count(n.id), 0 if alive.index(n) == index % len(alive) else 1,
+                                         alive.index(n))).id
+
+    def alive(self, node: str | None) -> bool:
+        return node is not None and any(n.id == node and n.alive for n in self.nodes())
+
+    def agent(self, node: str) -> Any:
+        """The node's telemetry agent (started on first use, one per node, found again by name)."""
+        found = self._agents.get(node)
+        if found is None:
+            found = NodeAgent.options(name=f"llmops-agent-{node}", get_if_exists=True, lifetime="detached",
+                                      scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+                                      ).remote(self.sample_interval_s)
+            self._agents[node] = found
+        return found
+
+    def snapshots(self, attribute: dict[str, dict[int, str | None]], timeout: float = 2.0) -> dict[str, Any]:
+        """Each alive node's telemetry now, its vLLM processes attributed (from a thread: it waits on the
+        cluster). A node that does not answer in time is left out of this round, not waited for."""
+        refs: dict[str, Any] = {}
+        for info in [n for n in self.nodes() if n.alive]:
+            agent = self.agent(info.id)
+            agent.attribute.remote(attribute.get(info.id, {}))
+            refs[info.id] = agent.snapshot.remote()
+        out: dict[str, Any] = {}
+        for node_id, ref in refs.items():
+            try:
+                out[node_id] = ray.get(ref, timeout=timeout)
+            except (GetTimeoutError, RayError) as exc:
+                log.warning("node %s gave no telemetry: %s", node_id, exc)
+                self._agents.pop(node_id, None)
+        return out
+
+    async def close(self) -> None:
+        return None
+
+
+class RayChild:
+    """One vLLM instance on a Ray node, driven like a local child (engine/placement/base.py Child)."""
+
+    def __init__(self, spec: ChildSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.port = 0
+        self.revision_id = spec.revision_id
+        self.api_key = spec.api_key
+        self.log: ChildLog = spec.log
+        self.lines: deque[str] = deque(maxlen=5000)
+        self.tracker = StartTracker()
+        self.stop_requested = False
+        self.on_exit: Callable[[Any], None] | None = None
+        self.exited_at: float | None = None
+        self.lost: str | None = None  # why the instance is gone without an exit code (its actor or node died)
+        self._actor: Any = None
+        self._address = ""
+        self._pid: int | None = None
+        self._code: int | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._node = spec.node
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._address}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._code
+
+    @property
+    def exited(self) -> bool:
+        return self.exited_at is not None
+
+    @property
+    def started(self) -> bool:
+        return self._actor is not None
+
+    @property
+    def local(self) -> bool:
+        return False
+
+    @property
+    def node(self) -> str | None:
+        return self._node
+
+    def remember_descendants(self) -> None:
+        """Its processes are its node's: the actor and its guard stop them."""
+
+    async def spawn(self) -> None:
+        spec = self.spec
+        assert spec.node is not None
+        options: dict[str, Any] = {"scheduling_strategy": NodeAffinitySchedulingStrategy(spec.node, soft=False),
+                                   "name": None}
+        if spec.gpus:
+            options["num_gpus"] = spec.gpus
+        self.log.new_run(f"instance {self.name}, revision {self.revision_id} on node {spec.node[:12]}: "
+                         f"{' '.join(spec.args)}")
+        self._actor = VllmProcess.options(**options).remote(self.name)
+        info = await self._actor.start.remote(spec.args, spec.env, None)
+        self._pid, self._address, self.port = int(info["pid"]), str(info["address"]), int(info["port"])
+        self.tracker = StartTracker(time.monotonic())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._pump(), name=f"ray-log-{self.name}"),
+                       loop.create_task(self._watch(), name=f"ray-exit-{self.name}")]
+
+    async def _pump(self) -> None:
+        index = 0
+        while True:
+            try:
+                index, lines, _ = await self._actor.read.remote(index)
+            except RayError:
+                return  # the actor is gone: _watch says so
+            for line in lines:
+                self.lines.append(line)
+                self.log.write(f"[{self.name}] {line}")
+                self.tracker.feed(line)
+            if self.exited and not lines:
+                return
+            await asyncio.sleep(0.2)
+
+    async def _watch(self) -> None:
+        """The exit of vLLM, or the death of its actor or node, the moment it is known."""
+        try:
+            self._code = await self._actor.wait.remote()
+        except RayActorError as exc:  # the actor died: killed, or its node lost
+            self.lost = f"its Ray actor died ({type(exc).__name__}): the node may be lost"
+        except RayError as exc:
+            self.lost = f"the cluster could not say ({type(exc).__name__}: {exc})"
+        if self.exited_at is None:
+            self.exited_at = time.monotonic()
+            if self.on_exit is not None:
+                self.on_exit(self)
+
+    async def stop(self, timeout: float) -> float:
+        t0 = time.monotonic()
+        self.stop_requested = True
+        if self._actor is None:
+            return 0.0
+        if self.lost is None:  # a lost actor has nothing left to stop
+            with contextlib.suppress(RayError, TimeoutError):
+                await asyncio.wait_for(self._actor.stop.remote(timeout), timeout + 45)
+        with contextlib.suppress(RayError):
+            ray.kill(self._actor, no_restart=True)
+        for task in self._tasks:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), 5)
+        Path(self.spec.pidfile).unlink(missing_ok=True)
+        return time.monotonic() - t0

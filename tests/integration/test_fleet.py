@@ -1,0 +1,140 @@
+"""The engine on a real Ray cluster of two nodes on this host: a deployment with two replicas, one per node; a
+rolling apply under 16 streaming clients (0 failed, something served throughout); then the second node killed
+under load: only requests in flight on it may fail, nothing is sent to it after its loss is seen, and its replica
+comes back on the head. The figures (longest gap, throughput during the apply, how soon the gateway stopped sending
+to the lost node) are bench/fleet_rolling.py's."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from engine.schemas import StatusOut
+from tests.integration.test_engine import PAUSE_BOUND_S
+from tests.support.engine import COLD_START_S, EngineHandle, running_engine
+from tests.support.load import Load, longest_gap, summary
+from tests.support.ray_cluster import ray_cluster
+from tests.support.wait import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineHandle, Any]]:
+    pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+    with ray_cluster(nodes=2) as cluster, running_engine(
+            tmp_path_factory.mktemp("fleet"), env={"LLMOPS_RAY_ADDRESS": cluster.address,
+                                                   "LLMOPS_CRASHLOOP_MAX_FAILURES": "20"}) as engine:
+        engine.client.wait_for({"ready"}, COLD_START_S)
+        yield engine, cluster
+
+
+def nodes_of(status: StatusOut) -> list[str | None]:
+    return sorted(i.node or "" for i in status.instances if i.serving)
+
+
+def test_replicas_spread_over_nodes_and_roll_without_a_gap(fleet: tuple[EngineHandle, Any]) -> None:
+    engine, cluster = fleet
+    first = engine.client.status()
+    assert first.instances and first.instances[0].node  # placed on a node of the cluster
+    rev = engine.client.put_settings(first.desired_revision or 0, {"replicas": 2}, "test: two replicas")
+
+    def two_nodes() -> StatusOut | None:
+        status = engine.client.status()
+        serving = [i for i in status.instances if i.serving and i.revision == rev.revision]
+        return status if len(serving) == 2 and len(set(nodes_of(status))) == 2 else None
+
+    spread = wait_until(two_nodes, 2 * COLD_START_S, every=1.0, what="two replicas on two nodes")
+    assert {i.address.split("//")[1].split(":")[0] for i in spread.instances if i.address}  # reached by address
+    plan = engine.client.capacity({"max_num_seqs": 6}).plan
+    assert plan is not None and plan.kind == "rolling" and plan.capacity_dip_pct == 50.0
+    load = Load(engine.url, clients=16, stream=True).start()
+    load.wait_for(32, timeout=300)
+    t0 = time.monotonic()
+    rolled = engine.client.put_settings(rev.revision, {"max_num_seqs": 6}, "test: rolling apply")
+
+    def applied() -> StatusOut | None:
+        status = engine.client.status()
+        done = status.apply is not None and status.apply.revision == rolled.revision and \
+            status.apply.outcome != "running"
+        return status if done else None
+
+    status = wait_until(applied, 2 * COLD_START_S, every=0.5, what="the rolling apply's end")
+    t1 = time.monotonic()
+    load.wait_for(load.count() + 32, timeout=300)
+    outcomes = load.stop()
+    counts = summary(outcomes)
+    assert counts["ok"] == counts["total"], (counts, [o for o in outcomes if not o.ok][:3])
+    assert longest_gap(outcomes, t0, t1) < PAUSE_BOUND_S  # one replica served throughout
+    assert status.apply is not None and status.apply.outcome == "applied" and status.apply.longest_gap_s in (None, 0)
+    assert len(set(nodes_of(status))) == 2 and all(i.revision == rolled.revision for i in status.instances)
+
+
+def test_a_lost_node_is_sent_nothing_and_its_replica_comes_back_on_the_head(fleet: tuple[EngineHandle, Any]
+                                                                             ) -> None:
+    engine, cluster = fleet
+    before = wait_until(lambda: (s := engine.client.status()) and len(set(nodes_of(s))) == 2 and s, COLD_START_S,
+                        every=1.0, what="two replicas on two nodes")
+    head = next(n for n in cluster.list_all_nodes() if n.head)
+    other = next(n for n in cluster.list_all_nodes() if not n.head)
+    lost = next(i for i in before.instances if i.node and i.node != head.unique_id)
+    assert lost.node == other.unique_id
+    load = Load(engine.url, clients=16, stream=True).start()
+    load.wait_for(32, timeout=300)
+    marker = engine.client.events(limit=1, newest_first=True)[0].id
+    killed = time.monotonic()
+    cluster.remove_node(other, allow_graceful=False)
+
+    def exit_seen() -> Any:
+        return next(iter(engine.client.events(kinds=["instance_exited"], since=marker)), None)
+
+    seen = wait_until(exit_seen, 120, every=0.1, what="the lost replica's exit")
+    assert seen.data["instance"] == lost.name
+    seen_at = time.monotonic()
+
+    def back_on_head() -> StatusOut | None:
+        status = engine.client.status()
+        serving = [i for i in status.instances if i.serving]
+        return status if len(serving) == 2 and {i.node for i in serving} == {head.unique_id} else None
+
+    after = wait_until(back_on_head, 2 * COLD_START_S, every=1.0, what="the replica back on the head")
+    load.wait_for(load.count() + 32, timeout=300)
+    outcomes = load.stop()
+    failed = [o for o in outcomes if not o.ok]
+    # only requests that were in flight on the lost node may fail: none that began after its loss was seen
+    late = [o for o in failed if o.finished - o.seconds > seen_at]
+    assert late == [], late[:3]
+    assert all(o.finished >= killed for o in failed)  # nothing failed before the node was lost
+    assert len(failed) <= 16, summary(outcomes)  # at most one per client: what was in flight there
+    assert after.state == "ready" and all(i.node == head.unique_id for i in after.instances)
+    kinds = [e.kind for e in engine.client.events(since=marker, limit=500)]
+    assert "instance_exited" in kinds and "instance_failed" in kinds and kinds.count("ready") >= 1
+    resp = httpx.post(f"{engine.url}/v1/completions", json={"model": "demo", "prompt": "Return", "max_tokens": 4},
+                      timeout=120)
+    assert resp.status_code == 200
+
+
+def test_telemetry_of_every_node_reaches_the_fleet_view(fleet: tuple[EngineHandle, Any]) -> None:
+    engine, _ = fleet
+    view = wait_until(lambda: (f := engine.client.fleet()) and f.nodes and f, 30, what="the fleet view")
+    alive = [n for n in view.nodes if n.alive]
+    assert alive and all(n.host is not None and n.host.mem_total > 0 for n in alive)  # the host view: no GPU
+    assert sum(len(n.instances) for n in view.nodes) == 2
+    assert view.placement == "ray"
+
+
+def test_no_ray_on_the_local_path(tmp_path: Path) -> None:
+    """`make run` and every other test run without Ray: the engine with local placement never imports it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from engine.app import create_app; from engine.config import AppConfig; "
+            f"create_app(AppConfig(data_dir={str(tmp_path)!r}, autostart=False)); print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip().splitlines()[-1] == "False"
