@@ -23,6 +23,7 @@ from engine.access import AuditLog, AuditMiddleware, Auth, GatewayKeys, RateLimi
 from engine.api import AccessGate, Services, mount
 from engine.api.guard import BodyGuard, Limits
 from engine.benchmarks import Benchmarks
+from engine.bodies import BodyBudget
 from engine.capacity import CalibrationStore, Planner
 from engine.config import AppConfig
 from engine.db import SERVING_MINUTE, SERVING_RAW, open_database
@@ -206,16 +207,19 @@ def create_app(config: AppConfig) -> FastAPI:
             await events.emit("engine_stopped", "engine stopped")
             db.close()
 
-    app = EngineApp(title="llmops engine", version="0.1.0", lifespan=lifespan)
+    # No /docs or /redoc (their pages load from a CDN); the schema is a signed-in route (engine/api/routes/docs.py).
+    app = EngineApp(title="llmops engine", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
+                    openapi_url=None)
     app.state.services = services
     app.state.generated_admin_password = generated
     app.hosts = engine_hosts(config)
+    budget = BodyBudget(config.v1_body_budget_bytes)  # /v1 bodies, data path and /v1/generate together
     app.data_path = DataPath(gateway, keys, BodyLimits(config.body_limit_v1_bytes, config.body_timeout_s,
-                                                       config.json_max_depth))
+                                                       config.json_max_depth), budget)
     mount(app)
     app.add_middleware(BodyGuard, limits=Limits(config.body_limit_auth_bytes, config.body_limit_api_bytes,
                                                 config.body_limit_v1_bytes, config.json_max_depth,
-                                                config.body_timeout_s))
+                                                config.body_timeout_s), budget=budget)
     app.add_middleware(AccessGate, api=app, auth=auth, keys=keys,  # roles before bodies: inside the audit
                        writable=lambda: free_space_problem(config.data_dir, config.min_free_disk_bytes))
     app.add_middleware(AuditMiddleware, log=audit)

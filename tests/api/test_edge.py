@@ -229,3 +229,21 @@ def test_host_names_are_compared_without_port_case_or_trailing_dot() -> None:
                                          "[fe80::1]", None, ""))
     assert not any(check.admits(h) for h in ("0.0.0.0.evil", "engine.internal.evil", "evil:8000", "[evil]"))
     assert HostCheck.of([], [], ["*"]).admits("anything.example")
+
+
+# --- /v1 leftovers: no total for bodies held ---------------------------------------------------------------------
+
+def test_v1_generate_counts_in_the_same_body_budget(data_dir: Path) -> None:
+    config = AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD, gateway_keys="off")
+    app = create_app(config)
+    others = app.data_path.budget.hold()  # type: ignore[attr-defined]  # bodies of /v1 requests in flight
+    others.grow_to(config.v1_body_budget_bytes - 1000)
+    body = b'{"prompt": "' + b"a" * 2000 + b'"}'
+    with TestClient(app) as client:
+        resp = client.post("/v1/generate", content=body, headers={"content-type": "application/json"})
+        assert resp.status_code == 503 and resp.headers["retry-after"].isdigit()
+        assert "v1_body_budget_bytes" in resp.json()["error"]["message"]
+        others.release()
+        assert client.post("/v1/generate", content=b'{"prompt": ""}',  # past the budget, on to its own checks
+                           headers={"content-type": "application/json"}).status_code == 422
+    assert app.data_path.budget.held == 0  # type: ignore[attr-defined]
