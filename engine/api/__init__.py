@@ -10,12 +10,12 @@ from fastapi import FastAPI
 from engine.api.deps import route_meta
 from engine.api.errors import install_error_handlers
 from engine.api.gate import AccessGate
-from engine.api.routes import access, audit, benchmarks, engine, events, gateway, gpu, health, prompts, serving
+from engine.api.routes import access, audit, benchmarks, docs, engine, events, gateway, gpu, health, prompts, serving
 from engine.api.routes import settings as settings_routes
 from engine.api.services import Services
 
 ROUTERS = [health.router, engine.router, settings_routes.router, events.router, access.router, audit.router,
-           serving.router, gpu.router, benchmarks.router, prompts.router, gateway.router]
+           serving.router, gpu.router, benchmarks.router, prompts.router, gateway.router, docs.router]
 
 
 COMMON: dict[int | str, dict[str, Any]] = {  # answers any route may give, documented for its clients
