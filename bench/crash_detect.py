@@ -59,7 +59,8 @@ def one_kill(engine: EngineHandle, load: Load, n: int) -> dict[str, Any]:
     window = list(load.outcomes)[first:]
     late = [o for o in window if not o.ok and o.finished - o.seconds >= seen_mono]
     return {"kill": n, "exit_seen_s": round(seen - killed, 3), "state_left_ready_s": round(left_ready - killed, 3),
-            "ready_again_s": round(back - killed, 1), "seen_by": exited.kind, "in_flight_on_it": exited.data.get("in_flight"),
+            "ready_again_s": round(back - killed, 1), "seen_by": exited.kind,
+            "in_flight_on_it": exited.data.get("in_flight"),
             "requests": len(window), "failed": sum(1 for o in window if not o.ok), "failed_after_exit_seen": len(late)}
 
 
