@@ -24,6 +24,7 @@ from engine.schemas import (
     DeletionOut,
     DeploymentOut,
     EventOut,
+    FleetOut,
     GatewayInfo,
     GpuHistoryOut,
     GpuOut,
@@ -320,6 +321,10 @@ class EngineClient:
 
     def models(self) -> ModelsListOut:
         return self._get(ModelsListOut, "GET", "/api/models")
+
+    def fleet(self) -> FleetOut:
+        """Nodes → GPUs (or the host) → instances."""
+        return self._get(FleetOut, "GET", "/api/fleet")
 
     def _segment(self, deployment: str | int) -> str:
         text = str(deployment)

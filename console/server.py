@@ -6,7 +6,8 @@ page script can read it. Each Streamlit session reads it from the request (``st.
 stays the authority (it checks the token on every call, and a sign-out, expiry or revocation ends it there).
 A page request without a valid session is sent to ``/signin?next=<the page>``, and comes back to it.
 
-Run: ``streamlit run console/server.py`` (``llmops console`` does), or any ASGI server on ``console.server:app``.
+Run: ``python -m console.serve`` (``llmops console`` does: uvicorn with engine/edge.py's bounded, timed heads and
+Host check in front); ``streamlit run console/server.py`` or another ASGI server on ``console.server:app`` lack them.
 """
 
 from __future__ import annotations

@@ -22,12 +22,13 @@ from starlette.types import Receive, Scope, Send
 from engine.access import AuditLog, AuditMiddleware, Auth, GatewayKeys, RateLimiter
 from engine.api import AccessGate, Services, mount
 from engine.api.guard import BodyGuard, Limits
-from engine.api.slow import header_timeout_protocol
 from engine.benchmarks import Benchmarks
+from engine.bodies import BodyBudget
 from engine.capacity import CalibrationStore, Planner
 from engine.config import AppConfig
 from engine.db import DEFAULT_DEPLOYMENT, SERVING_MINUTE, SERVING_RAW, open_database
 from engine.deployments import DeploymentStore, Fleet, Runtime
+from engine.edge import HostCheck, edge_protocol, engine_hosts, head_limits, host_of, refuse_host
 from engine.errors import EngineError
 from engine.events import EventLog
 from engine.gateway import BodyLimits, DataPath, Gateway, Ledger
@@ -65,8 +66,13 @@ class EngineApp(FastAPI):
     FastAPI and its middleware (audit, access gate, body guard)."""
 
     data_path: DataPath | None = None
+    hosts: HostCheck | None = None  # the Host names it answers (DNS rebinding): /v1 included
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.hosts is not None and scope["type"] in ("http", "websocket") and \
+                not self.hosts.admits(host := host_of(scope)):
+            await refuse_host(scope, send, self.hosts.refusal(host or ""))
+            return
         if self.data_path is not None and self.data_path.handles(scope):
             await self.data_path(scope, receive, send)
             return
@@ -176,6 +182,7 @@ def create_app(config: AppConfig) -> FastAPI:
             revoke=lambda key: auth.revoke(token=key))
 
     fleet = Fleet(config, db, deployments, revisions, events, planner, audit, flags, extras=extras)
+    fleet.node_sinks = [telemetry.write, alerts.evaluate]  # the other nodes' samples, labelled by node
     gateway = Gateway(fleet.admission_for, config.upstream_timeout_s, ledger)
     registry.register(EngineCollector(lambda: fleet.default.supervisor.status(), lambda: sampler.latest,
                                       lambda: fleet.default.serving.latest if fleet.default.serving else None,
@@ -207,15 +214,19 @@ def create_app(config: AppConfig) -> FastAPI:
             await events.emit("engine_stopped", "engine stopped")
             db.close()
 
-    app = EngineApp(title="llmops engine", version="0.1.0", lifespan=lifespan)
+    # No /docs or /redoc (their pages load from a CDN); the schema is a signed-in route (engine/api/routes/docs.py).
+    app = EngineApp(title="llmops engine", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
+                    openapi_url=None)
     app.state.services = services
     app.state.generated_admin_password = generated
+    app.hosts = engine_hosts(config)
+    budget = BodyBudget(config.v1_body_budget_bytes)  # /v1 bodies, data path and /v1/generate together
     app.data_path = DataPath(gateway, keys, BodyLimits(config.body_limit_v1_bytes, config.body_timeout_s,
-                                                       config.json_max_depth), models=fleet.models)
+                                                       config.json_max_depth), budget, models=fleet.models)
     mount(app)
     app.add_middleware(BodyGuard, limits=Limits(config.body_limit_auth_bytes, config.body_limit_api_bytes,
                                                 config.body_limit_v1_bytes, config.json_max_depth,
-                                                config.body_timeout_s))
+                                                config.body_timeout_s), budget=budget)
     app.add_middleware(AccessGate, api=app, auth=auth, keys=keys,  # roles before bodies: inside the audit
                        writable=lambda: free_space_problem(config.data_dir, config.min_free_disk_bytes))
     app.add_middleware(AuditMiddleware, log=audit)
@@ -247,4 +258,4 @@ def serve(config: AppConfig) -> None:
               "  (shown once; change it on the console's Access page)\n", file=sys.stderr, flush=True)
     uvicorn.run(app, host=config.host, port=config.port, log_level="info", access_log=config.access_log,
                 timeout_graceful_shutdown=int(config.drain_timeout_s) or None, loop="uvloop",
-                http=header_timeout_protocol(config.header_timeout_s))
+                http=edge_protocol(head_limits(config)))

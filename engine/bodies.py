@@ -1,17 +1,26 @@
 """Request bodies as every HTTP entry of the engine reads them (the API's body guard and the gateway's data
 path): within a size limit and a time limit, and, when JSON, checked before anything parses it for real —
 UTF-8, no NaN or Infinity or numbers that overflow to them, no unpaired surrogate escapes (no text can hold
-them, so storing one fails), nesting at most a depth. Each refusal names its reason; none echoes the body."""
+them, so storing one fails), nesting at most a depth. Each refusal names its reason; none echoes the body.
+
+/v1 bodies are also held within a total (``BodyBudget``, ``v1_body_budget_bytes``): each request reserves its
+declared length before a byte is read (or its bytes as they arrive, when no length is declared), and a request
+that does not fit beside the others is refused with 503 and Retry-After. The gateway does not build a large /v1
+body into Python objects (``inspect_v1``): vLLM parses it; the gateway checks it as JSON and reads the top-level
+fields it needs (a 31 MiB array of token ids built as a list cost 7 times its bytes and seconds of the loop)."""
 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import math
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from starlette.types import Message, Receive
 
 from engine.errors import EngineError
@@ -22,11 +31,51 @@ OFF_LOOP_BYTES = 1 << 20  # bodies larger than this are parsed on a thread: the 
 
 
 class BodyError(EngineError, ValueError):
-    """Why a body is refused: (status, message)."""
+    """Why a body is refused: (status, message, and headers for the answer)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = headers or []
+
+
+class BodyBudget:
+    """Bytes of request bodies held at once, all requests together (one event loop: no lock)."""
+
+    def __init__(self, limit: int, retry_after_s: int = 2) -> None:
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.held = 0
+
+    def hold(self) -> BodyHold:
+        return BodyHold(self)
+
+
+class BodyHold:
+    """One request's share of the budget: grown as its body is known, given back once (``release``)."""
+
+    __slots__ = ("budget", "size")
+
+    def __init__(self, budget: BodyBudget) -> None:
+        self.budget = budget
+        self.size = 0
+
+    def grow_to(self, size: int) -> None:
+        """Hold ``size`` bytes in all, or BodyError(503) when they do not fit beside the other requests'."""
+        budget = self.budget
+        more = size - self.size
+        if more <= 0:
+            return
+        if budget.held + more > budget.limit:
+            raise BodyError(503, f"the engine holds {budget.held:,} bytes of request bodies; {size:,} more would "
+                            f"pass its budget of {budget.limit:,} (v1_body_budget_bytes): retry shortly",
+                            [(b"retry-after", str(budget.retry_after_s).encode())])
+        budget.held += more
+        self.size = size
+
+    def release(self) -> None:
+        self.budget.held -= self.size
+        self.size = 0
 
 
 def _no_constant(name: str) -> Any:
@@ -73,10 +122,14 @@ def parse_json(body: bytes, max_depth: int) -> Any:
     return value
 
 
-async def read_body(receive: Receive, limit: int, timeout_s: float) -> tuple[bytes, Message | None]:
-    """The whole body, within ``limit`` bytes (413) and ``timeout_s`` (408); and a disconnect seen while reading."""
-    chunks: list[bytes] = []
-    size = 0
+async def read_body(receive: Receive, limit: int, timeout_s: float, hold: BodyHold | None = None
+                    ) -> tuple[bytes, Message | None]:
+    """The whole body, within ``limit`` bytes (413), ``timeout_s`` (408) and, with ``hold``, the budget (503);
+    and a disconnect seen while reading. A body of several messages is gathered in one growing buffer, each
+    message let go as soon as it is copied (kept in a list until joined, 31 MiB of them had the allocator keep
+    twice the body)."""
+    first: bytes | None = None
+    buf = bytearray()
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -85,14 +138,27 @@ async def read_body(receive: Receive, limit: int, timeout_s: float) -> tuple[byt
         except TimeoutError:
             raise BodyError(408, f"the body did not arrive within {timeout_s:g} s (body_timeout_s)") from None
         if message["type"] == "http.disconnect":
-            return b"".join(chunks), message
-        chunk = message.get("body", b"")
-        size += len(chunk)
+            return (first or b"") if not buf else bytes(buf), message
+        chunk: bytes = message.get("body", b"")
+        size = len(buf) + len(first or b"") + len(chunk)
         if size > limit:
             raise BodyError(413, f"the body is over {limit:,} bytes, the most this route takes (body_limit_*)")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks), None
+        if hold is not None:
+            hold.grow_to(size)
+        more = message.get("more_body", False)
+        del message
+        if first is None and not buf:
+            if not more:
+                return chunk, None  # the whole body in one message: most bodies, no copy
+            first = chunk
+            continue
+        if first is not None:
+            buf += first
+            first = None
+        buf += chunk
+        del chunk
+        if not more:
+            return bytes(buf), None
 
 
 async def parse_json_async(body: bytes, max_depth: int) -> Any:
@@ -125,3 +191,134 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")
     return None
+
+
+# --- /v1 bodies: checked, not built -----------------------------------------------------------------------------
+
+LEAN_BYTES = 1 << 20  # /v1 bodies past this are checked by msgspec and never built into Python objects
+_SMALL_FIELD = 64 * 1024  # a top-level field the gateway reads is decoded only up to this size
+_CONSTANTS = (b"NaN", b"Infinity", b"-Infinity")
+
+
+class _Fields(msgspec.Struct):
+    """The top-level fields of a /v1 body the gateway reads, as the raw JSON they are (the rest is skipped)."""
+
+    model: msgspec.Raw = msgspec.Raw()
+    stream: msgspec.Raw = msgspec.Raw()
+    stream_options: msgspec.Raw = msgspec.Raw()
+    messages: msgspec.Raw = msgspec.Raw()
+    prompt: msgspec.Raw = msgspec.Raw()
+
+
+_FIELDS = msgspec.json.Decoder(_Fields)
+_ANY_JSON = msgspec.json.Decoder(msgspec.Raw)
+
+
+@dataclass
+class V1Body:
+    """What the gateway reads of a /v1 JSON body. ``data``: the whole body as Python objects, for a small one
+    (None past LEAN_BYTES: only its top-level fields were read)."""
+
+    is_object: bool
+    model: str | None = None
+    stream: bool = False
+    has_stream_options: bool = False
+    stream_options: Any = None  # the value, when small enough to read
+    stream_options_raw: bytes = b""  # its JSON as sent (past LEAN_BYTES; up to _SMALL_FIELD)
+    prompt: Any = None  # the prompt or messages: the value, or its raw JSON past LEAN_BYTES
+    data: Any = None
+
+    def prompt_text(self) -> str | None:
+        """The prompt or messages as JSON, cut at 4,000 characters (for sampled requests only: it costs)."""
+        if isinstance(self.prompt, msgspec.Raw):
+            return bytes(memoryview(self.prompt)[:4000]).decode("utf-8", "replace")
+        return None if self.prompt is None else json.dumps(self.prompt)[:4000]
+
+
+TRUE_TEXTS = frozenset({"1", "true", "yes", "on", "t", "y"})
+
+
+def streams(value: Any) -> bool:
+    """Whether vLLM will stream this request: its request models are pydantic's, whose lax booleans take 1, 1.0
+    and "true", "yes", "on", "1"… as true (a ``"stream": 1`` streamed unmetered when only ``true`` counted)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return value == 1
+    return isinstance(value, str) and value.strip().lower() in TRUE_TEXTS
+
+
+def _small(raw: msgspec.Raw) -> Any:
+    return json.loads(bytes(raw)) if 0 < len(raw) <= _SMALL_FIELD else None
+
+
+def _check_utf8(body: bytes) -> None:
+    if body.isascii():
+        return
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    view = memoryview(body)
+    step = 1 << 20
+    for start in range(0, len(body), step):
+        try:
+            decoder.decode(view[start:start + step], final=start + step >= len(body))
+        except UnicodeDecodeError as exc:
+            raise BodyError(400, f"the body is not UTF-8 (near byte {start + exc.start})") from None
+
+
+def _lean_error(body: bytes, exc: msgspec.DecodeError) -> BodyError:
+    """msgspec's refusal in parse_json's words where it has them."""
+    text = str(exc)
+    if (m := re.search(r"\(byte (\d+)\)", text)) and (at := int(m[1])) < len(body):
+        for name in _CONSTANTS:
+            if body.startswith(name, at) or (name == b"Infinity" and body.startswith(name, at + 1)):
+                return BodyError(400, f"the JSON body holds {name.decode()}, which is not a number JSON allows")
+    if "surrogate" in text and b"\\u" in body and (u := _UNPAIRED.search(body)):
+        return BodyError(400, f"the JSON body holds an unpaired surrogate escape ({u[0].decode()}) at byte "
+                         f"{u.start()}, which no text can hold")
+    return BodyError(400, f"the body is not valid JSON: {text[:200]}")
+
+
+def _lean(body: bytes) -> V1Body:
+    _check_utf8(body)
+    try:
+        fields = _FIELDS.decode(body)
+    except RecursionError:
+        raise BodyError(400, "the JSON body is nested too deeply") from None
+    except msgspec.ValidationError:  # valid JSON, maybe, but not an object: vLLM will say what it wants
+        try:
+            _ANY_JSON.decode(body)
+        except RecursionError:
+            raise BodyError(400, "the JSON body is nested too deeply") from None
+        except msgspec.DecodeError as exc:
+            raise _lean_error(body, exc) from None
+        return V1Body(is_object=False)
+    except msgspec.DecodeError as exc:
+        raise _lean_error(body, exc) from None
+    model = _small(fields.model)
+    options = fields.stream_options
+    prompt = fields.messages if len(fields.messages) else fields.prompt
+    return V1Body(is_object=True, model=model if isinstance(model, str) else None,
+                  stream=streams(_small(fields.stream)), has_stream_options=len(options) > 0,
+                  stream_options=_small(options), stream_options_raw=bytes(options) if len(options) <= _SMALL_FIELD
+                  else b"", prompt=prompt if len(prompt) else None)
+
+
+def _full(body: bytes, max_depth: int) -> V1Body:
+    data = parse_json(body, max_depth)
+    if not isinstance(data, dict):
+        return V1Body(is_object=False, data=data)
+    model = data.get("model")
+    return V1Body(is_object=True, model=model if isinstance(model, str) else None, stream=streams(data.get("stream")),
+                  has_stream_options="stream_options" in data, stream_options=data.get("stream_options"),
+                  prompt=data.get("messages", data.get("prompt")), data=data)
+
+
+async def inspect_v1(body: bytes, max_depth: int) -> V1Body:
+    """A /v1 JSON body checked (BodyError 400 saying why not) and its top-level fields read. Up to LEAN_BYTES as
+    parse_json checks every body; past it, without building it: UTF-8, JSON's syntax (NaN and Infinity are not
+    JSON), surrogate pairs and nesting up to msgspec's own limit (about 1,000 levels) are checked at C speed;
+    numbers past a float and nesting past ``max_depth`` are left to vLLM, which parses the body for real and
+    refuses what it cannot take."""
+    if len(body) <= LEAN_BYTES:
+        return _full(body, max_depth)
+    return await asyncio.to_thread(_lean, body)

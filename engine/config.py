@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -91,7 +91,22 @@ class AppConfig(BaseSettings):
     body_timeout_s: float = Field(60.0, gt=0, description="Longest a request's body may take to arrive once its "
                                   "headers have; past it: 408 (a client trickling a body holds no worker).")
     header_timeout_s: float = Field(10.0, gt=0, description="Longest a request's headers may take to arrive; past "
-                                    "it the connection is closed (slowloris).")
+                                    "it the connection is closed (slowloris). Engine and console.")
+    header_limit_bytes: int = Field(64 * 1024, ge=4096, le=1 << 20, description="Largest request head (request "
+                                    "line and headers) the engine and the console read; past it: 431 and the "
+                                    "connection closed, the rest unread (nginx and HAProxy take about as much).")
+    header_line_limit_bytes: int = Field(8 * 1024, ge=1024, le=1 << 20, description="Longest line of a request "
+                                         "head; past it: 414 for the request line (its URL), 431 for a header "
+                                         "line, and the connection closed, the rest unread.")
+    allowed_hosts: list[str] = Field(default_factory=list, description="Names (Host headers) the engine and the "
+                                     "console answer besides IP addresses, localhost, host, console_host and the "
+                                     "hosts of public_url and engine_url; others get 421 (a page on another site "
+                                     "whose name resolves here: DNS rebinding). '.example.com' covers its "
+                                     "subdomains, '*' any name. As JSON: LLMOPS_ALLOWED_HOSTS='[\"gpu-box\"]'.")
+    v1_body_budget_bytes: int = Field(128 << 20, ge=4096, description="Bytes of /v1 request bodies the engine holds "
+                                      "at once, all requests together (read, or waiting for vLLM). A request whose "
+                                      "body does not fit beside the others is refused with 503 and Retry-After at "
+                                      "once, before its body is read; at least body_limit_v1_bytes.")
     min_free_disk_bytes: int = Field(64 << 20, ge=0, description="Free space the data dir's disk must have for a "
                                      "change to be accepted; below it changes are refused with 507, nothing done.")
     ray_address: str | None = Field(None, description="A Ray cluster to place vLLM instances on (the address "
@@ -101,6 +116,14 @@ class AppConfig(BaseSettings):
                                     "is not imported.")
     log_max_bytes: int = Field(10_000_000, gt=0, description="Size at which vLLM's log file rotates.")
     log_backups: int = Field(5, ge=0, description="Rotated vLLM log files kept.")
+
+    @model_validator(mode="after")
+    def _budget_takes_a_body(self) -> AppConfig:
+        if self.v1_body_budget_bytes < self.body_limit_v1_bytes:
+            raise ValueError(f"v1_body_budget_bytes ({self.v1_body_budget_bytes:,}) is smaller than "
+                             f"body_limit_v1_bytes ({self.body_limit_v1_bytes:,}): a body the limit allows could "
+                             "never be taken; raise the budget or lower the limit")
+        return self
 
     @property
     def db_path(self) -> Path:

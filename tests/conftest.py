@@ -3,6 +3,7 @@ session's one real engine for the integration, console and browser tests."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,10 @@ import pytest
 
 from tests.support.data import make_data_dir
 from tests.support.engine import COLD_START_S, EngineHandle, running_engine
+
+# The apps the tests build answer the Host that Starlette's TestClient and schemathesis send ("testserver"), beside
+# their own names (engine/edge.py's Host check); tests/api/test_edge.py sets its own allowed_hosts.
+os.environ.setdefault("LLMOPS_ALLOWED_HOSTS", '["testserver"]')
 
 
 @pytest.fixture

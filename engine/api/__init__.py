@@ -17,6 +17,7 @@ from engine.api.routes import (
     audit,
     benchmarks,
     deployments,
+    docs,
     engine,
     events,
     gateway,
@@ -29,7 +30,8 @@ from engine.api.routes import settings as settings_routes
 from engine.api.services import Services
 
 ROUTERS = [health.router, engine.router, settings_routes.router, events.router, access.router, audit.router,
-           serving.router, gpu.router, benchmarks.router, prompts.router, gateway.router, deployments.router]
+           serving.router, gpu.router, benchmarks.router, prompts.router, gateway.router, deployments.router,
+           docs.router]
 # the routes that act on one deployment: today's /api/… act on the default one, and each is also mounted as
 # /api/deployments/{deployment}/… for any other (engine/api/deps.py `runtime` reads which)
 PER_DEPLOYMENT = [engine.router, settings_routes.router, events.router, serving.router, benchmarks.router]

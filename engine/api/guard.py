@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.api.gate import send_json
-from engine.bodies import BodyError, header, parse_json_async, read_body, replay
+from engine.bodies import BodyBudget, BodyError, header, parse_json_async, read_body, replay
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,10 @@ class Limits:
 
 
 class BodyGuard:
-    def __init__(self, app: ASGIApp, limits: Limits) -> None:
+    def __init__(self, app: ASGIApp, limits: Limits, budget: BodyBudget | None = None) -> None:
         self.app = app
         self.limits = limits
+        self.budget = budget  # /v1 bodies (/v1/generate) count in the data path's budget
 
     def _limit(self, path: str) -> int:
         if path.startswith("/v1/"):
@@ -49,17 +50,24 @@ class BodyGuard:
         limit = self._limit(path)
         headers = scope.get("headers") or []
         declared = header(headers, b"content-length")
+        hold = self.budget.hold() if v1 and self.budget is not None else None
         try:
-            if declared is not None and declared.isdigit() and int(declared) > limit:
-                raise BodyError(413, f"the body is {int(declared):,} bytes; this route takes at most {limit:,} "
-                                "(body_limit_*)")
-            body, tail = await read_body(receive, limit, self.limits.body_timeout_s)
-            if body:
-                await parse_json_async(body, self.limits.max_depth)
-        except BodyError as exc:
-            await refuse(send, v1, exc)
-            return
-        await self.app(scope, replay(body, tail, receive), send)
+            try:
+                if declared is not None and declared.isdigit() and int(declared) > limit:
+                    raise BodyError(413, f"the body is {int(declared):,} bytes; this route takes at most {limit:,} "
+                                    "(body_limit_*)")
+                if hold is not None and declared is not None and declared.isdigit():
+                    hold.grow_to(int(declared))
+                body, tail = await read_body(receive, limit, self.limits.body_timeout_s, hold)
+                if body:
+                    await parse_json_async(body, self.limits.max_depth)
+            except BodyError as exc:
+                await refuse(send, v1, exc)
+                return
+            await self.app(scope, replay(body, tail, receive), send)
+        finally:
+            if hold is not None:
+                hold.release()
 
 
 async def refuse(send: Send, v1: bool, exc: BodyError) -> None:
@@ -67,10 +75,11 @@ async def refuse(send: Send, v1: bool, exc: BodyError) -> None:
     acceptable JSON is a 422 shaped like every other validation error of the API (FastAPI's detail list)."""
     status = exc.status
     if v1:
-        kind = {400: "invalid_request_error", 408: "timeout", 413: "request_too_large"}.get(status, "error")
+        kind = {400: "invalid_request_error", 408: "timeout", 413: "request_too_large",
+                503: "service_unavailable"}.get(status, "error")
         body: dict[str, object] = {"error": {"message": str(exc), "type": kind, "code": status}}
     elif status == 400:
         status, body = 422, {"detail": [{"type": "json_invalid", "loc": ["body"], "msg": str(exc)}]}
     else:
         body = {"detail": str(exc)}
-    await send_json(send, status, body, [(b"connection", b"close")])
+    await send_json(send, status, body, [(b"connection", b"close"), *exc.headers])

@@ -107,13 +107,15 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
 
 def _console_command(port: int, engine_url: str, host: str = "127.0.0.1") -> tuple[list[str], dict[str, str]]:
-    spec = importlib.util.find_spec("console.server")  # located, not imported: the console is its own process
+    """The console's process: console/serve.py (uvicorn with the engine's bounded, timed heads and Host check in
+    front of console/server.py's app), not `streamlit run`, whose server reads heads of any size."""
+    spec = importlib.util.find_spec("console.serve")  # located, not imported: the console is its own process
     if spec is None or spec.origin is None:
-        raise SystemExit("the console package is not installed beside the engine (console/server.py not found)")
-    app = spec.origin
-    cmd = [sys.executable, "-m", "streamlit", "run", app, "--server.port", str(port), "--server.address", host,
-           "--server.headless", "true", "--browser.gatherUsageStats", "false", "--client.toolbarMode", "minimal"]
-    return cmd, {**os.environ, "LLMOPS_ENGINE_URL": engine_url}
+        raise SystemExit("the console package is not installed beside the engine (console/serve.py not found)")
+    root = str(Path(spec.origin).resolve().parent.parent)  # where this process found it, found there again
+    path = os.pathsep.join(dict.fromkeys([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
+    cmd = [sys.executable, "-m", "console.serve", "--port", str(port), "--host", host]
+    return cmd, {**os.environ, "LLMOPS_ENGINE_URL": engine_url, "PYTHONPATH": path}
 
 
 def cmd_console(args: argparse.Namespace) -> int:

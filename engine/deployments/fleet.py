@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +31,12 @@ from engine.db import DEFAULT_DEPLOYMENT, Database, Deployment
 from engine.deployments.store import DeploymentNotFoundError, DeploymentStore, is_id
 from engine.events import EventLog
 from engine.gateway import Admission
+from engine.gpu import Snapshot
+from engine.gpu.views import gpu_view
 from engine.metrics import ServingMonitor
 from engine.placement import Placement, make_placement
 from engine.revisions import HUB_ID, EngineSettings, FlagSource, RevisionStore, SettingsWriter
+from engine.schemas import FleetInstance, FleetOut, HostReading, NodeOut
 from engine.serving import DeploymentRef, Supervisor, reap_all
 
 log = logging.getLogger("llmops.deployments")
@@ -78,6 +83,12 @@ class Fleet:
         self._started = False
         planner.neighbours = self.neighbours
         self.on_change: list[Callable[[], None]] = []  # told when a deployment comes or goes (the gateway)
+        # the telemetry of the cluster's other nodes (Ray placement), sampled there: latest snapshot per node
+        self.node_snapshots: dict[str, Snapshot] = {}
+        self.node_ordinals: dict[str, int] = {}  # a node's number in history and alerts: its GPU i is n*100+i
+        self.node_sinks: list[Callable[[Snapshot], None]] = []  # history, alerts (set by the composition root)
+        self._telemetry: threading.Thread | None = None
+        self._telemetry_stop = threading.Event()
 
     # --- building a deployment's runtime --------------------------------------------------------------------
 
@@ -114,8 +125,12 @@ class Fleet:
             await self._add(row)
         self._started = True
         self._task = asyncio.create_task(self._run(), name="deployments")
+        if self.placement.kind == "ray":
+            self._telemetry = threading.Thread(target=self._poll_nodes, name="node-telemetry", daemon=True)
+            self._telemetry.start()
 
     async def shutdown(self) -> None:
+        self._telemetry_stop.set()
         await cancel_and_wait(self._task)
         for runtime in list(self.runtimes.values()):
             await self._stop(runtime)
@@ -250,6 +265,58 @@ class Fleet:
             for pid in runtime.supervisor.vllm_pids():
                 out[pid] = runtime.ref.name
         return out
+
+    # --- the fleet: nodes, their telemetry, the instances on each ----------------------------------------------
+
+    def _poll_nodes(self) -> None:
+        """Every sample interval: each node's own sampler (NVML there, or its host), its vLLM processes
+        attributed, into the fleet view and, labelled by node, the history and alerts (a thread: it waits on the
+        cluster)."""
+        interval = self.config.gpu_sample_interval_s
+        own = getattr(self.placement, "own_node", None)
+        while not self._telemetry_stop.wait(interval):
+            attribution: dict[str, dict[int, str | None]] = {}
+            for runtime in list(self.runtimes.values()):
+                for inst in list(runtime.supervisor.instances):
+                    if not inst.child.local and inst.child.node and inst.child.pid is not None:
+                        attribution.setdefault(inst.child.node, {})[inst.child.pid] = runtime.name
+            try:
+                snaps = self.placement.snapshots(attribution)  # type: ignore[attr-defined]
+            except Exception:  # a cluster that cannot be asked this round is asked again the next
+                log.exception("node telemetry: the cluster did not answer")
+                continue
+            self.node_snapshots = snaps
+            for node, snap in snaps.items():
+                if node == own:  # the engine's own host: its local sampler writes it already
+                    continue
+                number = self.node_ordinals.setdefault(node, len(self.node_ordinals) + 1)
+                labelled = dataclasses.replace(snap, gpus=[dataclasses.replace(g, index=number * 100 + g.index)
+                                                           for g in snap.gpus])
+                for sink in self.node_sinks:
+                    try:
+                        sink(labelled)
+                    except Exception:  # a failing sink must not stop the others; it is logged
+                        log.exception("node telemetry sink %r failed", sink)
+
+    def view(self, local: Snapshot) -> FleetOut:
+        """Nodes → GPUs (or the host) → instances (``local``: the engine host's own latest sample)."""
+        instances: dict[str | None, list[FleetInstance]] = {}
+        for runtime in sorted(self.runtimes.values(), key=lambda r: r.ref.id):
+            for inst in list(runtime.supervisor.instances):
+                instances.setdefault(inst.child.node, []).append(FleetInstance(
+                    deployment=runtime.name, name=inst.name, role=inst.role, revision=inst.revision.id,
+                    address=inst.child.url if inst.child.started else None, serving=inst.serving))
+        own = getattr(self.placement, "own_node", None)
+        nodes = []
+        for info in self.placement.nodes():
+            local_node = self.placement.kind == "local" or info.id == own
+            snap = local if local_node else self.node_snapshots.get(info.id)
+            host = HostReading.model_validate(snap.host) if snap is not None and snap.host else None
+            nodes.append(NodeOut(id=info.id, address=info.address, alive=info.alive, head=info.head, cpus=info.cpus,
+                                 gpus=info.gpus, memory_bytes=info.memory_bytes, telemetry=snap is not None,
+                                 gpu_readings=[gpu_view(g) for g in snap.gpus] if snap is not None else [], host=host,
+                                 instances=instances.get(None if self.placement.kind == "local" else info.id, [])))
+        return FleetOut(placement=self.placement.kind, nodes=nodes)
 
     def neighbours(self, of: DeploymentRef | None) -> list[Neighbour]:
         """What the other enabled deployments reserve (their desired revision's memory, on the GPUs they run on;

@@ -13,7 +13,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from engine.access.keys import GatewayKeys, KeyRefusedError
-from engine.bodies import BodyError, header, parse_json_async, read_body
+from engine.bodies import BodyBudget, BodyError, BodyHold, header, inspect_v1, read_body
 from engine.gateway.ledger import Record
 from engine.gateway.proxy import (
     HOP_HEADERS,
@@ -34,37 +34,29 @@ class BodyLimits:
     max_bytes: int
     timeout_s: float
     max_depth: int
+    budget_bytes: int = 128 << 20  # all requests' bodies together (v1_body_budget_bytes)
 
 
 def _error(status: int, message: str, kind: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode()
 
 
-TRUE_TEXTS = frozenset({"1", "true", "yes", "on", "t", "y"})
-
-
-def streams(value: Any) -> bool:
-    """Whether vLLM will stream this request: its request models are pydantic's, whose lax booleans take 1, 1.0
-    and "true", "yes", "on", "1"… as true (a ``"stream": 1`` streamed unmetered when only ``true`` counted)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int | float):
-        return value == 1
-    return isinstance(value, str) and value.strip().lower() in TRUE_TEXTS
-
-
 def prompt_text(data: Any) -> str | None:
-    """The prompt or messages as JSON, cut at 4,000 characters (only for sampled requests: it costs)."""
+    """The prompt or messages of a parsed body as JSON, cut at 4,000 characters."""
     prompt = data.get("messages", data.get("prompt")) if isinstance(data, dict) else None
     return None if prompt is None else json.dumps(prompt)[:4000]
 
 
+BODY_KINDS = {400: "invalid_request_error", 408: "timeout", 413: "request_too_large", 503: "service_unavailable"}
+
+
 class DataPath:
     def __init__(self, gateway: Gateway, keys: GatewayKeys, limits: BodyLimits,
-                 models: Callable[[], list[dict[str, Any]]] | None = None) -> None:
+                 budget: BodyBudget | None = None, models: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.gateway = gateway
         self.keys = keys
         self.limits = limits
+        self.budget = budget or BodyBudget(limits.budget_bytes)
         # GET /v1/models is answered here from the deployments that serve (None: forwarded to vLLM), so a client
         # sees every model of the gateway, and never a model's folder on this host (vLLM's `root`)
         self.models = models
@@ -94,34 +86,47 @@ class DataPath:
         if checked == "/v1/models" and self.models is not None:
             await send_simple(send, 200, json.dumps({"object": "list", "data": self.models()}).encode())
             return
-        body, tail, data = b"", None, None
+        hold = self.budget.hold()
+        try:
+            exchange = await self._exchange(scope, receive, send, method, checked, headers, hold)
+            if exchange is not None:  # (the body is referenced by the exchange alone: let go once vLLM has it)
+                exchange.on_sent = hold.release
+                await self.gateway.serve(exchange, receive, send)
+        finally:
+            hold.release()
+
+    async def _exchange(self, scope: Scope, receive: Receive, send: Send, method: str, checked: str,
+                        headers: list[tuple[bytes, bytes]], hold: BodyHold) -> Exchange | None:
+        """The request to forward, its body read within the limits and the budget; None when it was answered."""
+        body, tail, fields = b"", None, None
         try:
             if method not in ("GET", "HEAD"):
                 declared = header(headers, b"content-length")
-                if declared is not None and declared.isdigit() and int(declared) > self.limits.max_bytes:
-                    raise BodyError(413, f"the body is {int(declared):,} bytes; /v1 takes at most "
-                                    f"{self.limits.max_bytes:,} (body_limit_v1_bytes)")
-                body, tail = await read_body(receive, self.limits.max_bytes, self.limits.timeout_s)
+                if declared is not None and declared.isdigit():
+                    if int(declared) > self.limits.max_bytes:
+                        raise BodyError(413, f"the body is {int(declared):,} bytes; /v1 takes at most "
+                                        f"{self.limits.max_bytes:,} (body_limit_v1_bytes)")
+                    hold.grow_to(int(declared))  # before a byte is read
+                body, tail = await read_body(receive, self.limits.max_bytes, self.limits.timeout_s, hold)
                 content_type = (header(headers, b"content-type") or "").lower()
                 if body and (not content_type or "json" in content_type):
-                    data = await parse_json_async(body, self.limits.max_depth)
+                    fields = await inspect_v1(body, self.limits.max_depth)
         except BodyError as exc:
-            kind = {400: "invalid_request_error", 408: "timeout", 413: "request_too_large"}[exc.status]
-            await send_simple(send, exc.status, _error(exc.status, str(exc), kind), [(b"connection", b"close")])
-            return
+            await send_simple(send, exc.status, _error(exc.status, str(exc), BODY_KINDS[exc.status]),
+                              [(b"connection", b"close"), *exc.headers])
+            return None
         if tail is not None:  # the client left while sending: nothing to answer
-            return
-        stream = isinstance(data, dict) and streams(data.get("stream"))
-        asked = with_usage(body, data) if checked in USAGE_PATHS and stream else None
+            return None
+        stream = fields is not None and fields.stream
+        asked = with_usage(body, fields) if fields is not None and checked in USAGE_PATHS and stream else None
         client = header(headers, b"x-llmops-client") or (scope["client"][0] if scope.get("client") else "")
-        model = data.get("model") if isinstance(data, dict) else None
+        model = fields.model if fields is not None else None
         ledger = self.gateway.ledger
-        record = Record(ts=0.0, revision_id=None, model=model[:200] if isinstance(model, str) else "",
+        record = Record(ts=0.0, revision_id=None, model=model[:200] if model else "",
                         endpoint=checked, stream=stream, status=0, latency_s=0.0, client=client[:200],
-                        prompt=prompt_text(data) if ledger is not None and ledger.sample_prompt() else None)
-        exchange = Exchange(method=method, path=checked, query=forward_query(scope.get("query_string", b"")),
-                            headers=[(k, v) for k, v in headers if k not in HOP_HEADERS and k != b"x-llmops-client"],
-                            body=asked or body, stream=stream, hide_usage=asked is not None, record=record,
-                            admission=self.gateway.route(model if isinstance(model, str) else None))
-        await self.gateway.serve(exchange, receive, send)
-
+                        prompt=fields.prompt_text() if fields is not None and ledger is not None
+                        and ledger.sample_prompt() else None)
+        return Exchange(method=method, path=checked, query=forward_query(scope.get("query_string", b"")),
+                        headers=[(k, v) for k, v in headers if k not in HOP_HEADERS and k != b"x-llmops-client"],
+                        body=asked or body, stream=stream, hide_usage=asked is not None, record=record,
+                        admission=self.gateway.route(model))

@@ -18,15 +18,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Message, Receive, Send
 
+from engine.bodies import V1Body
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.gateway.ledger import Ledger, Record
 from engine.gateway.upstream import Client, Connection, Head, UpstreamError, UpstreamTimeoutError
@@ -202,9 +205,17 @@ class Exchange:
     body: bytes
     stream: bool = False
     hide_usage: bool = False
-    admission: Admission | None = None  # of the deployment the request's model names (None: no such deployment)
     record: Record = field(default_factory=lambda: Record(ts=0, revision_id=None, model="", endpoint="", stream=False,
                                                           status=0, latency_s=0.0, client=""))
+    on_sent: Callable[[], None] | None = None  # told once vLLM has the body (the data path's budget)
+    admission: Admission | None = None  # of the deployment the request's model names (None: no such deployment)
+
+    def sent(self) -> None:
+        """vLLM has read the body and answered: let it go (no retry will need it)."""
+        self.body = b""
+        if self.on_sent is not None:
+            self.on_sent()
+            self.on_sent = None
 
 
 @dataclass(frozen=True)
@@ -243,29 +254,76 @@ def forward_query(query: bytes) -> str:
     return urlencode([(k, v) for k, v in pairs if k.lower() not in _SECRET_PARAMS])
 
 
-def with_usage(body: bytes, data: Any) -> bytes | None:
-    """The streamed request asking vLLM for a final usage chunk, or None if it already does or cannot be asked
-    (the caller has decided that it streams)."""
-    if not isinstance(data, dict) or not data:
+def with_usage(body: bytes, fields: V1Body) -> bytes | None:
+    """The request asking vLLM for a final usage chunk, or None if it already does or cannot be asked."""
+    if not fields.is_object or not fields.stream:
         return None
-    options = data.get("stream_options")
-    if options is None and "stream_options" not in data:
+    if not fields.has_stream_options:
         start = body.index(b"{")  # an object with at least one key: prepend ours, no re-encoding
         return body[:start + 1] + b'"stream_options":{"include_usage":true},' + body[start + 1:]
+    options = fields.stream_options
     if isinstance(options, dict) and not options.get("include_usage"):
-        return json.dumps({**data, "stream_options": {**options, "include_usage": True}}).encode()
+        merged = {**options, "include_usage": True}
+        if fields.data is not None:
+            return json.dumps({**fields.data, "stream_options": merged}).encode()
+        return _splice(body, fields.stream_options_raw, json.dumps(merged).encode())
     return None
 
 
+_COLON = re.compile(rb"\s*:\s*")
+
+
+def _splice(body: bytes, raw: bytes, value: bytes) -> bytes | None:
+    """``body`` with the value of its stream_options (``raw``, as sent) replaced by ``value``, without parsing
+    the body: when the key appears exactly once, as sent (a quote inside a JSON string is always escaped, so
+    these bytes are a key or a whole string). None when it cannot be placed so: the stream is not metered."""
+    key = b'"stream_options"'
+    if not raw or body.count(key) != 1:
+        return None
+    colon = _COLON.match(body, body.index(key) + len(key))
+    if colon is None or colon.end() == colon.start() or body[colon.end():colon.end() + len(raw)] != raw:
+        return None
+    at = colon.end()
+    return body[:at] + value + body[at + len(raw):]
+
+
+class _Usage(msgspec.Struct):
+    usage: Any = None
+
+
+_USAGE_OF = msgspec.json.Decoder(_Usage)
+
+
 def usage_of(content: bytes) -> tuple[int | None, int | None]:
-    """(prompt_tokens, completion_tokens) of a non-streamed OpenAI response."""
+    """(prompt_tokens, completion_tokens) of a non-streamed OpenAI response (only its usage is built)."""
     try:
-        usage = json.loads(content).get("usage") or {}
-    except (ValueError, AttributeError):
+        usage = _USAGE_OF.decode(content).usage
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None, None
     if not isinstance(usage, dict):
         return None, None
     return usage.get("prompt_tokens"), usage.get("completion_tokens")
+
+
+ERROR_BODY_LIMIT = 64 * 1024  # an upstream error answer past this is replaced by a short one (it may echo input)
+ERROR_MESSAGE_KEEP = 1000  # characters of vLLM's own message kept in that short answer
+_MESSAGE = re.compile(rb'"message"\s*:\s*"((?:[^"\\]|\\.){0,%d})' % ERROR_MESSAGE_KEEP, re.S)
+_WHOLE_ESCAPES = re.compile(rb'(?:[^"\\]|\\u[0-9a-fA-F]{4}|\\["\\/bfnrt])*')  # no escape cut in two
+_KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+          413: "request_too_large", 422: "invalid_request_error", 429: "rate_limit"}
+
+
+def short_error(status: int, start: bytes, size: int | None) -> bytes:
+    """An OpenAI-style error in place of vLLM's over-long one: the start of vLLM's message, and what was cut."""
+    message = start[:ERROR_MESSAGE_KEEP].decode("utf-8", "replace")
+    if m := _MESSAGE.search(start):
+        text = _WHOLE_ESCAPES.match(m[1])[0]  # type: ignore[index]  # matches (maybe nothing) at the start
+        with contextlib.suppress(ValueError):  # control characters vLLM would not send: its bytes as they are
+            message = json.loads('"' + text.decode("utf-8", "ignore") + '"')
+    message = message.encode("utf-8", "replace").decode()  # a surrogate pair cut in two: no lone half
+    told = f"{size:,} bytes" if size is not None else f"over {ERROR_BODY_LIMIT:,} bytes"
+    note = f" [vLLM's error answer was {told}; cut to the start of its message]"
+    return _error(status, message[:ERROR_MESSAGE_KEEP] + "…" + note, _KINDS.get(status, "upstream_error"))
 
 
 class StreamMeter:
@@ -325,7 +383,8 @@ class Gateway:
     model no deployment serves), through that deployment's admission."""
 
     def __init__(self, route: Callable[[str | None], Admission | None], upstream_timeout_s: float,
-                 ledger: Ledger | None = None, retry_after_s: int = 5) -> None:
+                 ledger: Ledger | None = None,
+                 retry_after_s: int = 5) -> None:
         self.route = route
         self.upstream_timeout_s = upstream_timeout_s
         self.retry_after_s = retry_after_s
@@ -347,8 +406,7 @@ class Gateway:
         self.ledger.record(rec)
 
     async def _open_upstream(self, ex: Exchange, t0: float) -> tuple[Upstream, Connection, Head] | Refused:
-        """Send the request to an upstream of its deployment; on a connection that fails before any answer, to
-        the next one."""
+        """Send the request to an upstream; on a connection that fails before any answer, to the next one."""
         rec = ex.record
         admission = ex.admission
         if admission is None:
@@ -397,6 +455,19 @@ class Gateway:
             parts.append(data)
         return b"".join(parts)
 
+    async def _read_answer(self, conn: Connection, head: Head) -> tuple[bytes, bool]:
+        """The body of a non-streamed answer, and whether it was replaced: whole when 2xx; an error answer past
+        ERROR_BODY_LIMIT is read no further (the connection is closed) and replaced by ``short_error``."""
+        if 200 <= head.status < 300:
+            return await self._read_all(conn), False
+        parts, size = [], 0
+        while data := await conn.read():
+            parts.append(data)
+            size += len(data)
+            if size > ERROR_BODY_LIMIT:
+                return short_error(head.status, b"".join(parts)[:ERROR_BODY_LIMIT], head.length), True
+        return b"".join(parts), False
+
     async def complete(self, path: str, body: bytes, client: str, model: str | None = None) -> tuple[int, bytes]:
         """A non-streamed request (POST ``path``) to the deployment ``model`` names (None: the default one), for
         the engine's own /v1/generate: (status, body)."""
@@ -409,7 +480,7 @@ class Gateway:
             return opened.status, opened.body
         upstream, conn, head = opened
         try:
-            content = await self._read_all(conn)
+            content, _ = await self._read_answer(conn, head)
         except UpstreamError as exc:
             self._done(ex.record, t0, 502, str(exc))
             return 502, _error(502, f"vLLM's answer could not be read: {exc}", "upstream_error")
@@ -429,13 +500,17 @@ class Gateway:
             await send_simple(send, opened.status, opened.body, opened.headers)
             return
         upstream, conn, head = opened
+        ex.sent()  # vLLM has read the body (it answered): it is not held any longer
         rec = ex.record
         try:
             headers = [(k, v) for k, v in head.headers if k not in HOP_HEADERS]
             streaming = any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
             if not streaming:
                 try:
-                    content = await self._read_all(conn)
+                    content, replaced = await self._read_answer(conn, head)
+                    if replaced:
+                        headers = [*[(k, v) for k, v in headers if k != b"content-type"],
+                                   (b"content-type", b"application/json")]
                 except UpstreamError as exc:
                     self._done(rec, t0, 502, str(exc))
                     await send_simple(send, 502, _error(502, f"vLLM's answer could not be read: {exc}",

@@ -68,9 +68,12 @@ class VllmProcessImpl:
         self._lock = threading.Lock()
         self._done = threading.Event()
 
-    def start(self, args: list[str], env: dict[str, str], cwd: str | None) -> dict[str, Any]:
-        """Start vLLM listening on this node's address and a free port there: (pid, address, port, node)."""
-        host = node_ip()
+    def start(self, args: list[str], env: dict[str, str], cwd: str | None, host: str | None = None
+              ) -> dict[str, Any]:
+        """Start vLLM listening on this node's address (``host``: another, for a test without Ray) and a free port
+        there: (pid, address, port, node)."""
+        in_ray = host is None
+        host = host or node_ip()
         port = free_port(host)
         args = list(args)
         if "-m" in args:  # vLLM runs in this node's Python (the one Ray's workers run in), not the engine's path
@@ -88,7 +91,7 @@ class VllmProcessImpl:
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL, start_new_session=True)
         threading.Thread(target=self._pump, daemon=True, name=f"vllm-{self.name}-log").start()
-        return {"pid": self.proc.pid, "address": host, "port": port, "node": _node_id()}
+        return {"pid": self.proc.pid, "address": host, "port": port, "node": _node_id() if in_ray else None}
 
     def _pump(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
@@ -187,8 +190,15 @@ class NodeAgentImpl:
         self.sampler = Sampler(pynvml, interval_s, lambda: dict(self.ours), [], lambda *_: None)
 
     def attribute(self, pids: dict[int, str | None]) -> None:
-        """Which processes on this node are which deployment's vLLM (the engine says, each tick)."""
-        self.ours = pids
+        """Which processes on this node are which deployment's vLLM (the engine names each server; its engine core
+        and workers, descendants of it, are the same deployment's)."""
+        import psutil
+
+        ours = dict(pids)
+        for pid, deployment in pids.items():
+            with contextlib.suppress(psutil.Error):
+                ours.update({p.pid: deployment for p in psutil.Process(pid).children(recursive=True)})
+        self.ours = ours
 
     def snapshot(self) -> Any:
         """One reading now (NVML per GPU, or the host): the engine's own Snapshot."""

@@ -40,6 +40,7 @@ class RayPlacement:
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
         self.address = address
         self.sample_interval_s = sample_interval_s
+        self.own_node = str(ray.get_runtime_context().get_node_id())  # the engine's own host, when in the cluster
         self._agents: dict[str, Any] = {}
 
     def nodes(self) -> list[NodeInfo]:

@@ -41,7 +41,10 @@ from engine.schemas.deployments import (
     DeploymentMemory,
     DeploymentOut,
     DeploymentPatch,
+    FleetInstance,
+    FleetOut,
     ModelsListOut,
+    NodeOut,
 )
 from engine.schemas.engine import (
     ActionOut,
@@ -110,6 +113,8 @@ __all__ = [
     "EventOut",
     "Finding",
     "FitValue",
+    "FleetInstance",
+    "FleetOut",
     "GatewayCounts",
     "GatewayInfo",
     "GpuHistoryOut",
@@ -128,6 +133,7 @@ __all__ = [
     "ModelCard",
     "ModelShapeOut",
     "ModelsListOut",
+    "NodeOut",
     "OkOut",
     "PlanKind",
     "Prediction",

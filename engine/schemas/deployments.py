@@ -7,6 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from engine.schemas.common import EngineState
+from engine.schemas.gpu import GpuView, HostReading
 
 NAME = r"^[\w.:/-]{1,128}$"
 
@@ -89,3 +90,34 @@ class ModelsListOut(BaseModel):
 class CreatedDeploymentOut(DeploymentOut):
     revision: int
     warnings: list[dict[str, JsonValue]] = Field(default_factory=list)
+
+
+class FleetInstance(BaseModel):
+    deployment: str
+    name: str
+    role: str
+    revision: int | None
+    address: str | None
+    serving: bool
+
+
+class NodeOut(BaseModel):
+    """A machine of the fleet: the engine's host (local placement) or a node of the Ray cluster, its GPUs (or its
+    host reading where it has none), and the instances on it."""
+
+    id: str
+    address: str
+    alive: bool
+    head: bool
+    cpus: float
+    gpus: float
+    memory_bytes: int
+    telemetry: bool = Field(description="its sampler answered this round")
+    gpu_readings: list[GpuView] = Field(default_factory=list)
+    host: HostReading | None = None
+    instances: list[FleetInstance] = Field(default_factory=list)
+
+
+class FleetOut(BaseModel):
+    placement: str = Field(description="'local' (child processes of the engine) or 'ray'")
+    nodes: list[NodeOut]

@@ -82,11 +82,17 @@ def test_token_create_list_revoke(idle_engine: EngineHandle) -> None:
     assert "401" in llmops("status", "--port", str(idle_engine.port), token=viewer).stderr
 
 
-def test_console_command_runs_the_console_server_script() -> None:
-    """`llmops console` once pointed at engine/console/server.py after the CLI moved into engine/cli/."""
+def test_console_command_runs_the_console_behind_the_edge() -> None:
+    """`llmops console` once pointed at engine/console/server.py after the CLI moved into engine/cli/; then ran
+    `streamlit run`, whose server read request heads of any size (issue 17): it runs console/serve.py now, found
+    where the CLI found it."""
+    import importlib.util
+
     from engine.cli.main import _console_command
 
     cmd, env = _console_command(8501, "http://127.0.0.1:8000")
-    script = Path(cmd[cmd.index("run") + 1])
-    assert script.is_file() and script.name == "server.py" and script.parent.name == "console"
+    assert cmd[1:3] == ["-m", "console.serve"] and cmd[cmd.index("--port") + 1] == "8501"
+    spec = importlib.util.find_spec("console.serve")
+    assert spec is not None and spec.origin is not None
+    assert str(Path(spec.origin).resolve().parent.parent) in env["PYTHONPATH"].split(os.pathsep)
     assert env["LLMOPS_ENGINE_URL"] == "http://127.0.0.1:8000"

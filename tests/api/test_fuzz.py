@@ -34,7 +34,8 @@ def _app() -> FastAPI:
 
 
 APP = _app()
-schema: Any = schemathesis.openapi.from_asgi("/openapi.json", APP)
+schema: Any = schemathesis.openapi.from_asgi("/openapi.json", APP,  # a signed-in route: the schema is not public
+                                             headers={"authorization": f"Bearer {APP.state.fuzz_token}"})
 # Actions that start or stop vLLM or a benchmark would run real processes: their refusals are covered elsewhere.
 # /readyz answers 503 by design while vLLM is down, and has no input to fuzz. Signing out and revoking tokens
 # could revoke the fuzzer's own token and make every later case a vacuous 401.

@@ -12,21 +12,18 @@ import os
 import socket
 import sqlite3
 import stat
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from engine.app import create_app
 from engine.config import AppConfig
 from engine.serving.logs import ChildLog
 from tests.support.engine import ADMIN_PASSWORD
-from tests.support.wait import wait_until
 
 
 def deep(n: int) -> str:
@@ -283,21 +280,13 @@ def test_uvicorns_access_log_leaves_out_a_key_sent_in_the_url() -> None:
 @pytest.fixture
 def served(data_dir: Path) -> Iterator[int]:
     """The engine's app behind a real uvicorn, with the engine's own HTTP protocol (header timeout 1 s)."""
-    from engine.api.slow import header_timeout_protocol
+    from engine.edge import edge_protocol, head_limits
+    from tests.support.served import serving
 
-    app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD,
-                               body_timeout_s=1.0))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           http=header_timeout_protocol(1.0)))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, 30, what="uvicorn")
-    yield port
-    server.should_exit = True
-    thread.join(30)
+    config = AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD, body_timeout_s=1.0,
+                       header_timeout_s=1.0)
+    with serving(create_app(config), edge_protocol(head_limits(config))) as port:
+        yield port
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> bytes:
@@ -314,14 +303,14 @@ def _closed_within(sock: socket.socket, seconds: float) -> bytes:
 
 def test_unfinished_headers_are_timed_out(served: int) -> None:
     with socket.create_connection(("127.0.0.1", served)) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and then one header line now and then
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and then one header line now and then
         sock.sendall(b"X-a: 1\r\n")
         _closed_within(sock, 10)
 
 
 def test_a_trickling_body_is_timed_out(served: int) -> None:
     with socket.create_connection(("127.0.0.1", served)) as sock:
-        sock.sendall(b"POST /api/auth/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock.sendall(b"POST /api/auth/login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 100\r\n\r\n{\"user")
         got = _closed_within(sock, 10)
         assert b" 408 " in got.split(b"\r\n", 1)[0]
@@ -329,7 +318,7 @@ def test_a_trickling_body_is_timed_out(served: int) -> None:
 
 def test_a_raw_dot_segment_path_is_refused_before_vllm(served: int) -> None:
     with socket.create_connection(("127.0.0.1", served)) as sock:
-        sock.sendall(b"GET /v1/../metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        sock.sendall(b"GET /v1/../metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         got = _closed_within(sock, 10)
         assert got.split(b"\r\n", 1)[0].split(b" ")[1] in (b"400", b"404"), got[:200]
 

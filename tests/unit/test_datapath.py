@@ -11,13 +11,16 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, MutableMapping
+from functools import partial
 from typing import Any
 
 import pytest
 from aiohttp import web
 
 from engine.access import GatewayKeys, RateLimiter
+from engine.bodies import BodyBudget, BodyError, V1Body, inspect_v1
 from engine.gateway import Admission, BodyLimits, DataPath, Gateway, StreamMeter, check_path, forward_query, with_usage
+from tests.support.wait import eventually
 
 
 class FakeAuth:
@@ -70,7 +73,7 @@ async def drive(app: DataPath, method: str, path: str, body: bytes = b"", header
 
 
 async def with_upstream(handler: Any) -> AsyncIterator[str]:
-    app = web.Application()
+    app = web.Application(client_max_size=64 << 20)
     app.router.add_route("*", "/{tail:.*}", handler)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -111,12 +114,17 @@ def test_secrets_in_the_query_string_do_not_reach_vllm() -> None:
     assert forward_query(b"") == ""
 
 
+def fields(body: bytes) -> V1Body:
+    return asyncio.run(inspect_v1(body, 64))
+
+
 def test_usage_is_asked_for_by_prepending_bytes_not_reencoding() -> None:
     body = b'{"model":"m","stream":true,"prompt":"\\u00e9"}'
-    asked = with_usage(body, json.loads(body))
+    asked = with_usage(body, fields(body))
     assert asked == b'{"stream_options":{"include_usage":true},"model":"m","stream":true,"prompt":"\\u00e9"}'
-    assert with_usage(b'{"stream":true,"stream_options":{"include_usage":true}}',
-                      {"stream": True, "stream_options": {"include_usage": True}}) is None
+    already = b'{"stream":true,"stream_options":{"include_usage":true}}'
+    assert with_usage(already, fields(already)) is None
+    assert with_usage(b'{"stream":false}', fields(b'{"stream":false}')) is None
 
 
 @pytest.mark.parametrize(("value", "expected"), [(True, True), (1, True), (1.0, True), ("true", True),
@@ -124,12 +132,11 @@ def test_usage_is_asked_for_by_prepending_bytes_not_reencoding() -> None:
                                                  ("false", False), (None, False), ([1], False), (2, False)])
 def test_a_stream_is_recognised_as_vllm_reads_the_flag(value: object, expected: bool) -> None:
     """Outside probe: ``"stream": 1`` streamed (vLLM's pydantic reads it as true) but skipped usage metering."""
-    from engine.gateway.datapath import streams
-
-    assert streams(value) is expected
-    if expected:  # and such a stream is asked for its usage chunk like any other
-        body = json.dumps({"model": "m", "stream": value}).encode()
-        assert with_usage(body, json.loads(body)) is not None
+    body = json.dumps({"model": "m", "stream": value}).encode()
+    assert fields(body).stream is expected
+    assert (with_usage(body, fields(body)) is not None) is expected  # such a stream is asked for its usage
+    big = json.dumps({"model": "m", "stream": value, "prompt": "x" * (2 << 20)}).encode()  # the lean path too
+    assert asyncio.run(inspect_v1(big, 64)).stream is expected
 
 
 def test_the_usage_chunk_is_read_and_hidden_even_when_split_across_reads() -> None:
@@ -294,3 +301,153 @@ def test_vllm_routes_beyond_the_api_are_not_reached(path: str) -> None:
             assert status in (400, 404) and hits == []
 
     asyncio.run(go())
+
+
+# --- issue 17: errors echoed whole, bodies held without a total, big bodies built ---------------------------------
+
+MiB = 1 << 20
+
+
+def test_an_upstream_error_past_the_bound_is_cut_to_the_start_of_its_message() -> None:
+    """vLLM's 404 for an unknown model echoes the name: a 20 MiB name came back through the gateway whole."""
+    name = "m" * (20 * MiB)
+    huge = json.dumps({"error": {"message": f"The model `{name}` does not exist.", "type": "NotFoundError",
+                                 "param": "model", "code": 404}}).encode()
+    small = json.dumps({"error": {"message": "The model `x` does not exist.", "type": "NotFoundError",
+                                  "param": "model", "code": 404}}).encode()
+
+    async def vllm(request: web.Request) -> web.StreamResponse:
+        body = huge if (await request.read()).startswith(b'{"model": "m') else small
+        if request.query.get("chunked"):
+            resp = web.StreamResponse(status=404, headers={"content-type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            for i in range(0, len(body), MiB):
+                await resp.write(body[i:i + MiB])
+            return resp
+        return web.Response(status=404, body=body, content_type="application/json")
+
+    async def go() -> None:
+        async for url in with_upstream(vllm):
+            admission = Admission(4, 1)
+            await admission.open(url, 1)
+            path = make_path(admission, max_bytes=32 * MiB)
+            for query in (b"", b"chunked=1"):
+                request = json.dumps({"model": name, "prompt": "x"}).encode()
+                scope_path = "/v1/completions"
+                status, headers, out, _ = await drive_query(path, scope_path, request, query)
+                assert status == 404 and len(out) < 4096, len(out)
+                error = json.loads(out)["error"]
+                assert error["message"].startswith("The model `mmmm") and "cut to the start" in error["message"]
+                assert error["code"] == 404 and headers["content-type"] == "application/json"
+                assert admission.in_flight == 0
+            status, _, out, _ = await drive(path, "POST", "/v1/completions", b'{"model": "x"}',
+                                            {"content-type": "application/json"})
+            assert status == 404 and out == small  # an error of ordinary size passes as vLLM wrote it
+            await path.gateway.aclose()
+
+    asyncio.run(go())
+
+
+async def drive_query(app: DataPath, path: str, body: bytes, query: bytes) -> tuple[int, dict[str, str], bytes, int]:
+    sent: list[dict[str, Any]] = []
+    given = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": query,
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1)}
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], {k.decode(): v.decode() for k, v in start["headers"]}, out, 1
+
+
+def given_back(budget: BodyBudget) -> bool:
+    return budget.held == 0
+
+
+def test_bodies_past_the_total_budget_get_503_before_being_read_and_the_budget_comes_back() -> None:
+    """Six concurrent 31 MiB bodies took the engine from 103 to 603 MB: the limit was per request, none in total."""
+    answer, finish = asyncio.Event(), asyncio.Event()
+    seen: list[int] = []
+
+    async def slow_vllm(request: web.Request) -> web.StreamResponse:
+        seen.append(len(await request.read()))
+        await answer.wait()  # vLLM has the body, not yet answered: the gateway keeps it (a retry may need it)
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        await finish.wait()  # answered: the stream goes on without the body
+        await resp.write(b'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n')
+        return resp
+
+    async def go() -> None:
+        async for url in with_upstream(slow_vllm):
+            admission = Admission(8, 5)
+            await admission.open(url, 1)
+            keys = GatewayKeys(FakeAuth(), RateLimiter(), False)  # type: ignore[arg-type]
+            gateway = Gateway(lambda _, a=admission: a, 10.0)  # type: ignore[misc]
+            path = DataPath(gateway, keys, BodyLimits(MiB, 5.0, 64, budget_bytes=int(1.5 * MiB)))
+            body = b'{"stream": true, "prompt": "' + b"a" * (MiB - 100) + b'"}'
+            first = asyncio.ensure_future(drive(path, "POST", "/v1/completions", body,
+                                                {"content-type": "application/json"}))
+            await eventually(lambda: len(seen) == 1, 10, what="vLLM reading the first body")
+            assert path.budget.held == len(body)
+            status, headers, out, reads = await drive(path, "POST", "/v1/completions", body,
+                                                      {"content-type": "application/json"})
+            assert status == 503 and reads == 0 and headers["retry-after"].isdigit()
+            assert "v1_body_budget_bytes" in json.loads(out)["error"]["message"]
+            chunks = [b'{"prompt": "', b"a" * (MiB * 4 // 10), b"a" * (MiB * 4 // 10), b'"}']  # no length declared
+            status, _, _, reads = await drive(path, "POST", "/v1/completions", headers={}, chunks=chunks)
+            assert status == 503 and reads == 3  # cut off as it grew past the budget
+            assert path.budget.held == len(body)  # the refused ones gave theirs back
+            answer.set()
+            await eventually(partial(given_back, path.budget), 10, what="the budget given back once vLLM answered")
+            again = asyncio.ensure_future(drive(path, "POST", "/v1/completions", body,
+                                                {"content-type": "application/json"}))
+            await eventually(lambda: len(seen) == 2, 10, what="a body taken while the first still streams")
+            finish.set()
+            assert (await first)[0] == 200 and (await again)[0] == 200
+            assert path.budget.held == 0 and admission.in_flight == 0
+            await path.gateway.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_big_body_is_checked_as_json_without_being_built() -> None:
+    pad = b"a" * (2 * MiB)
+    for bad, reason in ((b'{"x": NaN, "p": "' + pad + b'"}', "NaN"), (b'{"p": "' + pad + b'", "x": -Infinity}',
+                                                                       "Infinity"),
+                        (b'{"p": "' + pad + b'\xff"}', "not UTF-8"), (b'{"p": "' + pad + b'\\udc00"}', "surrogate"),
+                        (b'{"p": "' + pad + b'"} x', "not valid JSON"), (b'{"p": "' + pad + b'", "x": ' + b"[" * 5000
+                                                                         + b"]" * 5000 + b"}", "nested"),
+                        (b'{"p": "' + pad + b'", "x": [1,]}', "not valid JSON")):
+        with pytest.raises(BodyError, match=reason) as refused:
+            fields(bad)
+        assert refused.value.status == 400 and len(str(refused.value)) < 400
+    ids = json.dumps({"model": "demo", "stream": True, "stream_options": {"continuous_usage_stats": False},
+                      "prompt": list(range(1000, 1_000_000))}).encode()
+    import tracemalloc
+
+    tracemalloc.start()
+    read = fields(ids)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < len(ids) // 2, f"{peak:,} bytes allocated to read a {len(ids):,}-byte body"  # built: 7x its size
+    assert read.model == "demo" and read.stream and read.data is None
+    assert (read.prompt_text() or "").startswith("[1000, 1001")
+    asked = with_usage(ids, read)
+    assert asked is not None and json.loads(asked)["stream_options"] == {"continuous_usage_stats": False,
+                                                                        "include_usage": True}
+    assert json.loads(asked)["prompt"] == json.loads(ids)["prompt"]
+    assert not fields(b"[" + b"1," * MiB + b"1]").is_object  # valid JSON, not an object: vLLM says what it wants

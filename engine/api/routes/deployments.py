@@ -26,6 +26,7 @@ from engine.schemas import (
     DeploymentMemory,
     DeploymentOut,
     DeploymentPatch,
+    FleetOut,
     ModelsListOut,
 )
 from engine.serving import DeploymentRef
@@ -202,6 +203,13 @@ def delete(request: Request, store: DeploymentsDep, fleet: FleetDep, note: NoteD
     note.after = {"deleted": deleted.as_dict()}
     fleet.wake()
     return DeletionOut(name=name, **deleted.as_dict())
+
+
+@router.get("/api/fleet", response_model=FleetOut, dependencies=access("viewer"))
+def fleet_view(svc: ServicesDep, fleet: FleetDep) -> FleetOut:
+    """The fleet at a glance: each node (the engine's host, or every node of the Ray cluster, the dead ones
+    marked), its GPUs as its own sampler read them (or its host where it has none), and the instances on it."""
+    return fleet.view(svc.sampler.latest)
 
 
 @router.get("/api/models", response_model=ModelsListOut, dependencies=access("viewer"))

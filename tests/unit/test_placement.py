@@ -1,0 +1,63 @@
+"""Placement: the local path never imports Ray; the Ray path's actor code (engine/placement/actor.py) is imported by
+Ray's workers, and its guard kills vLLM's process group when the actor that started it is gone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def test_no_ray_on_the_local_path(tmp_path: Path) -> None:
+    """`make run` and every other test run without Ray: the engine with local placement never imports it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from engine.app import create_app; from engine.config import AppConfig; "
+            f"create_app(AppConfig(data_dir={str(tmp_path)!r}, autostart=False)); print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+# An actor as Ray runs one: a process holding VllmProcessImpl, which starts a server that forks a worker (as
+# vLLM's API server forks its engine core); then the actor dies as a node loss kills it, by SIGKILL.
+ACTOR = """
+import sys, time
+from engine.placement.actor import VllmProcessImpl
+tree = "import os, time\\nif os.fork() == 0:\\n    print('worker', os.getpid(), flush=True)\\n" \\
+       "    time.sleep(300)\\nprint('server', os.getpid(), flush=True)\\ntime.sleep(300)\\n"
+actor = VllmProcessImpl("a")
+info = actor.start([sys.executable, "-c", tree, "--port", "0"], {}, sys.argv[1], host="127.0.0.1")
+while len(actor.read(0)[1]) < 2:
+    time.sleep(0.05)
+print(info["pid"], flush=True)
+time.sleep(300)
+"""
+
+
+def test_the_guard_stops_vllm_when_its_actor_dies(tmp_path: Path) -> None:
+    """A node lost (its raylet and actors SIGKILLed) must not leave its vLLM serving and holding memory: vLLM's
+    engine core outlives its API server, so the actor starts a guard that kills the whole group."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from engine.serving import group_members
+    from tests.support.wait import wait_until
+
+    actor = subprocess.Popen([sys.executable, "-c", ACTOR, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert actor.stdout is not None
+        group = int(actor.stdout.readline())
+        members = group_members(group)
+        assert len(members) == 2  # the server and its worker, in a group of their own
+        assert Path(os.readlink(f"/proc/{group}/cwd")) == tmp_path
+        os.kill(actor.pid, signal.SIGKILL)
+        wait_until(lambda: group_members(group) == [], 10, every=0.1, what="the guard stopping the group")
+        assert not any(psutil.pid_exists(p.pid) and p.status() != psutil.STATUS_ZOMBIE for p in members)
+    finally:
+        actor.kill()
+        actor.wait(10)
