@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.capacity.calibration import CalibrationStore, StartReport
-from engine.capacity.model import Device, ModelShape, batched_tokens, estimate_activation, load_shape, predict
-from engine.capacity.plans import PlanInputs, Running, plan_apply
+from engine.capacity.model import GIB, Device, ModelShape, batched_tokens, estimate_activation, load_shape, predict
+from engine.capacity.plans import MARGIN_BYTES, PlanInputs, Running, cpu_need_bytes, plan_apply
 from engine.capacity.preflight import Neighbour, PreflightResult, check, find_model_config
 from engine.revisions import EngineSettings
 from engine.schemas import ApplyPlanOut, Build
@@ -76,6 +76,32 @@ class Planner:
         own = float(host.get("vllm_rss", 0)) if self.scope is None else \
             float((host.get("vllm_rss_by_deployment") or {}).get(self.scope.name, 0))
         return Device("cpu", int(host["mem_total"]), int(host["mem_available"] + own), name="host")
+
+    def room_for(self, settings: EngineSettings, snap: Any = None) -> str | None:
+        """Whether one more instance of ``settings`` fits beside everything that runs now (the engine's host, or
+        the node whose sample ``snap`` is): None when it does, else what it needs and what there is."""
+        snap = snap if snap is not None else self.sampler.latest
+        if self.build == "cuda":
+            gpus = [g for g in snap.gpus if not g.lost and g.values.get("mem_total")]
+            placed = self.scope.gpus if self.scope is not None and self.scope.gpus else None
+            pool = [g for g in gpus if g.index in placed] if placed else gpus
+            group = pool[:settings.tensor_parallel_size]
+            if not group:
+                return None  # no reading: vLLM's own start says whether it fits
+            need = settings.gpu_memory_utilization * min(float(g.values["mem_total"] or 0) for g in group)
+            free = min(float(g.values["mem_total"] or 0) - float(g.values.get("mem_used") or 0) for g in group)
+            if free - MARGIN_BYTES >= need:
+                return None
+            return f"it needs {need / GIB:.1f} GiB of GPU {group[0].index}, which has {free / GIB:.1f} GiB free"
+        host = snap.host or {}
+        if not host:
+            return None
+        need = cpu_need_bytes(settings, self._shape(settings))
+        available = float(host.get("mem_available") or 0)
+        if available - MARGIN_BYTES >= need:
+            return None
+        return (f"it needs about {need / GIB:.1f} GiB of the host's memory, which has {available / GIB:.1f} GiB "
+                "available")
 
     def check(self, settings: EngineSettings) -> PreflightResult:
         calibration = self.calibrations.latest(settings.model, settings.tensor_parallel_size, settings.dtype)

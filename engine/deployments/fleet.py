@@ -103,6 +103,7 @@ class Fleet:
                                 deployment=ref)
         supervisor.planner = planner
         supervisor.placement = self.placement
+        supervisor.room = lambda node, settings: planner.room_for(settings, self._snapshot_of(node))
         supervisor.others_running = lambda: sum(len(r.supervisor.instances) for r in list(self.runtimes.values())
                                                 if r.ref is not ref)
         supervisor.enabled = self.config.autostart and row.enabled
@@ -297,6 +298,12 @@ class Fleet:
                         sink(labelled)
                     except Exception:  # a failing sink must not stop the others; it is logged
                         log.exception("node telemetry sink %r failed", sink)
+
+    def _snapshot_of(self, node: str | None) -> Snapshot | None:
+        """The latest sample of ``node`` (None, or the engine's own: its local sampler's)."""
+        if node is None or node == getattr(self.placement, "own_node", None):
+            return None
+        return self.node_snapshots.get(node)
 
     def view(self, local: Snapshot) -> FleetOut:
         """Nodes → GPUs (or the host) → instances (``local``: the engine host's own latest sample)."""

@@ -132,6 +132,9 @@ class Supervisor:
         # instances of other deployments running on this host now (the CPU build then leaves this one unpinned)
         self.others_running: Callable[[], int] = lambda: 0
         self.placement: Placement = LocalPlacement()  # where instances run (the registry hands the configured one)
+        # whether one more instance of these settings fits on a node now (None: it does; else why not)
+        self.room: Callable[[str | None, EngineSettings], str | None] = lambda _node, _settings: None
+        self._waiting_room: str | None = None
         self.revisions = revisions
         self.events = events
         self.admission = admission
@@ -666,8 +669,22 @@ class Supervisor:
         await self._promote(inst)
 
     async def _add_replica(self, revision: Revision, index: int) -> None:
+        """One more replica beside those that serve (a revision that asks for more, or one lost with its node),
+        where the placement puts it, once its memory is free there."""
         settings = EngineSettings.model_construct(**revision.values)
-        inst = await self._launch(revision, settings, name=self._free_name(), device=self._device_for(index, settings))
+        node = await asyncio.to_thread(self._node_for, index, settings)
+        short = await asyncio.to_thread(self.room, node, settings)
+        if short is not None:
+            self._next_attempt = time.monotonic() + 10.0
+            if self._waiting_room != short:
+                self._waiting_room = short
+                await self._event("replica_waiting", f"replica {index + 1} of revision {revision.id} waits for "
+                                  f"memory: {short}; it starts when there is room (looked at every 10 s)",
+                                  "warning", revision.id, data={"node": node, "why": short})
+            return
+        self._waiting_room = None
+        inst = await self._launch(revision, settings, name=self._free_name(), device=self._device_for(index, settings),
+                                  node=node, index=index)
         outcome = await self._await_ready(inst)
         if outcome.ready:
             await self._promote(inst)
