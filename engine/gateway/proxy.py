@@ -43,6 +43,7 @@ HOP_HEADERS = frozenset({
 })
 _SECRET_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "token", "access_token", "password", "secret"})
 USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+DOWN_S = 2.0  # an upstream that refused a connection gets no new request for this long while another can take it
 _USAGE = b'"usage":{'
 
 
@@ -57,6 +58,7 @@ class Upstream:
     finished: int = 0  # requests it has ended (answered, failed or given up), since it opened
     auth: tuple[bytes, bytes] | None = None  # the instance's own API key, as the header the gateway adds
     admission: Admission | None = None  # whose upstream it is (set when opened)
+    down_until: float = 0.0  # monotonic: it refused a connection; the others take new requests until then
 
 
 class Admission:
@@ -87,7 +89,12 @@ class Admission:
         return self._open[0].revision if self._open else None
 
     def _take(self) -> Upstream:
-        best = min(self._open, key=lambda u: u.outstanding) if len(self._open) > 1 else self._open[0]
+        if len(self._open) > 1:
+            now = time.monotonic()  # one that just failed to connect is passed over while others answer
+            best = min((u for u in self._open if u.down_until <= now), key=lambda u: u.outstanding, default=None) \
+                or min(self._open, key=lambda u: u.outstanding)
+        else:
+            best = self._open[0]
         best.outstanding += 1
         self.in_flight += 1
         return best
@@ -437,11 +444,14 @@ class Gateway:
                 if not exc.before_response:  # an answer vLLM began that cannot be read
                     self._done(rec, t0, 502, str(exc))
                     return Refused(502, _error(502, f"vLLM's answer could not be read: {exc}", "upstream_error"))
-                # The instance died or is being replaced before answering: send it again to the next one.
+                # The instance died or is being replaced before answering: send it again to the next one, and
+                # send it nothing new for a while (its exit may not be seen yet: a lost node takes Ray a moment)
                 log.info("upstream %s failed before answering (%s); retrying", upstream.url, exc)
+                upstream.down_until = time.monotonic() + DOWN_S
                 if time.monotonic() >= deadline:
                     return self._refused(rec, t0, "vLLM failed while serving this request")
-                await asyncio.sleep(0.25)
+                if len(admission.upstreams) < 2:
+                    await asyncio.sleep(0.25)
                 continue
             except BaseException:  # cancelled (the client left): the slot must not stay taken
                 with contextlib.suppress(BaseException):

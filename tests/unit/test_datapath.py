@@ -451,3 +451,29 @@ def test_a_big_body_is_checked_as_json_without_being_built() -> None:
                                                                         "include_usage": True}
     assert json.loads(asked)["prompt"] == json.loads(ids)["prompt"]
     assert not fields(b"[" + b"1," * MiB + b"1]").is_object  # valid JSON, not an object: vLLM says what it wants
+
+
+def test_an_instance_that_refuses_connections_is_passed_over_at_once() -> None:
+    """A lost node's vLLM stops answering before its exit is seen (Ray takes a moment to tell): requests go to the
+    instance that answers, and the one that refused gets no new request meanwhile."""
+    from engine.serving import free_port
+
+    async def vllm(request: web.Request) -> web.Response:
+        return web.json_response({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 1,
+                                                                        "completion_tokens": 1}})
+
+    async def go() -> None:
+        async for url in with_upstream(vllm):
+            admission = Admission(8, 5)
+            dead = await admission.open(f"http://127.0.0.1:{free_port()}", 1, instance="b")  # nothing listens
+            alive = await admission.open(url, 1, instance="a")
+            path = make_path(admission)
+            body = b'{"model": "m", "prompt": "x"}'
+            statuses = [(await drive(path, "POST", "/v1/completions", body, {"content-type": "application/json"}))[0]
+                        for _ in range(20)]
+            assert statuses == [200] * 20
+            assert alive.finished == 20
+            assert dead.finished <= 1  # tried once at most, then passed over
+            assert dead.down_until > 0
+
+    asyncio.run(go())
