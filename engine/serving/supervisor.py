@@ -61,6 +61,7 @@ from engine.schemas import (
     StartupView,
     StatusOut,
 )
+from engine.serving import applies
 from engine.serving.child import free_port, kill_group, reap_all
 from engine.serving.command import (
     at_nice,
@@ -717,13 +718,13 @@ class Supervisor:
                           revision_id=desired.id, data={"plan": plan.model_dump(), "restart": restart})
         try:
             if plan.kind == "blue_green" or plan.kind == "start":
-                await self._blue_green(desired, settings)
+                await applies.blue_green(self, desired, settings)
             elif plan.kind == "bridge":
-                await self._bridge(desired, settings, plan)
+                await applies.bridge(self, desired, settings, plan)
             elif plan.kind == "rolling":
-                await self._rolling(desired, settings)
+                await applies.rolling(self, desired, settings)
             else:
-                await self._pause(desired, settings)
+                await applies.pause(self, desired, settings)
         finally:
             if self.apply is not None and self.apply.outcome == "running":
                 self.apply.outcome = "aborted"
@@ -750,171 +751,9 @@ class Supervisor:
             self.apply.step = text
         self.sm.reason = text
 
-    async def _blue_green(self, desired: Revision, settings: EngineSettings) -> None:
-        olds = [i for i in self.instances if i.serving]
-        self._step(f"starting revision {desired.id} beside the instance that serves")
-        new = await self._launch(desired, settings, name=self._free_name(), device=self._device_for(0, settings))
-        outcome = await self._await_ready(new)
-        if not outcome.ready:
-            await self._new_failed(new, outcome)
-            return
-        await self._handover(new, await self._promote(new))
-        for old in olds:
-            self._step(f"draining instance {old.name}")
-            await self._retire(old, f"revision {desired.id} serves on instance {new.name}")
-        self._done("applied")
-
-    async def _bridge(self, desired: Revision, settings: EngineSettings, plan: ApplyPlanOut) -> None:
-        olds = [i for i in self.instances if i.serving]
-        old = next((i for i in olds if not i.bridge), olds[0])
-        assert plan.bridge is not None
-        small = old.settings.model_copy(update={"gpu_memory_utilization": plan.bridge.gpu_memory_utilization,
-                                                "max_num_seqs": plan.bridge.max_num_seqs, "replicas": 1})
-        self._step(f"starting a bridge at {plan.bridge.gpu_memory_utilization:.2f} beside instance {old.name}")
-        bridge = await self._launch(old.revision, small, name=self._free_name(), device=old.device, bridge=True)
-        outcome = await self._await_ready(bridge)
-        if not outcome.ready:
-            await self._stop(bridge, outcome.reason)
-            await self._event("bridge_failed", f"the bridge did not start ({outcome.reason}): pausing instead",
-                              "warning", desired.id, data={"last_lines": list(bridge.child.lines)[-30:]})
-            if not outcome.aborted:
-                await self._pause(desired, settings)
-            return
-        await self._handover(bridge, await self._promote(bridge))
-        for inst in olds:
-            self._step(f"the bridge serves; draining instance {inst.name}")
-            await self._retire(inst, "the bridge serves")
-        self._step(f"starting revision {desired.id} beside the bridge")
-        new = await self._launch(desired, settings, name=self._free_name(), device=old.device)
-        outcome = await self._await_ready(new)
-        if not outcome.ready:
-            await self._stop(new, outcome.reason)
-            if outcome.aborted:  # a newer revision: the next tick applies it, from the bridge
-                return
-            # The bridge serves; the apply ends when the old revision serves at its full size again.
-            self._step(f"revision {desired.id} failed; bringing revision {old.revision.id} back beside the bridge")
-            back = await self._launch(old.revision, old.settings, name=self._free_name(), device=old.device)
-            if (await self._await_ready(back, abort_on_new_desired=False)).ready:
-                await self._promote(back)
-                self._step("draining the bridge")
-                await self._retire(bridge, f"revision {old.revision.id} serves again")
-            else:
-                await self._stop(back, "the old revision did not start again: the bridge keeps serving")
-            await self._reject(new, outcome)
-            return
-        await self._handover(new, await self._promote(new))
-        self._step("draining the bridge")
-        await self._retire(bridge, f"revision {desired.id} serves")
-        self._done("applied")
-
-    async def _rolling(self, desired: Revision, settings: EngineSettings) -> None:
-        olds = [i for i in self.instances if i.serving]
-        for index, old in enumerate(olds):
-            self._step(f"replica {index + 1} of {len(olds)}: draining instance {old.name}")
-            device = old.device
-            await self._retire(old, f"rolling to revision {desired.id}")
-            self._step(f"replica {index + 1} of {len(olds)}: starting revision {desired.id}")
-            new = await self._launch(desired, settings, name=self._free_name(), device=device)
-            outcome = await self._await_ready(new)
-            if not outcome.ready:
-                await self._new_failed(new, outcome)
-                if not outcome.aborted:  # the replica it replaced comes back on the old revision
-                    back = await self._launch(old.revision, old.settings, name=self._free_name(), device=device)
-                    if (await self._await_ready(back, abort_on_new_desired=False)).ready:
-                        await self._promote(back)
-                    else:
-                        await self._stop(back, "could not bring the replica back")
-                return
-            await self._promote(new)
-        self._done("applied")
-
-    async def _pause(self, desired: Revision, settings: EngineSettings) -> None:
-        """Nothing fits beside what serves: drain it and stop it (on CUDA with sleep mode: put it to sleep, so a
-        revision that fails is rolled back in about a second), then start the new revision."""
-        olds = [i for i in self.instances if i.serving]
-        sleepers: list[Instance] = []
-        for inst in olds:
-            await self._close(inst)
-        self._step(f"draining for revision {desired.id}")
-        if self.sm.state == S.READY:
-            await self._enter(S.DRAINING, f"applying revision {desired.id}")
-        left = await self.admission.drain(self.config.drain_timeout_s)
-        await self._event("drained", f"{left} requests still in flight after {self.config.drain_timeout_s:.0f} s"
-                          if left else f"drained in-flight requests: applying revision {desired.id}",
-                          "warning" if left else "info", olds[0].revision.id if olds else None)
-        await self._enter(S.STOPPING, f"applying revision {desired.id}")
-        for inst in olds:
-            if self.build == "cuda" and self.config.sleep_mode and not inst.bridge and await self._sleep(inst):
-                sleepers.append(inst)
-            else:
-                await self._stop(inst, f"applying revision {desired.id}")
-        for inst in [i for i in self.instances if i not in sleepers]:
-            await self._stop(inst, f"applying revision {desired.id}")
-        await self._enter(S.STOPPED, f"applying revision {desired.id}")
-        await self._enter(S.STARTING, f"starting revision {desired.id}")
-        self._step(f"starting revision {desired.id}")
-        new = await self._launch(desired, settings, name=self._free_name(), device=self._device_for(0, settings))
-        outcome = await self._await_ready(new)
-        if outcome.ready:
-            await self._promote(new)
-            for inst in sleepers:
-                await self._stop(inst, f"revision {desired.id} serves")
-            self._done("applied")
-            return
-        if sleepers:
-            await self._stop(new, outcome.reason)
-            for inst in sleepers:  # first serve again (the gap closes), then diagnose
-                await self._wake_up(inst)
-            if not outcome.aborted:
-                await self._reject(new, outcome)
-            return
-        if outcome.aborted:
-            await self._stop(new, outcome.reason)
-            return
-        await self._start_failed(new, outcome)
-
     def _done(self, outcome: Literal["applied", "rejected", "aborted"]) -> None:
         if self.apply is not None and self.apply.outcome == "running":
             self.apply.outcome = outcome
-
-    # --- sleep mode (CUDA) -------------------------------------------------------------------------------------
-
-    async def _sleep(self, inst: Instance) -> bool:
-        """Put an instance to sleep (level 1: weights to CPU memory, KV cache dropped); False if it would not."""
-        t0 = time.monotonic()
-        try:
-            async with httpx.AsyncClient(base_url=inst.child.url, timeout=120) as client:
-                resp = await client.post("/sleep", params={"level": 1})
-        except httpx.HTTPError as exc:
-            await self._event("sleep_failed", f"instance {inst.name} could not sleep ({exc}): stopping it", "warning")
-            return False
-        if resp.status_code != 200:
-            await self._event("sleep_failed", f"instance {inst.name} could not sleep (HTTP {resp.status_code}): "
-                              "stopping it", "warning")
-            return False
-        inst.role = "sleeping"
-        await self._event("sleeping", f"instance {inst.name} asleep after {time.monotonic() - t0:.1f} s (revision "
-                          f"{inst.revision.id} can serve again in about a second)", revision_id=inst.revision.id,
-                          data={"sleep_s": round(time.monotonic() - t0, 2), "instance": inst.name})
-        return True
-
-    async def _wake_up(self, inst: Instance) -> None:
-        t0 = time.monotonic()
-        try:
-            async with httpx.AsyncClient(base_url=inst.child.url, timeout=120, headers=inst.child.headers) as client:
-                ok = (await client.post("/wake_up")).status_code == 200 and await probe(
-                    client, inst.settings.served_model_name)
-        except httpx.HTTPError:
-            ok = False
-        if not ok:
-            await self._stop(inst, "it did not wake up")
-            return
-        seconds = time.monotonic() - t0
-        inst.role = "starting"
-        await self._promote(inst, woken=True)
-        await self._event("woken", f"instance {inst.name} serves revision {inst.revision.id} again "
-                          f"{seconds:.2f} s after wake-up", revision_id=inst.revision.id,
-                          data={"wake_s": round(seconds, 2), "instance": inst.name})
 
     # --- failures ----------------------------------------------------------------------------------------------
 
