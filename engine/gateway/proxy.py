@@ -149,6 +149,12 @@ class Admission:
             self._cond.notify_all()
             return up
 
+    def relabel(self, instance: str, revision: int | None) -> None:
+        """The instance serves ``revision`` now (a scale adopted it), its requests in flight counted as before."""
+        for upstream in self._open:
+            if upstream.instance == instance:
+                upstream.revision = revision
+
     async def close(self, instance: str | None = None) -> list[Upstream]:
         """Stop admitting to ``instance`` (None: every upstream); new requests go to the others, or wait (bounded)
         for the next open. Returns the upstreams closed, whose requests may still be in flight."""

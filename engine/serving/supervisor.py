@@ -418,6 +418,8 @@ class Supervisor:
             return
         proper = [i for i in serving if not i.bridge and i.revision.id == desired.id]
         if len(proper) < len(serving) or self.restart_requested:
+            if not self.restart_requested and await self._adopt(desired, serving):
+                return  # only replicas changed: nothing restarts; the next tick adds or retires replicas
             await self._apply(desired)
             return
         want = int(desired.values.get("replicas") or 1)
@@ -427,6 +429,26 @@ class Supervisor:
             await self._retire(proper[-1], f"revision {desired.id} runs {want} replica(s)")
         else:
             await self._check_health()
+
+    async def _adopt(self, desired: Revision, serving: list[Instance]) -> bool:
+        """A revision that changes nothing but ``replicas`` is a scale, not an apply: the instances that serve
+        become its own (no restart, no gap), and replicas are then added or retired one by one."""
+        if any(i.bridge for i in serving) or not all(
+                {**i.revision.values, "replicas": None} == {**desired.values, "replicas": None} for i in serving):
+            return False
+        assert desired.id is not None
+        before = sorted({i.revision.id or 0 for i in serving})
+        for inst in serving:
+            inst.revision = desired
+            inst.settings = EngineSettings.model_construct(**desired.values)
+            self.admission.relabel(inst.name, desired.id)
+        await self._write(f"revision {desired.id} as applied", self.revisions.mark_applied, desired.id)
+        want = int(desired.values.get("replicas") or 1)
+        await self._event("scaled", f"revision {desired.id} changes only replicas ({len(serving)} → {want}): the "
+                          f"instances that serve ({', '.join(i.name for i in serving)}) are its own, nothing restarts",
+                          revision_id=desired.id, data={"from_revisions": before, "replicas": want})
+        self.sm.reason = f"{self._serving_text()}; scaling to {want} replica(s)"
+        return True
 
     # --- starting and stopping instances -----------------------------------------------------------------------
 

@@ -84,8 +84,8 @@ def test_a_lost_node_is_sent_nothing_and_its_replica_comes_back_on_the_head(flee
     before = wait_until(spread, COLD_START_S, every=1.0, what="two replicas on two nodes")
     head = next(n for n in cluster.list_all_nodes() if n.head)
     other = next(n for n in cluster.list_all_nodes() if not n.head)
-    lost = next(i for i in before.instances if i.node and i.node != head.unique_id)
-    assert lost.node == other.unique_id
+    lost = next(i for i in before.instances if i.node and i.node != head.node_id)
+    assert lost.node == other.node_id
     load = Load(engine.url, clients=16, stream=True).start()
     load.wait_for(32, timeout=300)
     marker = engine.client.events(limit=1, newest_first=True)[0].id
@@ -102,7 +102,7 @@ def test_a_lost_node_is_sent_nothing_and_its_replica_comes_back_on_the_head(flee
     def back_on_head() -> StatusOut | None:
         status = engine.client.status()
         serving = [i for i in status.instances if i.serving]
-        return status if len(serving) == 2 and {i.node for i in serving} == {head.unique_id} else None
+        return status if len(serving) == 2 and {i.node for i in serving} == {head.node_id} else None
 
     after = wait_until(back_on_head, 2 * COLD_START_S, every=1.0, what="the replica back on the head")
     load.wait_for(load.count() + 32, timeout=300)
@@ -113,7 +113,7 @@ def test_a_lost_node_is_sent_nothing_and_its_replica_comes_back_on_the_head(flee
     assert late == [], late[:3]
     assert all(o.finished >= killed for o in failed)  # nothing failed before the node was lost
     assert len(failed) <= 16, summary(outcomes)  # at most one per client: what was in flight there
-    assert after.state == "ready" and all(i.node == head.unique_id for i in after.instances)
+    assert after.state == "ready" and all(i.node == head.node_id for i in after.instances)
     kinds = [e.kind for e in engine.client.events(since=marker, limit=500)]
     assert "instance_exited" in kinds and "instance_failed" in kinds and kinds.count("ready") >= 1
     resp = httpx.post(f"{engine.url}/v1/completions", json={"model": "demo", "prompt": "Return", "max_tokens": 4},
