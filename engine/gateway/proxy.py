@@ -43,6 +43,7 @@ HOP_HEADERS = frozenset({
 })
 _SECRET_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "token", "access_token", "password", "secret"})
 USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+CAPACITY_QUEUE = 65_536  # requests that wait for a free slot (every instance at its max_num_seqs), as vLLM's queue
 DOWN_S = 2.0  # an upstream that refused a connection gets no new request for this long while another can take it
 _USAGE = b'"usage":{'
 
@@ -59,6 +60,7 @@ class Upstream:
     auth: tuple[bytes, bytes] | None = None  # the instance's own API key, as the header the gateway adds
     admission: Admission | None = None  # whose upstream it is (set when opened)
     down_until: float = 0.0  # monotonic: it refused a connection; the others take new requests until then
+    limit: int | None = None  # most requests in flight to it (its max_num_seqs under a higher ceiling); None: vLLM's
 
 
 class Admission:
@@ -88,11 +90,16 @@ class Admission:
     def revision(self) -> int | None:
         return self._open[0].revision if self._open else None
 
+    def _room(self) -> bool:
+        """Whether an open upstream can take one more request now (its limit, if it has one, not reached)."""
+        return any(u.limit is None or u.outstanding < u.limit for u in self._open)
+
     def _take(self) -> Upstream:
         if len(self._open) > 1:
             now = time.monotonic()  # one that just failed to connect is passed over while others answer
-            best = min((u for u in self._open if u.down_until <= now), key=lambda u: u.outstanding, default=None) \
-                or min(self._open, key=lambda u: u.outstanding)
+            free = [u for u in self._open if u.limit is None or u.outstanding < u.limit]
+            best = min((u for u in free if u.down_until <= now), key=lambda u: u.outstanding, default=None) \
+                or min(free, key=lambda u: u.outstanding)
         else:
             best = self._open[0]
         best.outstanding += 1
@@ -101,22 +108,27 @@ class Admission:
 
     async def acquire(self, deadline: float) -> Upstream:
         """The upstream with the fewest outstanding requests, counted in flight; waits (until ``deadline``,
-        monotonic) while none is open."""
-        if self._open:  # the path of nearly every request: no lock, no await between check and count
+        monotonic) while none is open, or every one has its limit of requests (first come, first served)."""
+        if self._open and not self.waiting and self._room():  # nearly every request: no lock, no await
             return self._take()
         async with self._cond:
             if not self._open and self.refusal is not None:
                 self.rejected += 1
                 raise UpstreamUnavailableError(self.refusal)
-            if not self._open:
-                if self.waiting >= self.queue_size:
+            if not (self._open and self._room()):
+                # nothing serves: the waiting room is bounded (queue_size); all at their limit is load, queued
+                # as vLLM would queue it, within a bound of its own
+                bound = self.queue_size if not self._open else CAPACITY_QUEUE
+                if self.waiting >= bound:
                     self.rejected += 1
-                    raise QueueFullError(f"{self.waiting} requests already wait for vLLM (queue_size)")
+                    raise QueueFullError(f"{self.waiting} requests already wait for vLLM (queue_size)"
+                                         if not self._open else f"{self.waiting} requests wait for a free slot")
                 self.waiting += 1
                 self._watchers += 1
                 try:
-                    await asyncio.wait_for(self._cond.wait_for(lambda: bool(self._open) or self.refusal is not None),
-                                           max(0.0, deadline - time.monotonic()))
+                    await asyncio.wait_for(self._cond.wait_for(
+                        lambda: (bool(self._open) and self._room()) or (not self._open and self.refusal is not None)),
+                        max(0.0, deadline - time.monotonic()))
                 except TimeoutError:
                     self.rejected += 1
                     raise QueueTimeoutError("vLLM did not become ready within queue_timeout_s") from None
@@ -136,24 +148,28 @@ class Admission:
             async with self._cond:
                 self._cond.notify_all()
 
-    async def open(self, url: str, revision: int | None = None, instance: str = "a", api_key: str | None = None
-                   ) -> Upstream:
+    async def open(self, url: str, revision: int | None = None, instance: str = "a", api_key: str | None = None,
+                   limit: int | None = None) -> Upstream:
         """Send to ``url`` (instance ``instance``, replacing an upstream of the same instance), with the instance's
         own API key when it has one."""
         async with self._cond:
             old = next((u for u in self._open if u.instance == instance), None)
             up = Upstream(url, revision, instance, old.outstanding if old and old.url == url else 0,
-                          auth=(b"authorization", b"Bearer " + api_key.encode()) if api_key else None, admission=self)
+                          auth=(b"authorization", b"Bearer " + api_key.encode()) if api_key else None, admission=self,
+                          limit=limit)
             self._open = [u for u in self._open if u.instance != instance] + [up]
             self.refusal = None
             self._cond.notify_all()
             return up
 
-    def relabel(self, instance: str, revision: int | None) -> None:
-        """The instance serves ``revision`` now (a scale adopted it), its requests in flight counted as before."""
-        for upstream in self._open:
-            if upstream.instance == instance:
-                upstream.revision = revision
+    async def relabel(self, instance: str, revision: int | None, limit: int | None) -> None:
+        """The instance serves ``revision`` now, held to ``limit`` requests at once (a change of max_num_seqs within
+        its ceiling, or a scale, adopted it): in effect for the next request, those in flight counted as before."""
+        async with self._cond:
+            for upstream in self._open:
+                if upstream.instance == instance:
+                    upstream.revision, upstream.limit = revision, limit
+            self._cond.notify_all()  # a higher limit lets waiting requests in
 
     async def close(self, instance: str | None = None) -> list[Upstream]:
         """Stop admitting to ``instance`` (None: every upstream); new requests go to the others, or wait (bounded)

@@ -81,6 +81,15 @@ class EngineSettings(SettingsValues):
         locate_model(value, context.get("data_dir"), context.get("model_roots"))
         return value
 
+    @field_validator("max_num_seqs_ceiling")
+    @classmethod
+    def _ceiling(cls, value: int | None, info: ValidationInfo) -> int | None:
+        below = info.data.get("max_num_seqs")
+        if value is not None and isinstance(below, int) and value < below:
+            raise ValueError(f"must be at least max_num_seqs ({below}): it is what vLLM is started with, and the "
+                             "gateway holds each instance to max_num_seqs below it")
+        return value
+
     @field_validator("served_model_name")
     @classmethod
     def _served_name(cls, value: str) -> str:

@@ -41,7 +41,15 @@ class SettingsValues(BaseModel):
         "Each running request may need this much KV cache.",
     )
     max_num_seqs: int = Field(
-        16, ge=1, le=4096, description="Most requests vLLM runs at once in a batch (continuous batching)."
+        16, ge=1, le=4096, description="Most requests vLLM runs at once in a batch (continuous batching). Held by "
+        "the gateway for each instance: a change up to max_num_seqs_ceiling takes effect within a second, without a "
+        "restart (vLLM's KV cache does not depend on it, only its scheduler's batch does)."
+    )
+    max_num_seqs_ceiling: int | None = Field(
+        None, ge=1, le=4096, description="max_num_seqs vLLM itself is started with: the headroom within which "
+        "max_num_seqs can change without a restart (the gateway holds each instance to max_num_seqs). Empty: "
+        "max_num_seqs itself, so nothing changes unless you ask for headroom; a larger ceiling costs CUDA-graph "
+        "memory and start time."
     )
     tensor_parallel_size: int = Field(
         1, ge=1, le=64, description="GPUs one model is split across; must divide the attention heads."
@@ -179,7 +187,7 @@ class RestartEta(BaseModel):
     text: str
 
 
-PlanKind = Literal["start", "rolling", "blue_green", "bridge", "pause"]
+PlanKind = Literal["start", "soft", "rolling", "blue_green", "bridge", "pause"]
 
 
 class BridgeOut(BaseModel):

@@ -52,7 +52,7 @@ def build_command(
         "--served-model-name",
         settings.served_model_name,
         "--max-num-seqs",
-        str(settings.max_num_seqs),
+        str(launch_max_num_seqs(settings)),
         "--tensor-parallel-size",
         str(settings.tensor_parallel_size),
         "--dtype",
@@ -81,6 +81,12 @@ def build_command(
         args.append("--enable-sleep-mode")
     args += settings.extra_args
     return at_nice(args, nice)
+
+
+def launch_max_num_seqs(settings: EngineSettings) -> int:
+    """What vLLM is started with: the ceiling when one is set (the gateway holds each instance to max_num_seqs
+    below it), else max_num_seqs itself."""
+    return max(settings.max_num_seqs, settings.max_num_seqs_ceiling or 0)
 
 
 def at_nice(args: list[str], nice: int | None) -> list[str]:

@@ -67,6 +67,7 @@ from engine.serving.command import (
     at_nice,
     build_command,
     build_env,
+    launch_max_num_seqs,
     renice_group,
     unbound_omp_threads,
     vllm_distribution,
@@ -81,6 +82,41 @@ from engine.serving.state import StateMachine
 log = logging.getLogger("llmops.supervisor")
 S = EngineState
 NAMES = "abcdefghijklmnopqrstuvwxyz"
+
+
+SOFT_FIELDS = ("replicas", "max_num_seqs", "max_num_seqs_ceiling")  # what a running instance can take on
+
+
+def soft_change(inst: Instance, values: dict[str, Any]) -> bool:
+    """Whether ``inst`` can serve a revision of ``values`` as it runs: nothing it was started with differs, and
+    a new max_num_seqs fits under the ceiling it was started with (a new ceiling needs a restart)."""
+    if {**inst.revision.values, **dict.fromkeys(SOFT_FIELDS)} != {**values, **dict.fromkeys(SOFT_FIELDS)}:
+        return False
+    seqs, ceiling = int(values.get("max_num_seqs") or 1), values.get("max_num_seqs_ceiling")
+    return seqs <= inst.launched_seqs and (ceiling is None or ceiling == inst.launched_seqs)
+
+
+def soft_plan(serving: list[Instance], settings: EngineSettings) -> ApplyPlanOut:
+    """The plan of a change the running instances take on as they run (no restart)."""
+    old = serving[0].settings
+    steps = []
+    if old.max_num_seqs != settings.max_num_seqs:
+        steps.append(f"the gateway holds each instance to max_num_seqs {settings.max_num_seqs} from the next request "
+                     f"(vLLM runs with a ceiling of {min(i.launched_seqs for i in serving)})")
+    if settings.replicas > len(serving):
+        steps.append(f"start {settings.replicas - len(serving)} more replica(s) beside those that serve")
+    elif settings.replicas < len(serving):
+        steps.append(f"drain and stop {len(serving) - settings.replicas} replica(s); the others serve")
+    return ApplyPlanOut(kind="soft", reason="in effect now, no restart: nothing the running instances were started "
+                        "with changes", pause_s=0.0, expected_s=0.0 if settings.replicas <= len(serving) else None,
+                        capacity_dip_pct=0.0, steps=steps or ["record the revision: nothing changes"])
+
+
+def gateway_limit(inst: Instance) -> int | None:
+    """How many requests the gateway lets the instance run at once: its revision's max_num_seqs when it was
+    started with a higher ceiling; else None (vLLM holds it to max_num_seqs itself, and queues the rest)."""
+    seqs = inst.settings.max_num_seqs
+    return seqs if seqs < inst.launched_seqs else None
 
 
 def _code(returncode: int | None) -> str:
@@ -115,6 +151,7 @@ class Instance:
     since: float = field(default_factory=time.time)
     eta: Eta | None = None
     predicted: dict[str, Any] | None = None
+    launched_seqs: int = 0  # the max_num_seqs vLLM was started with (its ceiling)
     ready_at: float | None = None
     health_failures: int = 0
     last_health: float = 0.0
@@ -241,8 +278,11 @@ class Supervisor:
         if self.planner is None:
             return None
         serving = [i for i in self.instances if i.serving]
+        values = settings.model_dump()
+        if serving and not any(i.bridge for i in serving) and all(soft_change(i, values) for i in serving):
+            return soft_plan(serving, settings)
         old = next((i for i in serving if not i.bridge), serving[0] if serving else None)
-        eta = self.eta_for(settings.model_dump())
+        eta = self.eta_for(values)
         bridge_eta = self.eta_for(old.settings.model_dump()) if old is not None else None
         return self.planner.plan(settings, None if old is None else old.settings,
                                  replicas=len([i for i in serving if not i.bridge]) or (1 if old else 0),
@@ -431,23 +471,36 @@ class Supervisor:
             await self._check_health()
 
     async def _adopt(self, desired: Revision, serving: list[Instance]) -> bool:
-        """A revision that changes nothing but ``replicas`` is a scale, not an apply: the instances that serve
-        become its own (no restart, no gap), and replicas are then added or retired one by one."""
-        if any(i.bridge for i in serving) or not all(
-                {**i.revision.values, "replicas": None} == {**desired.values, "replicas": None} for i in serving):
+        """A revision that changes nothing the running instances were started with is not an apply: only
+        ``replicas`` (a scale: replicas are then added or retired one by one) and ``max_num_seqs`` within the
+        ceiling they were started with (the gateway holds each to it from the next request). The instances that
+        serve become its own: no restart, no gap."""
+        if any(i.bridge for i in serving) or not all(soft_change(i, desired.values) for i in serving):
             return False
         assert desired.id is not None
         before = sorted({i.revision.id or 0 for i in serving})
+        old = serving[0].settings
+        settings = EngineSettings.model_construct(**desired.values)
+        t0 = time.monotonic()
         for inst in serving:
-            inst.revision = desired
-            inst.settings = EngineSettings.model_construct(**desired.values)
-            self.admission.relabel(inst.name, desired.id)
+            inst.revision, inst.settings = desired, settings
+            await self.admission.relabel(inst.name, desired.id, gateway_limit(inst))
+        seconds = time.monotonic() - t0
         await self._write(f"revision {desired.id} as applied", self.revisions.mark_applied, desired.id)
-        want = int(desired.values.get("replicas") or 1)
-        await self._event("scaled", f"revision {desired.id} changes only replicas ({len(serving)} → {want}): the "
-                          f"instances that serve ({', '.join(i.name for i in serving)}) are its own, nothing restarts",
-                          revision_id=desired.id, data={"from_revisions": before, "replicas": want})
-        self.sm.reason = f"{self._serving_text()}; scaling to {want} replica(s)"
+        want = settings.replicas
+        changed = []
+        if old.max_num_seqs != settings.max_num_seqs:
+            changed.append(f"max_num_seqs {old.max_num_seqs} → {settings.max_num_seqs} in effect now (within the "
+                           f"ceiling of {min(i.launched_seqs for i in serving)} they were started with)")
+        if old.replicas != want:
+            changed.append(f"replicas {len(serving)} → {want}")
+        await self._event("applied_soft", f"revision {desired.id}: " + "; ".join(changed or ["no change"])
+                          + f"; instances {', '.join(i.name for i in serving)} serve it, nothing restarts",
+                          revision_id=desired.id, data={"from_revisions": before, "replicas": want,
+                                                        "max_num_seqs": settings.max_num_seqs,
+                                                        "in_effect_s": round(seconds, 4)})
+        self.sm.reason = f"{self._serving_text()}" + (f"; scaling to {want} replica(s)" if want != len(serving)
+                                                      else "")
         return True
 
     # --- starting and stopping instances -----------------------------------------------------------------------
@@ -511,7 +564,8 @@ class Supervisor:
             args=args, env=env, port=port, revision_id=revision.id, log=self.log,
             pidfile=self.run_dir / self.deployment.pidfile_name(name), name=name, cwd=data_dir, api_key=key,
             node=node, gpus=settings.tensor_parallel_size if self.build == "cuda" else 0))
-        inst = Instance(name, child, revision, settings, device=device, bridge=bridge)
+        inst = Instance(name, child, revision, settings, device=device, bridge=bridge,
+                        launched_seqs=launch_max_num_seqs(settings))
         child.on_exit = lambda _: self._spawn_task(self._instance_exited(inst), f"exited-{name}")
         inst.predicted = await asyncio.to_thread(self.planner.predict_now, settings) if self.planner else None
         inst.eta = await asyncio.to_thread(self.eta_for, settings.model_dump())
@@ -551,7 +605,7 @@ class Supervisor:
             await self._write(f"revision {inst.revision.id} as applied", self.revisions.mark_applied,
                               inst.revision.id)
         upstream = await self.admission.open(inst.child.url, inst.revision.id, instance=inst.name,
-                                             api_key=inst.child.api_key)
+                                             api_key=inst.child.api_key, limit=gateway_limit(inst))
         self._gap_closed()
         seconds = inst.child.tracker.ready_s or 0.0
         if woken:

@@ -246,3 +246,33 @@ def test_stop_and_start_leave_no_stray_process(engine: EngineHandle) -> None:
     engine.client.engine_action("start")
     started = engine.client.wait_for({"ready"}, COLD_START_S)
     assert started.pid not in (None, pid)
+
+
+def test_max_num_seqs_within_its_ceiling_takes_effect_without_a_restart(engine: EngineHandle) -> None:
+    """vLLM's KV cache does not depend on max_num_seqs: started with a ceiling, the instance keeps running and the
+    gateway holds it to each new max_num_seqs from the next request (the plan says so before the write)."""
+    base = engine.client.settings()
+    ceiling = engine.client.put_settings(base.revision, {"max_num_seqs": 2, "max_num_seqs_ceiling": 8},
+                                         "test: headroom for max_num_seqs")
+    started = engine.client.wait_for({"ready"}, COLD_START_S, revision=ceiling.revision)
+    assert "'max_num_seqs': 8" in last_run_args(engine)  # vLLM runs with the ceiling
+    plan = engine.client.capacity({"max_num_seqs": 6}).plan
+    assert plan is not None and plan.kind == "soft" and plan.pause_s == 0
+    load = Load(engine.url, clients=16, stream=True).start()
+    try:
+        load.wait_for(16, timeout=300)
+        for seqs in (6, 3):
+            rev = engine.client.put_settings(engine.client.settings().revision, {"max_num_seqs": seqs},
+                                             f"test: max_num_seqs {seqs}")
+            status = engine.client.wait_for({"ready"}, 60, revision=rev.revision, poll=0.1)
+            assert status.pid == started.pid and len(status.instances) == 1  # no restart
+            seen = [engine.client.status().gateway for _ in range(20)]
+            assert max(g.in_flight for g in seen) <= seqs and max(g.waiting for g in seen) > 0  # held to it
+        outcomes = load.stop()
+        assert all(o.ok for o in outcomes), [o for o in outcomes if not o.ok][:3]
+    finally:
+        if not load._stop.is_set():
+            load.stop()
+    soft = [e for e in engine.client.events(kinds=["applied_soft"], limit=10, newest_first=True)]
+    assert soft and "in effect now" in soft[0].message and "nothing restarts" in soft[0].message
+    assert engine.client.revision(rev.revision).status == "applied"

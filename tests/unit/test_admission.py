@@ -168,3 +168,52 @@ def test_a_new_upstream_takes_its_first_requests_while_the_old_one_still_serves(
         assert await closing is False  # a closed upstream ends the wait at once
 
     run(go())
+
+
+def test_an_instance_is_held_to_its_limit_and_a_new_one_takes_effect_at_once() -> None:
+    """max_num_seqs under a higher ceiling: the gateway runs at most ``limit`` requests on the instance, the
+    rest wait in order; raising the limit lets the next one in at once (no restart)."""
+    async def go() -> None:
+        gate = Admission(queue_size=2, queue_timeout_s=5)
+        await gate.open("http://x", revision=1, instance="a", limit=2)
+        first = [await gate.acquire(time.monotonic() + 5) for _ in range(2)]
+        third = asyncio.create_task(gate.acquire(time.monotonic() + 5))
+        fourth = asyncio.create_task(gate.acquire(time.monotonic() + 5))
+        await eventually(lambda: gate.waiting == 2, 5, what="two waiting for a slot")
+        assert not third.done() and gate.in_flight == 2
+        await gate.release(first[0])  # a slot frees: the first waiter takes it, in order
+        await eventually(lambda: third.done(), 5, what="the first waiter admitted")
+        assert not fourth.done()
+        late = asyncio.create_task(gate.acquire(time.monotonic() + 5))  # no jumping the queue on the fast path
+        await asyncio.sleep(0)
+        assert not late.done() and gate.waiting == 2
+        await gate.relabel("a", 2, 4)  # max_num_seqs 2 → 4, within the ceiling: in effect for the next request
+        await eventually(lambda: fourth.done() and late.done(), 5, what="the waiters, under the new limit")
+        assert gate.in_flight == 4 and gate.upstreams[0].revision == 2
+        # past queue_size nothing is refused: waiting for a slot is load, not an outage
+        more = [asyncio.create_task(gate.acquire(time.monotonic() + 5)) for _ in range(5)]
+        await eventually(lambda: gate.waiting == 5, 5, what="five waiting for a slot")
+        await gate.relabel("a", 2, None)
+        await asyncio.gather(*more)
+
+    run(go())
+
+
+def test_only_what_a_running_instance_can_take_on_is_a_soft_change() -> None:
+    from engine.db import Revision
+    from engine.revisions import EngineSettings
+    from engine.serving.supervisor import Instance, gateway_limit, soft_change
+
+    base: dict[str, Any] = {"model": "/m", "served_model_name": "demo", "max_num_seqs": 16, "max_num_seqs_ceiling": 64,
+            "replicas": 1, "gpu_memory_utilization": 0.85}
+    inst = Instance("a", child=None, revision=Revision(id=1, values=base),  # type: ignore[arg-type]
+                    settings=EngineSettings.model_construct(**base), launched_seqs=64)
+    assert gateway_limit(inst) == 16
+    assert soft_change(inst, {**base, "max_num_seqs": 48})  # within the ceiling it was started with
+    assert soft_change(inst, {**base, "max_num_seqs": 64, "max_num_seqs_ceiling": None})
+    assert soft_change(inst, {**base, "replicas": 3})
+    assert not soft_change(inst, {**base, "max_num_seqs": 65, "max_num_seqs_ceiling": None})  # above: restart
+    assert not soft_change(inst, {**base, "max_num_seqs_ceiling": 128})  # a new ceiling: restart
+    assert not soft_change(inst, {**base, "gpu_memory_utilization": 0.8})
+    inst.settings = EngineSettings.model_construct(**{**base, "max_num_seqs": 64})
+    assert gateway_limit(inst) is None  # at the ceiling vLLM holds it itself

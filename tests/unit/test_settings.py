@@ -45,6 +45,7 @@ def test_initial_settings_are_valid(data_dir: Path) -> None:
         ("dtype", "int3", "'auto'"),
         ("cpu_kv_cache_gib", 0, "greater than 0"),
         ("served_model_name", "bad name!", "letters"),
+        ("max_num_seqs_ceiling", 8, "at least max_num_seqs (16)"),
     ],
 )
 def test_out_of_range_values_name_the_field_and_why(data_dir: Path, field: str, value: object, reason: str) -> None:
@@ -92,7 +93,7 @@ def test_partial_values_keep_the_base(data_dir: Path) -> None:
 
 
 def test_every_field_is_documented_once() -> None:
-    assert len(FIELD_NAMES) == 16
+    assert len(FIELD_NAMES) == 17
     for name in FIELD_NAMES:
         assert len(field_help(name)) > 20, name
 
