@@ -28,6 +28,8 @@ from engine.serving.startup import StartTracker
 
 log = logging.getLogger("llmops.placement")
 NAMESPACE = "llmops"
+PROBE_EVERY_S = 0.5  # how often a remote instance's port is tried
+PROBE_TIMEOUT_S = 1.0
 VllmProcess = ray.remote(num_cpus=0, max_concurrency=8)(VllmProcessImpl)
 NodeAgent = ray.remote(num_cpus=0, max_concurrency=4)(NodeAgentImpl)
 
@@ -176,7 +178,8 @@ class RayChild:
         self.tracker = StartTracker(time.monotonic())
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._pump(), name=f"ray-log-{self.name}"),
-                       loop.create_task(self._watch(), name=f"ray-exit-{self.name}")]
+                       loop.create_task(self._watch(), name=f"ray-exit-{self.name}"),
+                       loop.create_task(self._probe(), name=f"ray-probe-{self.name}")]
 
     async def _pump(self) -> None:
         index = 0
@@ -201,6 +204,30 @@ class RayChild:
             self.lost = f"its Ray actor died ({type(exc).__name__}): the node may be lost"
         except RayError as exc:
             self.lost = f"the cluster could not say ({type(exc).__name__}: {exc})"
+        self._gone()
+
+    async def _probe(self) -> None:
+        """Its port, watched from here: a lost node's actor is declared dead only once Ray's health checks give up
+        on the node (seconds to a minute), while its vLLM stops answering at once. Once the port has answered, two
+        failed connections in a row (refused, or no answer within a second) are its loss."""
+        answered, failures = False, 0
+        while not self.exited:
+            try:
+                async with asyncio.timeout(PROBE_TIMEOUT_S):
+                    _, writer = await asyncio.open_connection(self._address, self.port)
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+                answered, failures = True, 0
+            except (OSError, TimeoutError):
+                failures += 1 if answered else 0
+            if failures >= 2 and not self.stop_requested:
+                self.lost = f"its port {self._address}:{self.port} stopped answering: the node may be lost"
+                self._gone()
+                return
+            await asyncio.sleep(PROBE_EVERY_S)
+
+    def _gone(self) -> None:
         if self.exited_at is None:
             self.exited_at = time.monotonic()
             if self.on_exit is not None:
@@ -213,7 +240,7 @@ class RayChild:
             return 0.0
         if self.lost is None:  # a lost actor has nothing left to stop
             with contextlib.suppress(RayError, TimeoutError):
-                await asyncio.wait_for(self._actor.stop.remote(timeout), timeout + 45)
+                await asyncio.wait_for(self._actor.stop.remote(timeout), timeout + 10)
         with contextlib.suppress(RayError):
             ray.kill(self._actor, no_restart=True)
         for task in self._tasks:
