@@ -184,9 +184,13 @@ def create_app(config: AppConfig) -> FastAPI:
     fleet = Fleet(config, db, deployments, revisions, events, planner, audit, flags, extras=extras)
     fleet.node_sinks = [telemetry.write, alerts.evaluate]  # the other nodes' samples, labelled by node
     gateway = Gateway(fleet.admission_for, config.upstream_timeout_s, ledger)
-    registry.register(EngineCollector(lambda: fleet.default.supervisor.status(), lambda: sampler.latest,
-                                      lambda: fleet.default.serving.latest if fleet.default.serving else None,
-                                      lambda: events.event_counts(["rollback", "failed", "crash_loop"])))
+    registry.register(EngineCollector(
+        lambda: fleet.default.supervisor.status(),
+        lambda: {"local": sampler.latest, **{node: snap for node, snap in fleet.node_snapshots.items()
+                                             if node != getattr(fleet.placement, "own_node", None)}},
+        lambda: fleet.default.serving.latest if fleet.default.serving else None,
+        lambda: events.event_counts(["rollback", "failed", "crash_loop"]),
+        lambda: [r.supervisor.status() for r in list(fleet.runtimes.values())]))
     limits = RateLimiter()
     keys = GatewayKeys(auth, limits, gateway_keys)
     services = Services(config=config, db=db, events=events, prompts=prompts, auth=auth, audit=audit,

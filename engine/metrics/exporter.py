@@ -65,12 +65,17 @@ class RequestMetrics:
 
 
 class EngineCollector(Collector):
-    def __init__(self, status: Callable[[], StatusOut], gpu: Callable[[], Any],
-                 serving: Callable[[], dict[str, Any] | None], event_counts: Callable[[], dict[str, int]]) -> None:
+    """``status``: the default deployment's (unlabelled, as before deployments); ``deployments``: every one's,
+    labelled by deployment; ``gpu``: the latest sample of each node (the engine's host is "local"), labelled."""
+
+    def __init__(self, status: Callable[[], StatusOut], gpu: Callable[[], dict[str, Any]],
+                 serving: Callable[[], dict[str, Any] | None], event_counts: Callable[[], dict[str, int]],
+                 deployments: Callable[[], list[StatusOut]] = list) -> None:
         self.status = status
         self.gpu = gpu
         self.serving = serving
         self.event_counts = event_counts
+        self.deployments = deployments
 
     def collect(self) -> Iterator[Any]:
         st = self.status()
@@ -97,29 +102,52 @@ class EngineCollector(Collector):
         for key, (name, help_) in SERVING_GAUGES.items():
             if serving.get(key) is not None:
                 yield GaugeMetricFamily(name, help_, value=serving[key])
+        yield from self._deployments()
         yield from self._gpu()
 
+    def _deployments(self) -> Iterator[Any]:
+        state = GaugeMetricFamily("llmops_deployment_state", "1 for each deployment's current state",
+                                  labels=["deployment", "state"])
+        running = GaugeMetricFamily("llmops_deployment_running_revision", "Revision a deployment runs",
+                                    labels=["deployment"])
+        instances = GaugeMetricFamily("llmops_deployment_instances_serving", "Instances the gateway sends to",
+                                      labels=["deployment"])
+        in_flight = GaugeMetricFamily("llmops_deployment_in_flight", "Requests in flight to a deployment",
+                                      labels=["deployment"])
+        for st in self.deployments():
+            for s in EngineState:
+                state.add_metric([st.deployment, s.value], 1.0 if st.state == s else 0.0)
+            if st.running_revision is not None:
+                running.add_metric([st.deployment], st.running_revision)
+            instances.add_metric([st.deployment], sum(1 for i in st.instances if i.serving))
+            in_flight.add_metric([st.deployment], st.gateway.in_flight)
+        yield from (state, running, instances, in_flight)
+
     def _gpu(self) -> Iterator[Any]:
-        snap = self.gpu()
-        yield GaugeMetricFamily("llmops_gpu_available", "1 when NVML sees GPUs", value=1.0 if snap.available else 0)
-        families = {m: GaugeMetricFamily(n, h, labels=["gpu", "uuid"]) for m, (n, h) in GPU_GAUGES.items()}
-        energy = CounterMetricFamily("llmops_gpu_energy_joules", "GPU energy counter", labels=["gpu", "uuid"])
-        for g in snap.gpus:
-            if g.lost:
-                continue
-            for metric, family in families.items():
-                if g.values.get(metric) is not None:
-                    family.add_metric([str(g.index), g.uuid], g.values[metric])
-            if g.values.get("energy_j") is not None:
-                energy.add_metric([str(g.index), g.uuid], g.values["energy_j"])
+        snaps = self.gpu()
+        available = GaugeMetricFamily("llmops_gpu_available", "1 when NVML sees GPUs", labels=["node"])
+        families = {m: GaugeMetricFamily(n, h, labels=["node", "gpu", "uuid"]) for m, (n, h) in GPU_GAUGES.items()}
+        energy = CounterMetricFamily("llmops_gpu_energy_joules", "GPU energy counter", labels=["node", "gpu", "uuid"])
+        cpu = GaugeMetricFamily("llmops_host_cpu_percent", "Host CPU use", labels=["node"])
+        mem = GaugeMetricFamily("llmops_host_memory_used_bytes", "Host memory in use", labels=["node"])
+        rss = GaugeMetricFamily("llmops_host_vllm_rss_bytes", "Resident memory of the vLLM processes", labels=["node"])
+        for node, snap in snaps.items():
+            available.add_metric([node], 1.0 if snap.available else 0.0)
+            for g in snap.gpus:
+                if g.lost:
+                    continue
+                for metric, family in families.items():
+                    if g.values.get(metric) is not None:
+                        family.add_metric([node, str(g.index), g.uuid], g.values[metric])
+                if g.values.get("energy_j") is not None:
+                    energy.add_metric([node, str(g.index), g.uuid], g.values["energy_j"])
+            if snap.host:
+                cpu.add_metric([node], snap.host["cpu_pct"])
+                mem.add_metric([node], snap.host["mem_used"])
+                rss.add_metric([node], snap.host["vllm_rss"])
+        yield available
         yield from families.values()
-        yield energy
-        if snap.host:
-            yield GaugeMetricFamily("llmops_host_cpu_percent", "Host CPU use", value=snap.host["cpu_pct"])
-            yield GaugeMetricFamily("llmops_host_memory_used_bytes", "Host memory in use",
-                                    value=snap.host["mem_used"])
-            yield GaugeMetricFamily("llmops_host_vllm_rss_bytes", "Resident memory of the vLLM processes",
-                                    value=snap.host["vllm_rss"])
+        yield from (energy, cpu, mem, rss)
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -211,6 +211,9 @@ def test_engine_exports_prometheus_metrics(api: TestClient) -> None:
     assert families["llmops_gpu_available"].samples[0].value == 0.0  # no GPU here, and no invented GPU series
     assert not families["llmops_gpu_memory_used_bytes"].samples
     assert families["llmops_host_memory_used_bytes"].samples[0].value > 0
+    assert families["llmops_host_memory_used_bytes"].samples[0].labels == {"node": "local"}  # labelled by node
+    per = {(s.labels["deployment"], s.labels["state"]): s.value for s in families["llmops_deployment_state"].samples}
+    assert per[("demo", "stopped")] == 1.0  # and each deployment's state, labelled by it
     refused = [s for s in families["llmops_requests"].samples if s.name == "llmops_requests_total"]
     assert refused and refused[0].labels["outcome"] == "refused" and refused[0].value == 1.0
 
