@@ -34,6 +34,7 @@ from engine.capacity.plans import MARGIN_BYTES, cpu_need_bytes
 from engine.capacity.preflight import (
     NEIGHBOUR_MARGIN_BYTES,
     SAFE_UTILIZATION,
+    Cluster,
     Finding,
     Neighbour,
     PreflightResult,
@@ -51,6 +52,7 @@ __all__ = [
     "SAFE_UTILIZATION",
     "Calibration",
     "CalibrationStore",
+    "Cluster",
     "Device",
     "Finding",
     "ModelShape",

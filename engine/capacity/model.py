@@ -181,10 +181,11 @@ def kv_bytes_per_token(shape: ModelShape, settings: EngineSettings) -> int:
     """2 × layers × KV heads per rank × head_dim × bytes (MLA: layers × latent dim × bytes, not split by TP)."""
     kv_dtype = dtype_bytes(settings.dtype, shape) if settings.kv_cache_dtype == "auto" else DTYPE_BYTES[
         settings.kv_cache_dtype]
+    layers = math.ceil(shape.layers / max(1, settings.pipeline_parallel_size))  # a stage's share of the layers
     if shape.mla_kv_dim:
-        return shape.layers * shape.mla_kv_dim * kv_dtype
+        return layers * shape.mla_kv_dim * kv_dtype
     heads_per_rank = max(1, math.ceil(shape.kv_heads / settings.tensor_parallel_size))
-    return 2 * shape.layers * heads_per_rank * shape.head_dim * kv_dtype
+    return 2 * layers * heads_per_rank * shape.head_dim * kv_dtype
 
 
 def weight_bytes(shape: ModelShape, settings: EngineSettings) -> int:
@@ -195,7 +196,7 @@ def weight_bytes(shape: ModelShape, settings: EngineSettings) -> int:
         total = shape.checkpoint_bytes * per_weight // stored
     else:
         total = shape.parameters() * per_weight
-    return total // settings.tensor_parallel_size
+    return total // (settings.tensor_parallel_size * max(1, settings.pipeline_parallel_size))
 
 
 def batched_tokens(settings: EngineSettings, shape: ModelShape, kind: str) -> int:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from engine.capacity.calibration import CalibrationStore, StartReport
 from engine.capacity.model import GIB, Device, ModelShape, batched_tokens, estimate_activation, load_shape, predict
 from engine.capacity.plans import MARGIN_BYTES, PlanInputs, Running, cpu_need_bytes, plan_apply
-from engine.capacity.preflight import Neighbour, PreflightResult, check, find_model_config
+from engine.capacity.preflight import Cluster, Neighbour, PreflightResult, check, find_model_config
 from engine.revisions import EngineSettings
 from engine.schemas import ApplyPlanOut, Build
 
@@ -40,6 +40,7 @@ class Planner:
         self.scope: DeploymentRef | None = None  # the deployment this planner plans for (None: the whole host)
         # what the other deployments reserve (set by the registry): (this deployment) -> its neighbours
         self.neighbours: Callable[[DeploymentRef | None], list[Neighbour]] = lambda _: []
+        self.cluster: Callable[[], Cluster | None] = lambda: None  # a Ray cluster's GPUs (set by the registry)
 
     def scoped(self, deployment: DeploymentRef) -> Planner:
         """This planner for one deployment (the same calibrations, sampler and neighbours)."""
@@ -107,7 +108,7 @@ class Planner:
         calibration = self.calibrations.latest(settings.model, settings.tensor_parallel_size, settings.dtype)
         return check(settings, data_dir=self.data_dir, device=self.device(settings.tensor_parallel_size),
                      calibration=calibration, traffic_max_tokens=self.traffic_max_tokens(),
-                     neighbours=self.neighbours(self.scope))
+                     neighbours=self.neighbours(self.scope), cluster=self.cluster())
 
     def calibrate(self, report: StartReport, settings: EngineSettings, logged_batched_tokens: int | None,
                   revision_id: int | None) -> None:

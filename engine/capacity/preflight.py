@@ -81,9 +81,19 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB" if abs(n) >= 0.1 * GIB else f"{n / (1 << 20):.1f} MiB"
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """The GPUs of a Ray cluster, for a model spread over nodes (pipeline parallel): in all, and on the largest
+    node (a tensor-parallel group stays inside one)."""
+
+    gpus: int
+    gpus_per_node: int
+    nodes: int
+
+
 def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | None,
           calibration: Calibration | None = None, traffic_max_tokens: int | None = None,
-          neighbours: list[Neighbour] | None = None) -> PreflightResult:
+          neighbours: list[Neighbour] | None = None, cluster: Cluster | None = None) -> PreflightResult:
     errors: list[Finding] = []
     warnings: list[Finding] = []
     if settings.gpu_memory_utilization > 0.90 and (device is None or device.kind == "cuda"):
@@ -118,6 +128,7 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
         errors.append(Finding("tp_mismatch", "tensor_parallel_size",
                               f"tensor_parallel_size {tp} {why}; valid: {', '.join(map(str, valid))}",
                               {"tensor_parallel_size": valid[-1]}))
+    _pipeline_findings(settings, shape, cluster, errors)
     _replica_findings(settings, shape, device, errors)
     if device is None:
         warnings.append(Finding("capacity_unknown", "gpu_memory_utilization",
@@ -137,6 +148,34 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
                                 f"({traffic_max_tokens} tokens); {suggestion} would free KV cache for concurrency",
                                 {"max_model_len": suggestion}))
     return PreflightResult(errors, warnings, pred, shape, device)
+
+
+def _pipeline_findings(settings: EngineSettings, shape: ModelShape, cluster: Cluster | None,
+                       errors: list[Finding]) -> None:
+    """A model in stages (pipeline parallel) runs through vLLM's Ray executor, across the nodes of the cluster."""
+    pp, tp = settings.pipeline_parallel_size, settings.tensor_parallel_size
+    if pp <= 1:
+        return
+    if pp > shape.layers:
+        errors.append(Finding("pp_mismatch", "pipeline_parallel_size", f"pipeline_parallel_size {pp} is more "
+                              f"stages than the model's {shape.layers} layers", {"pipeline_parallel_size":
+                                                                                 shape.layers}))
+        return
+    if cluster is None:
+        errors.append(Finding("pp_needs_cluster", "pipeline_parallel_size", f"pipeline_parallel_size {pp} runs "
+                              "through vLLM's Ray executor: place instances on a Ray cluster (LLMOPS_RAY_ADDRESS), "
+                              "or use tensor_parallel_size within this host", {"pipeline_parallel_size": 1}))
+        return
+    if tp > cluster.gpus_per_node:
+        errors.append(Finding("tp_mismatch", "tensor_parallel_size", f"tensor_parallel_size {tp} is more GPUs than "
+                              f"the largest node has ({cluster.gpus_per_node}): a tensor-parallel group stays in one "
+                              "node", {"tensor_parallel_size": cluster.gpus_per_node}))
+    if tp * pp > cluster.gpus:
+        fits = max(1, cluster.gpus // tp)
+        errors.append(Finding("cluster_gpus", "pipeline_parallel_size", f"{tp} x {pp} = {tp * pp} GPUs; the "
+                              f"cluster's {cluster.nodes} alive node(s) have {cluster.gpus}: at most "
+                              f"pipeline_parallel_size {fits} at tensor_parallel_size {tp}",
+                              {"pipeline_parallel_size": fits}))
 
 
 def _neighbour_findings(settings: EngineSettings, shape: ModelShape, device: Device, neighbours: list[Neighbour],

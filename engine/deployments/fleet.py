@@ -25,7 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from engine.access import AuditLog
 from engine.aio import cancel_and_wait
 from engine.benchmarks import Benchmarks
-from engine.capacity import Neighbour, Planner, cpu_need_bytes, find_model_config, load_shape
+from engine.capacity import Cluster, Neighbour, Planner, cpu_need_bytes, find_model_config, load_shape
 from engine.config import AppConfig
 from engine.db import DEFAULT_DEPLOYMENT, Database, Deployment
 from engine.deployments.store import DeploymentNotFoundError, DeploymentStore, is_id
@@ -82,6 +82,8 @@ class Fleet:
         self._wake = asyncio.Event()
         self._started = False
         planner.neighbours = self.neighbours
+        if self.placement.kind == "ray":
+            planner.cluster = self.cluster
         self.on_change: list[Callable[[], None]] = []  # told when a deployment comes or goes (the gateway)
         # the telemetry of the cluster's other nodes (Ray placement), sampled there: latest snapshot per node
         self.node_snapshots: dict[str, Snapshot] = {}
@@ -324,6 +326,12 @@ class Fleet:
                                  gpu_readings=[gpu_view(g) for g in snap.gpus] if snap is not None else [], host=host,
                                  instances=instances.get(None if self.placement.kind == "local" else info.id, [])))
         return FleetOut(placement=self.placement.kind, nodes=nodes)
+
+    def cluster(self) -> Cluster | None:
+        """The Ray cluster's GPUs now (its alive nodes'), for a model in stages across nodes."""
+        alive = [n for n in self.placement.nodes() if n.alive]
+        return Cluster(gpus=int(sum(n.gpus for n in alive)), gpus_per_node=int(max((n.gpus for n in alive),
+                                                                                  default=0)), nodes=len(alive))
 
     def neighbours(self, of: DeploymentRef | None) -> list[Neighbour]:
         """What the other enabled deployments reserve (their desired revision's memory, on the GPUs they run on;

@@ -54,6 +54,12 @@ class SettingsValues(BaseModel):
     tensor_parallel_size: int = Field(
         1, ge=1, le=64, description="GPUs one model is split across; must divide the attention heads."
     )
+    pipeline_parallel_size: int = Field(
+        1, ge=1, le=64, description="Stages one model is split across in depth (pipeline parallel): "
+        "tensor_parallel_size x pipeline_parallel_size GPUs per instance. A model larger than one node runs across "
+        "several on a Ray cluster (LLMOPS_RAY_ADDRESS), through vLLM's own Ray executor; tensor-parallel groups stay "
+        "inside a node.",
+    )
     replicas: int = Field(
         1, ge=1, le=16, description="vLLM instances of this revision behind the gateway (least outstanding requests "
         "first). On a multi-GPU host each gets its own GPUs (tensor_parallel_size each); with 2 or more an apply "

@@ -69,6 +69,10 @@ def build_command(
         # On the CPU build the KV cache is sized explicitly; gpu_memory_utilization would reserve that fraction
         # of the host's RAM instead.
         args += ["--kv-cache-memory-bytes", str(int(settings.cpu_kv_cache_gib * GIB))]
+    if settings.pipeline_parallel_size > 1:
+        # the stages span nodes through vLLM's own Ray executor (it joins the engine's cluster: RAY_ADDRESS)
+        args += ["--pipeline-parallel-size", str(settings.pipeline_parallel_size),
+                 "--distributed-executor-backend", "ray"]
     if settings.max_model_len is not None:
         args += ["--max-model-len", str(settings.max_model_len)]
     if settings.max_num_batched_tokens is not None:

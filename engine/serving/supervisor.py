@@ -90,10 +90,14 @@ SOFT_FIELDS = ("replicas", "max_num_seqs", "max_num_seqs_ceiling")  # what a run
 def soft_change(inst: Instance, values: dict[str, Any]) -> bool:
     """Whether ``inst`` can serve a revision of ``values`` as it runs: nothing it was started with differs, and
     a new max_num_seqs fits under the ceiling it was started with (a new ceiling needs a restart)."""
-    if {**inst.revision.values, **dict.fromkeys(SOFT_FIELDS)} != {**values, **dict.fromkeys(SOFT_FIELDS)}:
+    current = inst.revision.values
+    if {**current, **dict.fromkeys(SOFT_FIELDS)} != {**values, **dict.fromkeys(SOFT_FIELDS)}:
         return False
     seqs, ceiling = int(values.get("max_num_seqs") or 1), values.get("max_num_seqs_ceiling")
-    return seqs <= inst.launched_seqs and (ceiling is None or ceiling == inst.launched_seqs)
+    if seqs == current.get("max_num_seqs") and ceiling == current.get("max_num_seqs_ceiling"):
+        return True  # only replicas
+    # a new max_num_seqs without a restart only under a ceiling the operator asked for, the one it runs with
+    return ceiling is not None and ceiling == inst.launched_seqs and seqs <= ceiling
 
 
 def soft_plan(serving: list[Instance], settings: EngineSettings) -> ApplyPlanOut:
@@ -549,9 +553,12 @@ class Supervisor:
         args = build_command(settings, python=self.config.vllm_python, port=free_port(), data_dir=data_dir,
                              build=self.build, sleep_mode=sleep, nice=self.config.vllm_nice)
         key = secrets.token_urlsafe(32)  # vLLM answers /v1 to the gateway only, not to any local user of the port
+        cluster = self.config.ray_address if settings.pipeline_parallel_size > 1 else None
         env = build_env(offline=resolve_local_model(settings.model, data_dir) is not None,
                         hf_token=self.config.hf_token.get_secret_value() if self.config.hf_token else None,
                         devices=device, dev_endpoints=sleep, api_key=key)
+        if cluster:  # vLLM's Ray executor joins the engine's cluster for the stages' workers
+            env["RAY_ADDRESS"] = cluster
         if self.build == "cpu" and (self.instances or self.others_running()) and \
                 "VLLM_CPU_OMP_THREADS_BIND" not in env:
             # the CPU build pins its worker to cores on its own ("auto"); a second instance pinned to the same
@@ -563,7 +570,8 @@ class Supervisor:
         child = self.placement.child(ChildSpec(
             args=args, env=env, port=port, revision_id=revision.id, log=self.log,
             pidfile=self.run_dir / self.deployment.pidfile_name(name), name=name, cwd=data_dir, api_key=key,
-            node=node, gpus=settings.tensor_parallel_size if self.build == "cuda" else 0))
+            node=node, gpus=settings.tensor_parallel_size if self.build == "cuda" and
+            settings.pipeline_parallel_size == 1 else 0))  # in stages, vLLM's Ray executor places its workers
         inst = Instance(name, child, revision, settings, device=device, bridge=bridge,
                         launched_seqs=launch_max_num_seqs(settings))
         child.on_exit = lambda _: self._spawn_task(self._instance_exited(inst), f"exited-{name}")

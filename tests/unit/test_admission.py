@@ -210,10 +210,14 @@ def test_only_what_a_running_instance_can_take_on_is_a_soft_change() -> None:
                     settings=EngineSettings.model_construct(**base), launched_seqs=64)
     assert gateway_limit(inst) == 16
     assert soft_change(inst, {**base, "max_num_seqs": 48})  # within the ceiling it was started with
-    assert soft_change(inst, {**base, "max_num_seqs": 64, "max_num_seqs_ceiling": None})
     assert soft_change(inst, {**base, "replicas": 3})
+    assert not soft_change(inst, {**base, "max_num_seqs": 64, "max_num_seqs_ceiling": None})  # a launch change
     assert not soft_change(inst, {**base, "max_num_seqs": 65, "max_num_seqs_ceiling": None})  # above: restart
     assert not soft_change(inst, {**base, "max_num_seqs_ceiling": 128})  # a new ceiling: restart
     assert not soft_change(inst, {**base, "gpu_memory_utilization": 0.8})
     inst.settings = EngineSettings.model_construct(**{**base, "max_num_seqs": 64})
     assert gateway_limit(inst) is None  # at the ceiling vLLM holds it itself
+    plain = {**base, "max_num_seqs_ceiling": None}  # no headroom asked for: a change restarts, as before
+    inst = Instance("a", child=None, revision=Revision(id=1, values=plain),  # type: ignore[arg-type]
+                    settings=EngineSettings.model_construct(**plain), launched_seqs=16)
+    assert not soft_change(inst, {**plain, "max_num_seqs": 8}) and soft_change(inst, {**plain, "replicas": 2})

@@ -111,3 +111,29 @@ def test_unknown_model_is_a_warning_not_an_error() -> None:
     s = EngineSettings.model_construct(**{**EngineSettings.model_construct(model="org/absent-model").model_dump()})
     result = check(s, data_dir=None, device=H200)
     assert result.errors == [] and codes(result.warnings) == {"capacity_unknown": {}}
+
+
+def test_a_model_in_stages_is_planned_across_the_cluster(m8b: Path) -> None:
+    """pipeline_parallel_size spreads a model too large for one node over several, through vLLM's Ray executor:
+    pre-flight wants a cluster with the GPUs, tensor-parallel groups inside a node; each rank holds its stage."""
+    from engine.capacity import Cluster, check, kv_bytes_per_token, load_shape, weight_bytes
+    from engine.serving import build_command
+
+    one = gpu_settings(m8b)
+    staged = gpu_settings(m8b, pipeline_parallel_size=2, tensor_parallel_size=2)
+    shape = load_shape(m8b)
+    assert kv_bytes_per_token(shape, staged) * 2 == kv_bytes_per_token(shape, one.model_copy(
+        update={"tensor_parallel_size": 2}))  # a stage's half of the layers
+    assert weight_bytes(shape, staged) * 4 == weight_bytes(shape, one)
+    alone = check(staged, data_dir=None, device=None)
+    assert [f.code for f in alone.errors] == ["pp_needs_cluster"]
+    small = check(staged, data_dir=None, device=None, cluster=Cluster(gpus=2, gpus_per_node=1, nodes=2))
+    assert {f.code for f in small.errors} == {"tp_mismatch", "cluster_gpus"}
+    assert next(f for f in small.errors if f.code == "cluster_gpus").fit == {"pipeline_parallel_size": 1}
+    fits = check(staged, data_dir=None, device=None, cluster=Cluster(gpus=4, gpus_per_node=2, nodes=2))
+    assert fits.errors == []
+    args = build_command(staged, python="/py", port=1, data_dir=None, build="cuda")
+    assert args[args.index("--pipeline-parallel-size") + 1] == "2"
+    assert args[args.index("--distributed-executor-backend") + 1] == "ray"
+    assert "--pipeline-parallel-size" not in build_command(one, python="/py", port=1, data_dir=None,
+                                                           build="cuda")
