@@ -129,3 +129,9 @@ def longest_gap(outcomes: list[Outcome], start: float, end: float) -> float:
     times = sorted(o.finished for o in outcomes if o.ok and start <= o.finished <= end)
     edges = [start, *times, end]
     return max(b - a for a, b in itertools.pairwise(edges))
+
+
+def tokens_per_s(outcomes: list[Outcome], start: float, end: float, max_tokens: int) -> float:
+    """Output tokens of the requests completed in [start, end], per second (each asks for ``max_tokens``)."""
+    done = [o for o in outcomes if o.ok and start <= o.finished <= end]
+    return round(len(done) * max_tokens / (end - start), 2) if end > start else 0.0

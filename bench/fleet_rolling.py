@@ -1,0 +1,124 @@
+"""A deployment of two replicas on a real Ray cluster of two nodes on this host, under N streaming clients: the
+throughput before, the longest stretch with no completed request and the throughput during a rolling apply, then
+the second node killed: how long the gateway still sent new requests to its instance, what failed (only requests
+in flight there may), and how long until the replica served again on the head.
+
+    python bench/fleet_rolling.py --out DIR [--clients 16] [--window 60]
+
+Fresh prompts every request (tests/support/load.py); writes ``fleet-rolling.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.support.engine import COLD_START_S, EngineHandle, running_engine  # noqa: E402 - after the path
+from tests.support.load import Load, longest_gap, summary, tokens_per_s  # noqa: E402
+from tests.support.ray_cluster import ray_cluster  # noqa: E402
+from tests.support.wait import wait_until  # noqa: E402
+
+
+def serving_nodes(engine: EngineHandle) -> set[str]:
+    return {i.node or "" for i in engine.client.status().instances if i.serving}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--window", type=float, default=60.0, help="seconds of steady load measured before the apply")
+    a = p.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "clients": a.clients}
+
+    def save() -> None:
+        (a.out / "fleet-rolling.json").write_text(json.dumps(report, indent=1, default=str))
+
+    data_dir = Path(tempfile.mkdtemp(prefix="fleet-rolling-"))
+    with ray_cluster(nodes=2) as cluster, running_engine(data_dir, env={
+            "LLMOPS_RAY_ADDRESS": cluster.address, "LLMOPS_CRASHLOOP_MAX_FAILURES": "20"}) as engine:
+        engine.client.wait_for({"ready"}, COLD_START_S)
+        base = engine.client.settings()
+        rev = engine.client.put_settings(base.revision, {"replicas": 2}, "bench: two replicas")
+        wait_until(lambda: len(serving_nodes(engine)) == 2 and engine.client.status().running_revision ==
+                   rev.revision, 2 * COLD_START_S, every=1.0, what="two replicas on two nodes")
+        plan = engine.client.capacity({"max_num_seqs": 6}).plan
+        report["plan"] = plan.model_dump() if plan else None
+        load = Load(engine.url, clients=a.clients, stream=True, max_tokens=a.max_tokens).start()
+        load.wait_for(2 * a.clients, timeout=600)
+        t_before = time.monotonic()
+        time.sleep(a.window)  # a measuring window of steady load, not a wait for a state
+        t_apply = time.monotonic()
+        rolled = engine.client.put_settings(rev.revision, {"max_num_seqs": 6}, "bench: rolling apply")
+
+        def applied() -> bool:
+            st = engine.client.status()
+            return st.apply is not None and st.apply.revision == rolled.revision and st.apply.outcome != "running"
+
+        wait_until(applied, 2 * COLD_START_S, every=0.5, what="the rolling apply")
+        t_applied = time.monotonic()
+        outcomes = list(load.outcomes)
+        report["rolling"] = {
+            "throughput_before_tok_s": tokens_per_s(outcomes, t_before, t_apply, a.max_tokens),
+            "throughput_during_tok_s": tokens_per_s(outcomes, t_apply, t_applied, a.max_tokens),
+            "longest_gap_s": round(longest_gap(outcomes, t_apply, t_applied), 3),
+            "apply_s": round(t_applied - t_apply, 1),
+            "failed": sum(1 for o in outcomes if not o.ok and o.finished >= t_apply),
+            "engine_gap_s": engine.client.status().apply.longest_gap_s,  # type: ignore[union-attr]
+        }
+        r = report["rolling"]
+        r["during_over_before"] = round(r["throughput_during_tok_s"] / r["throughput_before_tok_s"], 3) \
+            if r["throughput_before_tok_s"] else None
+        save()
+        load.wait_for(load.count() + 2 * a.clients, timeout=600)
+        status = engine.client.status()
+        other = next(n for n in cluster.list_all_nodes() if not n.head)
+        lost = next(i for i in status.instances if i.node == other.node_id)
+        kill_wall, kill = time.time(), time.monotonic()
+        first = load.count()
+        cluster.remove_node(other, allow_graceful=False)
+        wait_until(lambda: engine.client.events(kinds=["instance_exited"], since=0, limit=1000) and
+                   any(e.data.get("instance") == lost.name for e in engine.client.events(
+                       kinds=["instance_exited"], since=0, limit=1000)), 120, every=0.1, what="the exit")
+        exited = next(e for e in reversed(engine.client.events(kinds=["instance_exited"], since=0, limit=1000))
+                      if e.data.get("instance") == lost.name)
+        head = next(n for n in cluster.list_all_nodes() if n.head).node_id
+        wait_until(lambda: serving_nodes(engine) == {head} and len([
+            i for i in engine.client.status().instances if i.serving]) == 2, 2 * COLD_START_S, every=1.0,
+            what="two replicas on the head")
+        back = time.monotonic()
+        load.wait_for(load.count() + 2 * a.clients, timeout=600)
+        outcomes = load.stop()
+        engine.client.close()
+        with sqlite3.connect(data_dir / "llmops.db") as db:  # which instance served each request: the ledger
+            sent_after = db.execute("SELECT MAX(ts) FROM request_log WHERE instance = ? AND ts > ?",
+                                    (lost.name, kill_wall)).fetchone()[0]
+        window = outcomes[first:]
+        report["node_loss"] = {
+            "exit_seen_s": round(exited.ts.timestamp() - kill_wall, 3),
+            "last_request_sent_to_it_s": round(sent_after - kill_wall, 3) if sent_after else None,
+            "failed": sum(1 for o in window if not o.ok),
+            "failed_after_exit_seen": sum(1 for o in window if not o.ok and
+                                          o.finished - o.seconds > kill + (exited.ts.timestamp() - kill_wall)),
+            "replica_back_on_head_s": round(back - kill, 1),
+            "requests": len(window),
+        }
+        report["load"] = summary(outcomes)
+    report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    save()
+    print(json.dumps({k: report[k] for k in ("rolling", "node_loss", "load")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
