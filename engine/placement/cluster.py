@@ -30,6 +30,7 @@ log = logging.getLogger("llmops.placement")
 NAMESPACE = "llmops"
 PROBE_EVERY_S = 0.5  # how often a remote instance's port is tried
 PROBE_TIMEOUT_S = 1.0
+SUSPECT_S = 120.0  # a node whose instance was lost gets nothing new for this long (or until Ray says it is back)
 VllmProcess = ray.remote(num_cpus=0, max_concurrency=8)(VllmProcessImpl)
 NodeAgent = ray.remote(num_cpus=0, max_concurrency=4)(NodeAgentImpl)
 
@@ -43,6 +44,8 @@ class RayPlacement:
         self.address = address
         self.sample_interval_s = sample_interval_s
         self.own_node = str(ray.get_runtime_context().get_node_id())  # the engine's own host, when in the cluster
+        # nodes whose instance stopped answering: Ray may list them alive for a while yet; nothing goes there
+        self._suspect: dict[str, float] = {}
         self._agents: dict[str, Any] = {}
 
     def nodes(self) -> list[NodeInfo]:
@@ -60,19 +63,27 @@ class RayPlacement:
     def child(self, spec: ChildSpec) -> RayChild:
         if spec.node is None:
             raise PlacementError("a Ray instance needs a node: the planner found none with room")
-        return RayChild(spec)
+        return RayChild(spec, on_lost=self.suspect)
+
+    def suspect(self, node: str) -> None:
+        """An instance on ``node`` stopped answering: place nothing there for a while (Ray's view may lag)."""
+        self._suspect[node] = time.monotonic() + SUSPECT_S
+
+    def _usable(self, node: NodeInfo) -> bool:
+        until = self._suspect.get(node.id)
+        return node.alive and (until is None or until < time.monotonic())
 
     def place(self, index: int, taken: list[str | None], gpus: int = 0) -> str | None:
         """Replica ``index``'s node: an alive one (with ``gpus`` GPUs, if it needs them) running the fewest of
         this deployment's instances, the head first among equals."""
-        alive = [n for n in self.nodes() if n.alive and n.gpus >= gpus]
+        alive = [n for n in self.nodes() if self._usable(n) and n.gpus >= gpus]
         if not alive:
             raise PlacementError("no alive node of the Ray cluster" + (f" has {gpus} GPU(s)" if gpus else ""))
         return min(alive, key=lambda n: (taken.count(n.id), 0 if alive.index(n) == index % len(alive) else 1,
                                          alive.index(n))).id
 
     def alive(self, node: str | None) -> bool:
-        return node is not None and any(n.id == node and n.alive for n in self.nodes())
+        return node is not None and any(n.id == node and self._usable(n) for n in self.nodes())
 
     def agent(self, node: str) -> Any:
         """The node's telemetry agent (started on first use, one per node, found again by name)."""
@@ -108,8 +119,9 @@ class RayPlacement:
 class RayChild:
     """One vLLM instance on a Ray node, driven like a local child (engine/placement/base.py Child)."""
 
-    def __init__(self, spec: ChildSpec) -> None:
+    def __init__(self, spec: ChildSpec, on_lost: Callable[[str], None] = lambda _: None) -> None:
         self.spec = spec
+        self.on_lost = on_lost  # told the node of an instance lost without an exit
         self.name = spec.name
         self.port = 0
         self.revision_id = spec.revision_id
@@ -173,7 +185,13 @@ class RayChild:
         self.log.new_run(f"instance {self.name}, revision {self.revision_id} on node {spec.node[:12]}: "
                          f"{' '.join(spec.args)}")
         self._actor = VllmProcess.options(**options).remote(self.name)
-        info = await self._actor.start.remote(spec.args, spec.env, None)
+        try:
+            info = await self._actor.start.remote(spec.args, spec.env, None)
+        except RayError as exc:  # its node went away meanwhile, or cannot start it: a failed start, not a crash
+            self.lost = f"could not start on node {spec.node[:12]}: {type(exc).__name__}"
+            self.on_lost(spec.node)
+            self._gone()
+            return
         self._pid, self._address, self.port = int(info["pid"]), str(info["address"]), int(info["port"])
         self.tracker = StartTracker(time.monotonic())
         loop = asyncio.get_running_loop()
@@ -202,6 +220,7 @@ class RayChild:
             self._code = await self._actor.wait.remote()
         except RayActorError as exc:  # the actor died: killed, or its node lost
             self.lost = f"its Ray actor died ({type(exc).__name__}): the node may be lost"
+            self.on_lost(self.spec.node or "")
         except RayError as exc:
             self.lost = f"the cluster could not say ({type(exc).__name__}: {exc})"
         self._gone()
@@ -223,6 +242,7 @@ class RayChild:
                 failures += 1 if answered else 0
             if failures >= 2 and not self.stop_requested:
                 self.lost = f"its port {self._address}:{self.port} stopped answering: the node may be lost"
+                self.on_lost(self.spec.node or "")
                 self._gone()
                 return
             await asyncio.sleep(PROBE_EVERY_S)

@@ -545,7 +545,7 @@ class Supervisor:
                       bridge: bool = False, node: str | None = None, index: int = 0) -> Instance:
         """Spawn an instance (role starting) on ``node`` (None: where the placement puts replica ``index``); the
         caller waits for it with _await_ready."""
-        if node is None or not self.placement.alive(node):
+        if node is None or not await asyncio.to_thread(self.placement.alive, node):  # Ray asks its GCS: a thread
             node = await asyncio.to_thread(self._node_for, index, settings)
         assert revision.id is not None
         data_dir = self.config.data_dir.resolve()
@@ -965,8 +965,9 @@ class Supervisor:
             while True:
                 now = time.monotonic()
                 if child.exited:
-                    return StartOutcome(False, f"vLLM exited{_code(child.returncode)} during start-up",
-                                        now - t0, child.returncode)
+                    lost = getattr(child, "lost", None)  # a remote instance gone without an exit code says why
+                    return StartOutcome(False, f"vLLM exited{_code(child.returncode)} during start-up"
+                                        + (f" ({lost})" if lost else ""), now - t0, child.returncode)
                 if not self.enabled:
                     return StartOutcome(False, "stop requested during start-up", now - t0, aborted=True)
                 if abort_on_new_desired and now - last_desired_check >= 1.0:
