@@ -163,20 +163,20 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
     return PreflightResult(errors, warnings, pred, shape, device)
 
 
-def _approximate(feature: str, effect: str, off: str = "") -> Finding:
-    return Finding("capacity_approximate", "model", f"{feature} is not modelled: {effect}"
+def _approximate(feature: str, effect: str, off: str = "", plural: bool = False) -> Finding:
+    return Finding("capacity_approximate", "model", f"{feature} {'are' if plural else 'is'} not modelled: {effect}"
                    + (f"; the prediction may be off by {off}" if off else ""))
 
 
 def _config_coverage(settings: EngineSettings, shape: ModelShape, warnings: list[Finding]) -> None:
     """What the model's config asks for that the capacity model does not model (engine/capacity/shape.py)."""
     for item in shape.unmodelled:
-        warnings.append(_approximate(item.feature, item.effect, _gib(item.bytes) if item.bytes else ""))
+        warnings.append(_approximate(item.feature, item.effect, _gib(item.bytes) if item.bytes else "", item.plural))
     if shape.quantization and (settings.load_format == "dummy" or not shape.checkpoint_bytes):
         warnings.append(_approximate(
             f"quantized weights ({shape.quantization})", "without the checkpoint's files their size is counted "
             "at 16 bits a weight, while a 4-bit checkpoint holds about a quarter of that", f"up to "
-            f"{_gib(shape.parameters() * 3 // 2)} (the KV cache larger than predicted)"))
+            f"{_gib(shape.parameters() * 3 // 2)} (the KV cache larger than predicted)", plural=True))
     if settings.pipeline_parallel_size > 1 and len(set(layer_kinds(shape))) > 1:
         warnings.append(_approximate(
             "a hybrid KV cache (sliding-window and full layers) split into pipeline stages", "vLLM groups the "

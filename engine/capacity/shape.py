@@ -50,6 +50,7 @@ class Unmodelled:
     feature: str
     effect: str
     bytes: int | None = None  # how far the KV cache may be off because of it, where that can be estimated
+    plural: bool = False  # "layer types ... are not modelled"
 
 
 @dataclass(frozen=True)
@@ -230,9 +231,10 @@ def _layer_windows(cfg: dict[str, Any], model_type: str, layers: int,
     if isinstance(types, list) and len(types) == layers:
         other = sorted({str(t) for t in types if t not in _ATTENTION_LAYER_TYPES})
         if other:
-            notes.append(Unmodelled(f"layer types {', '.join(other)}", "those layers are counted as full "
-                                    "attention and their own state memory (recurrent or linear-attention state) "
-                                    "is not: the KV tokens may be off by a large factor"))
+            notes.append(Unmodelled(f"layer type{'s' if len(other) > 1 else ''} {', '.join(other)}", "those "
+                                    "layers are counted as full attention and their own state memory (recurrent or "
+                                    "linear-attention state) is not: the KV tokens may be off by a large factor",
+                                    plural=len(other) > 1))
         return tuple(window if t == "sliding_attention" else None for t in types)
     if window is None:
         return (None,) * layers
