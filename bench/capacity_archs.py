@@ -96,12 +96,6 @@ def cmd_prepare(a: argparse.Namespace) -> None:
         if a.assume_total_gib:  # a dry run without a GPU
             total = int(a.assume_total_gib * (1 << 30))
             device = {"total_bytes": total, "free_bytes": total, "name": "assumed", "dry_run": device["error"]}
-    try:
-        import vllm
-
-        device["vllm"] = vllm.__version__
-    except ImportError as exc:
-        device["vllm"] = f"not importable: {exc}"
     (out / "device.json").write_text(json.dumps(device, indent=1))
     rows: list[dict[str, Any]] = []
     for arch, starts in STARTS:

@@ -31,25 +31,26 @@ say() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/run.log"; }
 gpu_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -d ' '; }
 
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, \
-'transformers', transformers.__version__)" > "$OUT/versions.txt" 2>&1
-say "versions: $(tr '\n' ' ' < "$OUT/versions.txt")"
 BASE_MIB=$(gpu_used); BASE_MIB=${BASE_MIB:-0}
 say "GPU memory used before anything: ${BASE_MIB} MiB"
 
-# model folders and the engine's predictions (the device as torch sees it), before any start
-timeout 300 python3 bench/capacity_archs.py prepare --out "$OUT" --models "$MODELS" >> "$OUT/run.log" 2>&1 \
-  || say "prepare failed (rc $?): see run.log; the starts go on if the model folders exist"
-
-# vLLM inspects each architecture in a subprocess at its first start (~24 s) and caches it: do all five at once
-# now, on the CPU, while the GPU is idle
+# Before any start, at once (CPU work; the GPU is idle): the model folders and the engine's predictions (the
+# device as torch sees it), the versions, and vLLM's inspection of each architecture, which it does in a
+# subprocess at an architecture's first start (~24 s) and caches
 pids=()
+timeout 300 python3 bench/capacity_archs.py prepare --out "$OUT" --models "$MODELS" > "$OUT/prepare.log" 2>&1 &
+prepare=$!
+python3 -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, \
+'transformers', transformers.__version__)" > "$OUT/versions.txt" 2>&1 &
+pids+=($!)
 for arch in Gemma3ForCausalLM MistralForCausalLM DeepseekV2ForCausalLM Qwen3MoeForCausalLM Qwen3ForCausalLM; do
   timeout 90 python3 -c "from vllm.model_executor.models.registry import ModelRegistry as R; \
 print('$arch', R._try_inspect_model_cls('$arch') is not None)" >> "$OUT/prewarm.log" 2>&1 &
   pids+=($!)
 done
+wait "$prepare" || say "prepare failed (rc $?): see prepare.log; the starts go on where the model folders exist"
 for p in "${pids[@]}"; do wait "$p" || true; done
+say "versions: $(tr '\n' ' ' < "$OUT/versions.txt")"
 say "model inspection cached: $(grep -c True "$OUT/prewarm.log" 2>/dev/null || echo 0) of 5"
 
 wait_gpu_free() {  # until the memory is back to where it started (and no process holds the GPU), at most 90 s
