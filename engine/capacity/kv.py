@@ -19,8 +19,11 @@ batches in flight, ``in_flight = concurrent batches x max_num_batched_tokens``).
 so for a hybrid or sliding model the logged tokens are the tokens of ``max_model_len`` requests that fit, not
 ``num_blocks x block``. A start passes vLLM's check when ``group_size x page x blocks_per_request(L)`` fits.
 
-Differences in vLLM 0.32 (the CPU build here): the same concurrency formula (summed per group); the CPU platform
-turns the hybrid allocator off, so sliding layers beside full ones count as full attention there.
+vLLM 0.32 (the CPU build here) computes the same: its concurrency sums ``cdiv(max memory, page)`` per group, its
+CPU platform keeps the hybrid allocator (``support_hybrid_kv_cache``), and a sliding layer takes the primary
+layers' block (128 there; in 0.26 on CUDA the backend's smallest, 16, which is the primary's too). Without the
+hybrid allocator (``--disable-hybrid-kv-cache-manager``, some KV connectors) sliding layers beside full ones count
+as full attention.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from engine.capacity.shape import ModelShape
+from engine.capacity.shape import V2_RUNNER_MOE, ModelShape
 
 Kind = str  # "full" | "sliding" | "mla"
 
@@ -103,12 +106,12 @@ class KvLayout:
                 f"tokens" + (f" ({self.padding_layers} padding layers)" if self.padding_layers else ""))
 
 
-def concurrent_batches(shape: ModelShape, pipeline_parallel_size: int) -> int:
-    """vLLM's max_concurrent_batches with async scheduling (its default): the V2 model runner keeps pp + 1
-    batches in flight, the V1 runner (MoE outside a short list) 2, or pp with pipeline parallel."""
-    from engine.capacity.shape import V2_RUNNER_MOE
-
+def concurrent_batches(shape: ModelShape, pipeline_parallel_size: int, async_scheduling: bool = True) -> int:
+    """vLLM's max_concurrent_batches: with async scheduling (its default) the V2 model runner keeps pp + 1
+    batches in flight, the V1 runner (MoE outside a short list) 2, or pp with pipeline parallel; without, pp."""
     pp = max(1, pipeline_parallel_size)
+    if not async_scheduling:
+        return pp
     v2 = shape.moe is None or any(a in V2_RUNNER_MOE for a in shape.architectures)
     return pp + 1 if v2 else (2 if pp <= 1 else pp)
 
@@ -120,7 +123,8 @@ def layer_kinds(shape: ModelShape) -> list[tuple[Kind, int | None]]:
 
 
 def layout(shape: ModelShape, *, kv_dtype_bytes: int, tensor_parallel_size: int, pipeline_parallel_size: int,
-           block_size: int, mla_block_size: int, hybrid_allocator: bool, batched_tokens: int) -> KvLayout:
+           block_size: int, mla_block_size: int, hybrid_allocator: bool, batched_tokens: int,
+           async_scheduling: bool = True) -> KvLayout:
     """The KV layout of the largest pipeline stage on one tensor-parallel rank."""
     tp, pp = max(1, tensor_parallel_size), max(1, pipeline_parallel_size)
     stage = math.ceil(shape.layers / pp)
@@ -135,7 +139,7 @@ def layout(shape: ModelShape, *, kv_dtype_bytes: int, tensor_parallel_size: int,
         per_layer = 2 * heads * shape.head_dim * kv_dtype_bytes
         block = block_size
     page = per_layer * block
-    in_flight = concurrent_batches(shape, pp) * batched_tokens
+    in_flight = concurrent_batches(shape, pp, async_scheduling) * batched_tokens
     counts: dict[tuple[Kind, int | None], int] = {}
     for k in kinds:
         counts[k] = counts.get(k, 0) + 1

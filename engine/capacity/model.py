@@ -13,7 +13,7 @@ How the budget becomes blocks and the logged "KV cache size: N tokens" (sliding 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from engine.capacity.kv import KvLayout, layout
@@ -38,9 +38,28 @@ MLA_BLOCK_SIZE = {"hopper": 16, "other": 64}
 HOPPER = ("H100", "H200", "H800", "H20", "GH200")
 SAMPLER_BYTES_PER_LOGIT = 14  # profiling's dummy sampler: bf16 logits, then float32 logits, probabilities, noise
 
-__all__ = ["BLOCK_SIZE", "DEFAULT_BATCHED_TOKENS", "DTYPE_BYTES", "GIB", "Calibration", "Device", "ModelShape",
-           "Prediction", "batched_tokens", "dtype_bytes", "estimate_activation", "kv_bytes_per_token",
-           "kv_layout", "load_shape", "model_card", "predict", "utilization_for", "weight_bytes"]
+__all__ = [
+    "BLOCK_SIZE",
+    "DEFAULT_BATCHED_TOKENS",
+    "DTYPE_BYTES",
+    "GIB",
+    "Calibration",
+    "Device",
+    "ModelShape",
+    "Prediction",
+    "batched_tokens",
+    "dtype_bytes",
+    "estimate_activation",
+    "extra_flags",
+    "kv_bytes_per_token",
+    "kv_layout",
+    "load_shape",
+    "model_card",
+    "model_limit",
+    "predict",
+    "utilization_for",
+    "weight_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -123,20 +142,46 @@ def batched_tokens(settings: EngineSettings, shape: ModelShape, kind: str) -> in
     """max_num_batched_tokens as vLLM will choose it when the revision leaves it empty (chunked prefill)."""
     if settings.max_num_batched_tokens:
         return settings.max_num_batched_tokens
-    max_len = settings.max_model_len or shape.max_position_embeddings
+    max_len = settings.max_model_len or model_limit(shape, settings)
     return min(DEFAULT_BATCHED_TOKENS[kind], max_len * vllm_max_num_seqs(settings))
+
+
+def extra_flags(settings: EngineSettings) -> dict[str, str]:
+    """The revision's pass-through vLLM flags (``extra_args``) as {flag: value} ("" for a switch)."""
+    out: dict[str, str] = {}
+    for arg in settings.extra_args or []:
+        flag, _, value = str(arg).partition("=")
+        out[flag] = value
+    return out
+
+
+def model_limit(shape: ModelShape, settings: EngineSettings) -> int:
+    """The longest max_model_len vLLM accepts: the config's, or the sliding window with --disable-sliding-window
+    (config/model.py _get_and_verify_max_len)."""
+    window = shape.sliding_window
+    if "--disable-sliding-window" in extra_flags(settings) and window and window < shape.max_position_embeddings:
+        return window
+    return shape.max_position_embeddings
 
 
 def kv_layout(shape: ModelShape, settings: EngineSettings, device_kind: str = "cuda", device_name: str = "",
               batched: int | None = None) -> KvLayout:
-    """The KV layout vLLM builds for ``settings`` on a device of ``device_kind`` (engine/capacity/kv.py)."""
+    """The KV layout vLLM builds for ``settings`` on a device of ``device_kind`` (engine/capacity/kv.py), with
+    the flags that change it: --block-size, --disable-sliding-window, --no-async-scheduling."""
     kv_dtype = _kv_dtype_bytes(shape, settings)
+    flags = extra_flags(settings)
     hopper = any(h in device_name for h in HOPPER) or not device_name
-    mla_block = BLOCK_SIZE["cpu"] if device_kind == "cpu" else \
-        MLA_BLOCK_SIZE["hopper" if hopper and kv_dtype >= 2 else "other"]
+    if device_kind == "cpu":  # vLLM 0.32's CPU platform: blocks of 128, the reference MLA kernel's of 16
+        block, mla_block = BLOCK_SIZE["cpu"], 16
+    else:
+        block, mla_block = BLOCK_SIZE["cuda"], MLA_BLOCK_SIZE["hopper" if hopper and kv_dtype >= 2 else "other"]
+    if flags.get("--block-size", "").isdigit():
+        block = mla_block = int(flags["--block-size"])
+    if "--disable-sliding-window" in flags:
+        shape = replace(shape, layer_windows=(None,) * shape.layers)
     return layout(shape, kv_dtype_bytes=kv_dtype, tensor_parallel_size=settings.tensor_parallel_size,
-                  pipeline_parallel_size=settings.pipeline_parallel_size, block_size=BLOCK_SIZE[device_kind],
-                  mla_block_size=mla_block, hybrid_allocator=device_kind == "cuda",
+                  pipeline_parallel_size=settings.pipeline_parallel_size, block_size=block, mla_block_size=mla_block,
+                  hybrid_allocator=True, async_scheduling="--no-async-scheduling" not in flags,
                   batched_tokens=batched if batched is not None else batched_tokens(settings, shape, device_kind))
 
 
@@ -212,7 +257,7 @@ def predict(shape: ModelShape, settings: EngineSettings, device: Device,
             calibration: Calibration | None = None) -> Prediction:
     batched = batched_tokens(settings, shape, device.kind)
     lay = kv_layout(shape, settings, device.kind, device.name, batched)
-    max_len = settings.max_model_len or shape.max_position_embeddings
+    max_len = settings.max_model_len or model_limit(shape, settings)
     notes: list[str] = []
     weights = weight_bytes(shape, settings)
     usable_calibration = calibration is not None and calibration.tensor_parallel_size == \
@@ -251,7 +296,7 @@ def predict(shape: ModelShape, settings: EngineSettings, device: Device,
         fits_one_request=kv > 0 and request_bytes <= kv - null_block,
         calibrated=usable_calibration and device.kind != "cpu", block_size=lay.block_size, notes=notes,
         kv_blocks=blocks, request_kv_bytes=request_bytes,
-        longest_request=lay.longest_request(kv, max(max_len, shape.max_position_embeddings)),
+        longest_request=lay.longest_request(kv, max(max_len, model_limit(shape, settings))),
         kv_layout=lay.describe(),
     )
 

@@ -20,7 +20,9 @@ from engine.capacity.model import (
     Device,
     ModelShape,
     Prediction,
+    extra_flags,
     load_shape,
+    model_limit,
     predict,
     utilization_for,
 )
@@ -126,11 +128,13 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
         return PreflightResult(errors, warnings, None, None, device)
 
     _config_coverage(settings, shape, warnings)
-    if settings.max_model_len is not None and settings.max_model_len > shape.max_position_embeddings:
+    limit = model_limit(shape, settings)
+    if settings.max_model_len is not None and settings.max_model_len > limit:
+        why = "its sliding window, as --disable-sliding-window makes it" if limit < shape.max_position_embeddings \
+            else "max_position_embeddings"
         errors.append(Finding("max_len_above_model", "max_model_len",
                               f"max_model_len {settings.max_model_len} is above the model's limit of "
-                              f"{shape.max_position_embeddings} tokens (max_position_embeddings)",
-                              {"max_model_len": shape.max_position_embeddings}))
+                              f"{limit} tokens ({why})", {"max_model_len": limit}))
     tp = settings.tensor_parallel_size
     gpus = device.count if device is not None and device.kind == "cuda" else None
     if shape.heads % tp or (gpus is not None and tp > gpus):
@@ -177,6 +181,13 @@ def _config_coverage(settings: EngineSettings, shape: ModelShape, warnings: list
             f"quantized weights ({shape.quantization})", "without the checkpoint's files their size is counted "
             "at 16 bits a weight, while a 4-bit checkpoint holds about a quarter of that", f"up to "
             f"{_gib(shape.parameters() * 3 // 2)} (the KV cache larger than predicted)", plural=True))
+    flags = extra_flags(settings)
+    for flag, what in (("--cpu-offload-gb", "weights offloaded to the CPU (--cpu-offload-gb)"),
+                       ("--quantization", "on-the-fly quantization (--quantization)"),
+                       ("--no-enable-chunked-prefill", "prefill without chunking (--no-enable-chunked-prefill)")):
+        if flag in flags:
+            warnings.append(_approximate(what, "the weights on the GPU and the profiling pass are counted as without "
+                                         "it", "several GiB (the first start calibrates the weights and activation)"))
     if settings.pipeline_parallel_size > 1 and len(set(layer_kinds(shape))) > 1:
         warnings.append(_approximate(
             "a hybrid KV cache (sliding-window and full layers) split into pipeline stages", "vLLM groups the "

@@ -153,7 +153,8 @@ def approximate(result_warnings: list[Finding]) -> list[str]:
 
 
 def preflight(folder: Path, calibration: Calibration | None = None, **values: object) -> PreflightResult:
-    s = settings(model=str(folder), gpu_memory_utilization=0.8, max_model_len=4096, max_num_seqs=64, **values)
+    s = settings(**{"model": str(folder), "gpu_memory_utilization": 0.8, "max_model_len": 4096, "max_num_seqs": 64,
+                    **values})
     return check(s, data_dir=None, device=H200, calibration=calibration)
 
 
@@ -214,12 +215,41 @@ def test_a_hybrid_model_in_pipeline_stages_is_flagged(tmp_path: Path) -> None:
     assert any("pipeline stages" in m for m in approximate(result.warnings))
 
 
-def test_the_cpu_build_counts_sliding_layers_beside_full_ones_as_full() -> None:
-    """vLLM's CPU platform has no hybrid allocator: Gemma 3's sliding layers hold the whole request there."""
+def test_the_cpu_build_groups_like_the_gpu_in_blocks_of_128() -> None:
+    """vLLM 0.32's CPU platform keeps the hybrid allocator, and a sliding layer takes the full layers' block."""
     pred = predict(shape_of("gemma-3-1b-it"), settings(cpu_kv_cache_gib=1.0, max_model_len=4096),
                    Device("cpu", 24 * GIB, 20 * GIB))
-    assert pred.kv_layout.startswith("26 full layers in 1 group(s) of 26, blocks of 128")
-    assert pred.kv_tokens == GIB // (26 * 1024 * 128) * 128
+    assert pred.kv_layout.startswith("22 sliding window 512, 4 full layers in 7 group(s) of 4, blocks of 128")
+    assert pred.kv_blocks == GIB // (4 * 128 * 1024)
+
+
+@pytest.mark.parametrize(("flags", "layout", "per_request_blocks"), [
+    # a 32k request: 2,048 blocks in the full group, cdiv(511 + 2 x 8192, 16) + 1 = 1,057 in each sliding one
+    ([], "22 sliding window 512, 4 full layers in 7 group(s) of 4, blocks of 16", 2048 + 6 * 1057),
+    (["--block-size=32"], "22 sliding window 512, 4 full layers in 7 group(s) of 4, blocks of 32",
+     1024 + 6 * 529),
+    (["--no-async-scheduling"], "22 sliding window 512", 2048 + 6 * 545),  # one batch in flight, not two
+    (["--disable-sliding-window"], "26 full layers in 1 group(s) of 26", 2048),
+])
+def test_flags_that_change_the_kv_layout(flags: list[str], layout: str, per_request_blocks: int) -> None:
+    s = settings(gpu_memory_utilization=1.0, max_model_len=32768, max_num_seqs=64, extra_args=flags)
+    pred = predict(shape_of("gemma-3-1b-it"), s, H200, exact_budget(57_563_299_184))
+    assert pred.kv_layout.startswith(layout)
+    assert pred.max_concurrency == round(pred.kv_blocks / per_request_blocks, 2)
+
+
+def test_disable_sliding_window_caps_the_model_at_its_window() -> None:
+    """vLLM takes the window as the model's limit then: Mistral-7B-v0.1 serves at most 4,096 tokens."""
+    result = preflight(CONFIGS / "mistral-7b-v0.1", max_model_len=8192, extra_args=["--disable-sliding-window"])
+    err = {e.code: e for e in result.errors}["max_len_above_model"]
+    assert err.fit == {"max_model_len": 4096} and "sliding window" in err.message
+
+
+def test_flags_that_change_weights_or_profiling_are_named() -> None:
+    result = preflight(CONFIGS / "qwen3-8b", extra_args=["--cpu-offload-gb=10", "--no-enable-chunked-prefill"])
+    messages = approximate(result.warnings)
+    assert any(m.startswith("weights offloaded to the CPU (--cpu-offload-gb) is not modelled") for m in messages)
+    assert any(m.startswith("prefill without chunking") for m in messages)
 
 
 # ---------------------------------------------------------------------------------------------------------------
