@@ -312,3 +312,20 @@ def test_h200_held_out_start_within_1_percent(arch: str, calibrates: str, held_o
     if logged.weights_gib is not None and settings_from_log(lines).kv_cache_dtype == "auto":
         assert uncalibrated.weight_bytes / GIB == pytest.approx(logged.weights_gib, abs=0.01 + 0.001 *
                                                                 logged.weights_gib)
+
+
+def test_parse_start_reads_the_v1_runner_backend_block_size_and_padding() -> None:
+    """vLLM 0.26's wording on the V1 model runner (MoE) and of its attention backend and hybrid padding."""
+    from engine.capacity import parse_start
+
+    r = parse_start([
+        "(EngineCore pid=9) INFO 12-01 10:00:00 [gpu_model_runner.py:5348] Model loading took 56.89 GiB memory and "
+        "11.2 seconds",
+        "(EngineCore pid=9) INFO 12-01 10:00:00 [cuda.py:482] Using FLASH_ATTN_MLA attention backend out of potential "
+        "backends: ['FLASH_ATTN_MLA', 'FLASHMLA', 'FLASHINFER_MLA', 'TRITON_MLA'].",
+        "(EngineCore pid=9) INFO 12-01 10:00:00 [interface.py:640] Setting kv cache block size to 64 for FLASHMLA "
+        "backend.",
+        "(EngineCore pid=9) WARNING 12-01 10:00:01 [kv_cache_utils.py:1250] Add 2 padding layers, may waste at most "
+        "9.09% KV cache memory",
+    ])
+    assert (r.weights_gib, r.attention_backend, r.block_size, r.padding_layers) == (56.89, "FLASH_ATTN_MLA", 64, 2)
