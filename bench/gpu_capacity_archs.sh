@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Capacity on five architectures, on one GPU (H200, vLLM 0.26.0 importable from /tmp/site): for Gemma 3 1B
 # (interleaved sliding/global), Mistral-7B-v0.1 (sliding window), DeepSeek-V2-Lite (MLA + MoE), Qwen3-30B-A3B
-# (MoE) and Qwen3-4B (GQA, explicit head_dim) — real configs, dummy weights, synthetic tokenizers — start vLLM
+# (MoE) and Qwen3-4B (GQA; its explicit head_dim 128 is not hidden/heads = 80, and its embedding is tied: a
+# sharper test than Qwen3-8B, where both agree) — real configs, dummy weights, synthetic tokenizers — start vLLM
 # twice (start 1 calibrates, start 2 is held out), each until it logs its memory report, and record the engine's
 # predictions. Run from the repository root, with a free GPU:
 #
@@ -115,7 +116,7 @@ for arch in $(cut -d' ' -f1 "$OUT/cases.txt" | uniq); do
   while read -r a n util len; do
     [ "$a" = "$arch" ] || continue
     if [ "$n" = 2 ]; then
-      timeout 120 python3 bench/capacity_archs.py held-out --out "$OUT" --models "$MODELS" --arch "$arch" \
+      timeout 120 python3 bench/capacity_archs.py held-out --out "$OUT" --models "$MODELS" --arch "$arch" < /dev/null \
         >> "$OUT/run.log" 2>&1 || say "  no calibrated prediction for $arch-2 (see run.log)"
     fi
     run_start "$a" "$n" "$util" "$len" || { say "  $arch-$n failed: next architecture"; break; }
