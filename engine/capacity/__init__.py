@@ -10,6 +10,7 @@ from engine.capacity.calibration import (
     parse_start,
     to_calibration,
 )
+from engine.capacity.kv import KvGroup, KvLayout
 from engine.capacity.model import (
     BLOCK_SIZE,
     DEFAULT_BATCHED_TOKENS,
@@ -23,6 +24,7 @@ from engine.capacity.model import (
     dtype_bytes,
     estimate_activation,
     kv_bytes_per_token,
+    kv_layout,
     load_shape,
     model_card,
     predict,
@@ -41,6 +43,7 @@ from engine.capacity.preflight import (
     check,
     find_model_config,
 )
+from engine.capacity.shape import MODELLED, MlaDims, MoeDims, Unmodelled, parameter_breakdown, shape_from_config
 
 __all__ = [
     "BLOCK_SIZE",
@@ -48,6 +51,7 @@ __all__ = [
     "DTYPE_BYTES",
     "GIB",
     "MARGIN_BYTES",
+    "MODELLED",
     "NEIGHBOUR_MARGIN_BYTES",
     "SAFE_UTILIZATION",
     "Calibration",
@@ -55,12 +59,17 @@ __all__ = [
     "Cluster",
     "Device",
     "Finding",
+    "KvGroup",
+    "KvLayout",
+    "MlaDims",
     "ModelShape",
+    "MoeDims",
     "Neighbour",
     "Planner",
     "Prediction",
     "PreflightResult",
     "StartReport",
+    "Unmodelled",
     "batched_tokens",
     "check",
     "cpu_need_bytes",
@@ -68,11 +77,14 @@ __all__ = [
     "estimate_activation",
     "find_model_config",
     "kv_bytes_per_token",
+    "kv_layout",
     "load_shape",
     "logged_batched_tokens",
     "model_card",
+    "parameter_breakdown",
     "parse_start",
     "predict",
+    "shape_from_config",
     "to_calibration",
     "utilization_for",
     "weight_bytes",

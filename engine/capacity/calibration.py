@@ -39,6 +39,9 @@ PATTERNS: dict[str, re.Pattern[str]] = {
     "usage_new": re.compile(rf"Actual usage is {_NUM} GiB for consumed memory \(weights \+ non-torch\), {_NUM} GiB "
                             rf"for peak activation, and {_NUM} GiB for CUDAGraph memory"),
     "cpu_explicit": re.compile(rf"Explicitly set \({_NUM}/{_NUM}\) GiB for KV cache"),
+    "backend": re.compile(r"Using (\w+) attention backend"),
+    "block_size": re.compile(r"Setting kv cache block size to (\d+) for (\w+) backend"),
+    "padding": re.compile(r"Add (\d+) padding layers"),
 }
 
 
@@ -58,6 +61,9 @@ class StartReport:
     kv_tokens: int | None = None
     concurrency_len: int | None = None
     concurrency: float | None = None
+    attention_backend: str | None = None  # e.g. FLASH_ATTN, FLASH_ATTN_MLA
+    block_size: int | None = None  # logged only when the backend changes vLLM's default of 16
+    padding_layers: int = 0  # hybrid models: layers added so that every KV group has as many
 
     @property
     def complete(self) -> bool:
@@ -88,6 +94,12 @@ def parse_start(lines: Iterable[str]) -> StartReport:
                 r.non_torch_gib = round(consumed - r.weights_gib, 4)
         if m := PATTERNS["cpu_explicit"].search(line):
             r.kv_gib = _f(m[1])
+        if r.attention_backend is None and (m := PATTERNS["backend"].search(line)):
+            r.attention_backend = m[1]
+        if m := PATTERNS["block_size"].search(line):
+            r.block_size = int(m[1])
+        if m := PATTERNS["padding"].search(line):
+            r.padding_layers += int(m[1])
     if r.kv_gib is not None and r.requested_gib is not None and r.weights_gib is not None \
             and r.activation_gib is not None and r.non_torch_gib is None:
         r.non_torch_gib = round(r.requested_gib - r.kv_gib - r.weights_gib - r.activation_gib, 4)

@@ -6,112 +6,60 @@ profiler's peak activation includes CUDA-graph memory when vLLM estimates it int
 logged at every start; ``engine/calibration.py`` reads them back, and a prediction for the same model on the
 same host uses the measured terms instead of the estimates below, so the second prediction beats the first.
 On the CPU build the KV cache is sized explicitly (``cpu_kv_cache_gib``).
+
+How the budget becomes blocks and the logged "KV cache size: N tokens" (sliding windows, hybrid groups, MLA) is
+``engine/capacity/kv.py``; the model's structure and exact parameter count is ``engine/capacity/shape.py``.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import asdict, dataclass, field
-from functools import lru_cache
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from engine.capacity.kv import KvLayout, layout
+from engine.capacity.shape import (
+    DTYPE_BYTES,
+    GIB,
+    ModelShape,
+    buffer_bytes,
+    load_shape,
+    parameter_breakdown,
+    per_weight_bytes,
+    stage_layers,
+)
 from engine.revisions import EngineSettings
 from engine.schemas import ModelCard
 
-GIB = 1 << 30
-DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1,
-               "fp8_e5m2": 1}
 DEFAULT_BATCHED_TOKENS = {"cuda": 8192, "cpu": 4096}
 BLOCK_SIZE = {"cuda": 16, "cpu": 128}
+# MLA's block on a GPU: vLLM 0.26 picks FLASH_ATTN_MLA on Hopper (blocks of 16); elsewhere, or with an fp8 KV
+# cache (which FLASH_ATTN_MLA does not take), FlashMLA / FlashInfer-MLA with blocks of 64.
+MLA_BLOCK_SIZE = {"hopper": 16, "other": 64}
+HOPPER = ("H100", "H200", "H800", "H20", "GH200")
+SAMPLER_BYTES_PER_LOGIT = 14  # profiling's dummy sampler: bf16 logits, then float32 logits, probabilities, noise
 
-
-@dataclass(frozen=True)
-class ModelShape:
-    path: str
-    architectures: tuple[str, ...]
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-    intermediate: int
-    vocab: int
-    dtype: str
-    max_position_embeddings: int
-    sliding_window: int | None
-    mla_kv_dim: int | None  # kv_lora_rank + qk_rope_head_dim for multi-head latent attention (DeepSeek)
-    tie_word_embeddings: bool
-    experts: int
-    expert_intermediate: int
-    checkpoint_bytes: int | None  # size of the safetensors files, when the weights are local
-
-    def parameters(self) -> int:
-        """Parameter count from the shape (used when no checkpoint is local, e.g. load_format=dummy)."""
-        q = self.hidden * self.heads * self.head_dim
-        kv = 2 * self.hidden * self.kv_heads * self.head_dim
-        o = self.heads * self.head_dim * self.hidden
-        if self.experts > 1:
-            mlp = self.experts * 3 * self.hidden * self.expert_intermediate + self.hidden * self.experts
-        else:
-            mlp = 3 * self.hidden * self.intermediate
-        per_layer = q + kv + o + mlp + 2 * self.hidden
-        embed = self.vocab * self.hidden * (1 if self.tie_word_embeddings else 2)
-        return self.layers * per_layer + embed + self.hidden
-
-
-def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    inner = cfg.get("text_config") or cfg.get("llm_config")
-    return {**cfg, **inner} if isinstance(inner, dict) else cfg
-
-
-@lru_cache(maxsize=64)
-def _load_shape(path: str, _mtime: float) -> ModelShape:
-    folder = Path(path)
-    cfg = _text_config(json.loads((folder / "config.json").read_text()))
-    hidden = int(cfg["hidden_size"])
-    heads = int(cfg["num_attention_heads"])
-    kv_lora = cfg.get("kv_lora_rank")
-    files = list(folder.glob("*.safetensors"))
-    return ModelShape(
-        path=path,
-        architectures=tuple(cfg.get("architectures") or ()),
-        layers=int(cfg["num_hidden_layers"]),
-        heads=heads,
-        kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or hidden // heads),
-        hidden=hidden,
-        intermediate=int(cfg.get("intermediate_size") or 4 * hidden),
-        vocab=int(cfg.get("vocab_size") or 32000),
-        dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
-        max_position_embeddings=_max_positions(cfg),
-        sliding_window=int(cfg["sliding_window"]) if cfg.get("sliding_window") else None,
-        mla_kv_dim=int(kv_lora) + int(cfg.get("qk_rope_head_dim") or 0) if kv_lora else None,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        experts=int(cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 1),
-        expert_intermediate=int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0),
-        checkpoint_bytes=sum(f.stat().st_size for f in files) if files else None,
-    )
-
-
-def _max_positions(cfg: dict[str, Any]) -> int:
-    """The longest context vLLM derives from the config: the smallest position limit, times a RoPE scaling
-    factor for the scaling kinds that extend it."""
-    keys = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
-    limits = [int(cfg[k]) for k in keys if isinstance(cfg.get(k), int)]
-    base = min(limits) if limits else 2048
-    scaling = cfg.get("rope_scaling")
-    if isinstance(scaling, dict) and scaling.get("factor"):
-        kind = scaling.get("rope_type") or scaling.get("type")
-        if kind in ("linear", "dynamic", "yarn"):
-            base = int(base * float(scaling["factor"]))
-    return base
-
-
-def load_shape(model_dir: Path) -> ModelShape:
-    cfg = model_dir / "config.json"
-    return _load_shape(str(model_dir.resolve()), cfg.stat().st_mtime)
+__all__ = [
+    "BLOCK_SIZE",
+    "DEFAULT_BATCHED_TOKENS",
+    "DTYPE_BYTES",
+    "GIB",
+    "Calibration",
+    "Device",
+    "ModelShape",
+    "Prediction",
+    "batched_tokens",
+    "dtype_bytes",
+    "estimate_activation",
+    "extra_flags",
+    "kv_bytes_per_token",
+    "kv_layout",
+    "load_shape",
+    "model_card",
+    "model_limit",
+    "predict",
+    "utilization_for",
+    "weight_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -154,7 +102,7 @@ class Prediction:
     non_torch_bytes: int
     kv_bytes: int
     kv_tokens: int  # as vLLM logs "KV cache size: N tokens" (all blocks)
-    usable_tokens: int  # one block is vLLM's null block: the longest single request that fits
+    usable_tokens: int  # tokens of max_model_len requests that fit beside vLLM's null block
     max_model_len: int
     tokens_per_request: int
     max_concurrency: float
@@ -162,6 +110,10 @@ class Prediction:
     calibrated: bool
     block_size: int
     notes: list[str] = field(default_factory=list)
+    kv_blocks: int = 0
+    request_kv_bytes: int = 0  # what vLLM's start-up check needs for one request of max_model_len tokens
+    longest_request: int = 0  # the longest request that fits (at most the model's limit)
+    kv_layout: str = ""  # which layers, in how many groups (engine/capacity/kv.py)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -172,71 +124,142 @@ class Prediction:
 
 def dtype_bytes(setting: str, shape: ModelShape) -> int:
     """Bytes per weight for ``dtype``; auto takes the model's own (float32 checkpoints run in 16 bits)."""
-    if setting != "auto":
-        return DTYPE_BYTES[setting]
-    return min(2, DTYPE_BYTES.get(shape.dtype, 2))
+    return per_weight_bytes(setting, shape)
 
 
-def kv_bytes_per_token(shape: ModelShape, settings: EngineSettings) -> int:
-    """2 × layers × KV heads per rank × head_dim × bytes (MLA: layers × latent dim × bytes, not split by TP)."""
-    kv_dtype = dtype_bytes(settings.dtype, shape) if settings.kv_cache_dtype == "auto" else DTYPE_BYTES[
-        settings.kv_cache_dtype]
-    layers = math.ceil(shape.layers / max(1, settings.pipeline_parallel_size))  # a stage's share of the layers
-    if shape.mla_kv_dim:
-        return layers * shape.mla_kv_dim * kv_dtype
-    heads_per_rank = max(1, math.ceil(shape.kv_heads / settings.tensor_parallel_size))
-    return 2 * layers * heads_per_rank * shape.head_dim * kv_dtype
+def _kv_dtype_bytes(shape: ModelShape, settings: EngineSettings) -> int:
+    if settings.kv_cache_dtype == "auto":
+        return dtype_bytes(settings.dtype, shape)
+    return DTYPE_BYTES[settings.kv_cache_dtype]
 
 
-def weight_bytes(shape: ModelShape, settings: EngineSettings) -> int:
-    """Weights per rank: the checkpoint's size when local and in the served dtype, else parameters × bytes."""
-    per_weight = dtype_bytes(settings.dtype, shape)
-    if shape.checkpoint_bytes and settings.load_format != "dummy":
-        stored = DTYPE_BYTES.get(shape.dtype, 2)
-        total = shape.checkpoint_bytes * per_weight // stored
-    else:
-        total = shape.parameters() * per_weight
-    return total // (settings.tensor_parallel_size * max(1, settings.pipeline_parallel_size))
+def vllm_max_num_seqs(settings: EngineSettings) -> int:
+    """What vLLM is started with: the ceiling when one is set (engine/serving/command.py)."""
+    return max(settings.max_num_seqs, settings.max_num_seqs_ceiling or 0)
 
 
 def batched_tokens(settings: EngineSettings, shape: ModelShape, kind: str) -> int:
     """max_num_batched_tokens as vLLM will choose it when the revision leaves it empty (chunked prefill)."""
     if settings.max_num_batched_tokens:
         return settings.max_num_batched_tokens
-    max_len = settings.max_model_len or shape.max_position_embeddings
-    return min(DEFAULT_BATCHED_TOKENS[kind], max_len * settings.max_num_seqs)
+    max_len = settings.max_model_len or model_limit(shape, settings)
+    return min(DEFAULT_BATCHED_TOKENS[kind], max_len * vllm_max_num_seqs(settings))
+
+
+def extra_flags(settings: EngineSettings) -> dict[str, str]:
+    """The revision's pass-through vLLM flags (``extra_args``) as {flag: value} ("" for a switch)."""
+    out: dict[str, str] = {}
+    for arg in settings.extra_args or []:
+        flag, _, value = str(arg).partition("=")
+        out[flag] = value
+    return out
+
+
+def model_limit(shape: ModelShape, settings: EngineSettings) -> int:
+    """The longest max_model_len vLLM accepts: the config's, or the sliding window with --disable-sliding-window
+    (config/model.py _get_and_verify_max_len)."""
+    window = shape.sliding_window
+    if "--disable-sliding-window" in extra_flags(settings) and window and window < shape.max_position_embeddings:
+        return window
+    return shape.max_position_embeddings
+
+
+def kv_layout(shape: ModelShape, settings: EngineSettings, device_kind: str = "cuda", device_name: str = "",
+              batched: int | None = None) -> KvLayout:
+    """The KV layout vLLM builds for ``settings`` on a device of ``device_kind`` (engine/capacity/kv.py), with
+    the flags that change it: --block-size, --disable-sliding-window, --no-async-scheduling."""
+    kv_dtype = _kv_dtype_bytes(shape, settings)
+    flags = extra_flags(settings)
+    hopper = any(h in device_name for h in HOPPER) or not device_name
+    if device_kind == "cpu":  # vLLM 0.32's CPU platform: blocks of 128, the reference MLA kernel's of 16
+        block, mla_block = BLOCK_SIZE["cpu"], 16
+    else:
+        block, mla_block = BLOCK_SIZE["cuda"], MLA_BLOCK_SIZE["hopper" if hopper and kv_dtype >= 2 else "other"]
+    if flags.get("--block-size", "").isdigit():
+        block = mla_block = int(flags["--block-size"])
+    if "--disable-sliding-window" in flags:
+        shape = replace(shape, layer_windows=(None,) * shape.layers)
+    return layout(shape, kv_dtype_bytes=kv_dtype, tensor_parallel_size=settings.tensor_parallel_size,
+                  pipeline_parallel_size=settings.pipeline_parallel_size, block_size=block, mla_block_size=mla_block,
+                  hybrid_allocator=True, async_scheduling="--no-async-scheduling" not in flags,
+                  batched_tokens=batched if batched is not None else batched_tokens(settings, shape, device_kind))
+
+
+def kv_bytes_per_token(shape: ModelShape, settings: EngineSettings) -> int:
+    """One token in every layer of a stage on one rank: 2 × layers × KV heads per rank × head_dim × bytes (MLA:
+    layers × latent × bytes, not split by TP). A sliding-window layer holds only its window of a long request."""
+    return kv_layout(shape, settings).per_token_bytes
+
+
+def weight_bytes(shape: ModelShape, settings: EngineSettings) -> int:
+    """Weights per rank: the checkpoint's size when local and in the served dtype, else the parameters vLLM
+    allocates on one tensor-parallel rank of the largest pipeline stage, and its rotary caches."""
+    per_weight = dtype_bytes(settings.dtype, shape)
+    tp, pp = settings.tensor_parallel_size, max(1, settings.pipeline_parallel_size)
+    if shape.checkpoint_bytes and settings.load_format != "dummy":
+        stored = DTYPE_BYTES.get(shape.dtype, 2)
+        return shape.checkpoint_bytes * per_weight // stored // (tp * pp)
+    parts = parameter_breakdown(shape, tp)
+    if pp > 1:  # a stage holds its layers and one vocabulary matrix (the embedding first, the head last)
+        layers = parts["attention"] + parts["mlp"] + parts["norms"]
+        params = layers * stage_layers(shape, pp) // shape.layers + max(parts["embedding"], parts.get("lm_head", 0))
+    else:
+        params = sum(parts.values())
+    return params * per_weight + buffer_bytes(shape, per_weight)
+
+
+def activation_width(shape: ModelShape) -> int:
+    """Elements per token the profiling pass holds at its peak: the widest intermediate of a layer (the dense
+    MLP's gate and up, the fused-MoE kernel's workspaces for the routed experts, or the attention projections)
+    plus four hidden states."""
+    hidden = shape.hidden
+    widths = []
+    moe = shape.moe
+    if moe is None or not all(moe.layers):
+        widths.append(2 * shape.intermediate)
+    if moe is not None and any(moe.layers):
+        widths.append(moe.experts_per_token * (max(2 * moe.intermediate, hidden) + moe.intermediate)
+                      + 3 * moe.shared_intermediate)
+    if shape.mla:
+        m = shape.mla
+        widths.append(shape.heads * (2 * (m.qk_nope_head_dim + m.qk_rope_head_dim) + m.qk_nope_head_dim
+                                     + m.v_head_dim))
+    else:
+        widths.append((shape.heads + 2 * shape.kv_heads) * shape.head_dim)
+    return max(widths) + 4 * hidden
 
 
 def estimate_activation(shape: ModelShape, settings: EngineSettings, tokens: int) -> int:
-    """Peak activation of vLLM's profiling run, a forward pass over ``tokens`` (max_num_batched_tokens): the
-    MLP's gate/up intermediate and the hidden states of every token.
+    """Peak activation of vLLM's profiling run: a forward pass over ``tokens`` (max_num_batched_tokens), then
+    the sampler over max_num_seqs dummy requests; the larger of the two.
 
-    Fitted to vLLM 0.26 on an H200 (Llama-3-8B shape): eager is 1.22 x tokens x (2 x intermediate + 4 x hidden) x
-    dtype bytes + 40 MiB (0.88 GiB at 8,192 tokens, 1.72 GiB at 16,384); torch.compile's is a quarter larger at
-    8,192 tokens and above (1.10 GiB) and shrinks little below it (1.04 GiB at 4,096). Calibration corrects the
-    fit for other models and GPUs."""
-    width = 2 * (shape.expert_intermediate if shape.experts > 1 else shape.intermediate) + 4 * shape.hidden
-    per_token = width * dtype_bytes(settings.dtype, shape) / settings.tensor_parallel_size
+    Fitted to vLLM 0.26 on an H200 (Llama-3-8B shape, where the width is 2 × intermediate + 4 × hidden): eager
+    is 1.22 x tokens x width x dtype bytes + 40 MiB (0.88 GiB at 8,192 tokens, 1.72 GiB at 16,384);
+    torch.compile's is a quarter larger at 8,192 tokens and above (1.10 GiB) and shrinks little below it (1.04
+    GiB at 4,096). For mixture-of-experts and MLA layers the width is the kernels' (``activation_width``), not yet
+    fitted; calibration corrects the estimate for every model and GPU."""
+    per_token = activation_width(shape) * dtype_bytes(settings.dtype, shape) / settings.tensor_parallel_size
+    sampler = vllm_max_num_seqs(settings) * shape.vocab * SAMPLER_BYTES_PER_LOGIT / settings.tensor_parallel_size
 
     def eager(t: int) -> float:
         return 1.22 * t * per_token + 40 * (1 << 20)
 
     if settings.enforce_eager:
-        return int(eager(tokens))
-    if tokens >= 8192:
-        return int(1.25 * eager(tokens))
-    return int(1.25 * eager(8192) * (0.89 + 0.11 * tokens / 8192))
+        forward = eager(tokens)
+    elif tokens >= 8192:
+        forward = 1.25 * eager(tokens)
+    else:
+        forward = 1.25 * eager(8192) * (0.89 + 0.11 * tokens / 8192)
+    return int(max(forward, sampler))
 
 
 def predict(shape: ModelShape, settings: EngineSettings, device: Device,
             calibration: Calibration | None = None) -> Prediction:
-    per_token = kv_bytes_per_token(shape, settings)
-    block = BLOCK_SIZE[device.kind]
-    max_len = settings.max_model_len or shape.max_position_embeddings
-    per_request = min(max_len, shape.sliding_window) if shape.sliding_window else max_len
+    batched = batched_tokens(settings, shape, device.kind)
+    lay = kv_layout(shape, settings, device.kind, device.name, batched)
+    max_len = settings.max_model_len or model_limit(shape, settings)
     notes: list[str] = []
     weights = weight_bytes(shape, settings)
-    batched = batched_tokens(settings, shape, device.kind)
     usable_calibration = calibration is not None and calibration.tensor_parallel_size == \
         settings.tensor_parallel_size and calibration.dtype == settings.dtype
     if device.kind == "cpu":
@@ -257,28 +280,39 @@ def predict(shape: ModelShape, settings: EngineSettings, device: Device,
             notes.append("uncalibrated: activation and non-torch memory estimated; the first start calibrates them")
         budget = int(settings.gpu_memory_utilization * total)
         kv = budget - weights - activation - non_torch
-    blocks = max(0, kv) // (per_token * block)
-    tokens = blocks * block
-    usable = max(0, blocks - 1) * block
+    blocks = lay.blocks(kv)
+    null_block = lay.group_size * lay.page_bytes
+    only_full = not lay.hybrid and lay.groups[0].kind != "sliding"
+    usable = max(0, blocks - 1) * lay.block_size if only_full else \
+        int(max(0, blocks - 1) / lay.blocks_per_request(max_len) * max_len)
+    request_bytes = lay.need_bytes(max_len)
+    if lay.hybrid or not only_full:
+        notes.append(f"KV cache: {lay.describe()}")
     return Prediction(
-        device=device.kind, weight_bytes=weights, kv_bytes_per_token=per_token, budget_bytes=budget,
-        activation_bytes=activation, non_torch_bytes=non_torch, kv_bytes=kv, kv_tokens=tokens,
-        usable_tokens=usable, max_model_len=max_len, tokens_per_request=per_request,
-        max_concurrency=round(tokens / per_request, 2) if per_request else 0.0,
-        fits_one_request=usable >= per_request, calibrated=usable_calibration and device.kind != "cpu",
-        block_size=block, notes=notes,
+        device=device.kind, weight_bytes=weights, kv_bytes_per_token=lay.per_token_bytes, budget_bytes=budget,
+        activation_bytes=activation, non_torch_bytes=non_torch, kv_bytes=kv,
+        kv_tokens=lay.logged_tokens(blocks, max_len), usable_tokens=usable, max_model_len=max_len,
+        tokens_per_request=max_len, max_concurrency=round(lay.concurrency(blocks, max_len), 2),
+        fits_one_request=kv > 0 and request_bytes <= kv - null_block,
+        calibrated=usable_calibration and device.kind != "cpu", block_size=lay.block_size, notes=notes,
+        kv_blocks=blocks, request_kv_bytes=request_bytes,
+        longest_request=lay.longest_request(kv, max(max_len, model_limit(shape, settings))),
+        kv_layout=lay.describe(),
     )
 
 
 def utilization_for(shape: ModelShape, settings: EngineSettings, device: Device, calibration: Calibration | None,
                     tokens_needed: int) -> float | None:
-    """The smallest gpu_memory_utilization (2 decimals) whose KV cache holds ``tokens_needed`` tokens."""
+    """The smallest gpu_memory_utilization (2 decimals) whose KV cache holds one request of ``tokens_needed``
+    tokens (beside vLLM's null block)."""
     if device.kind != "cuda":
         return None
+    lay = kv_layout(shape, settings, device.kind, device.name)
+    need = lay.need_bytes(tokens_needed) + lay.group_size * lay.page_bytes
     for hundredths in range(1, 101):
         util = hundredths / 100
         pred = predict(shape, settings.model_copy(update={"gpu_memory_utilization": util}), device, calibration)
-        if pred.usable_tokens >= tokens_needed:
+        if pred.kv_bytes >= need:
             return util
     return None
 

@@ -1,7 +1,8 @@
 """Pre-flight: check a settings revision against the capacity model before it is written.
 
 Errors refuse the write (HTTP 422, nothing written) unless the operator forces it; warnings are recorded with the
-revision. Every finding names the value that would fit.
+revision. Every finding names the value that would fit. What the capacity model does not model for this model and
+these settings is a ``capacity_approximate`` warning naming the feature and how far the prediction may be off.
 """
 
 from __future__ import annotations
@@ -12,7 +13,19 @@ from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any
 
-from engine.capacity.model import GIB, Calibration, Device, ModelShape, Prediction, load_shape, predict, utilization_for
+from engine.capacity.kv import layer_kinds
+from engine.capacity.model import (
+    GIB,
+    Calibration,
+    Device,
+    ModelShape,
+    Prediction,
+    extra_flags,
+    load_shape,
+    model_limit,
+    predict,
+    utilization_for,
+)
 from engine.revisions import EngineSettings, hf_hub_cache, resolve_local_model
 
 SAFE_UTILIZATION = (0.80, 0.85)
@@ -114,11 +127,14 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
                                 f"a model config this check understands ({type(exc).__name__}: {exc})"))
         return PreflightResult(errors, warnings, None, None, device)
 
-    if settings.max_model_len is not None and settings.max_model_len > shape.max_position_embeddings:
+    _config_coverage(settings, shape, warnings)
+    limit = model_limit(shape, settings)
+    if settings.max_model_len is not None and settings.max_model_len > limit:
+        why = "its sliding window, as --disable-sliding-window makes it" if limit < shape.max_position_embeddings \
+            else "max_position_embeddings"
         errors.append(Finding("max_len_above_model", "max_model_len",
                               f"max_model_len {settings.max_model_len} is above the model's limit of "
-                              f"{shape.max_position_embeddings} tokens (max_position_embeddings)",
-                              {"max_model_len": shape.max_position_embeddings}))
+                              f"{limit} tokens ({why})", {"max_model_len": limit}))
     tp = settings.tensor_parallel_size
     gpus = device.count if device is not None and device.kind == "cuda" else None
     if shape.heads % tp or (gpus is not None and tp > gpus):
@@ -139,6 +155,7 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
 
     pred = predict(shape, settings, device, calibration)
     _memory_findings(settings, shape, device, calibration, pred, errors, warnings)
+    _prediction_coverage(settings, shape, device, pred, warnings)
     if neighbours:
         _neighbour_findings(settings, shape, device, neighbours, errors)
     if traffic_max_tokens and pred.max_model_len > 4 * traffic_max_tokens:
@@ -148,6 +165,48 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
                                 f"({traffic_max_tokens} tokens); {suggestion} would free KV cache for concurrency",
                                 {"max_model_len": suggestion}))
     return PreflightResult(errors, warnings, pred, shape, device)
+
+
+def _approximate(feature: str, effect: str, off: str = "", plural: bool = False) -> Finding:
+    return Finding("capacity_approximate", "model", f"{feature} {'are' if plural else 'is'} not modelled: {effect}"
+                   + (f"; the prediction may be off by {off}" if off else ""))
+
+
+def _config_coverage(settings: EngineSettings, shape: ModelShape, warnings: list[Finding]) -> None:
+    """What the model's config asks for that the capacity model does not model (engine/capacity/shape.py)."""
+    for item in shape.unmodelled:
+        warnings.append(_approximate(item.feature, item.effect, _gib(item.bytes) if item.bytes else "", item.plural))
+    if shape.quantization and (settings.load_format == "dummy" or not shape.checkpoint_bytes):
+        warnings.append(_approximate(
+            f"quantized weights ({shape.quantization})", "without the checkpoint's files their size is counted "
+            "at 16 bits a weight, while a 4-bit checkpoint holds about a quarter of that", f"up to "
+            f"{_gib(shape.parameters() * 3 // 2)} (the KV cache larger than predicted)", plural=True))
+    flags = extra_flags(settings)
+    for flag, what in (("--cpu-offload-gb", "weights offloaded to the CPU (--cpu-offload-gb)"),
+                       ("--quantization", "on-the-fly quantization (--quantization)"),
+                       ("--no-enable-chunked-prefill", "prefill without chunking (--no-enable-chunked-prefill)")):
+        if flag in flags:
+            warnings.append(_approximate(what, "the weights on the GPU and the profiling pass are counted as without "
+                                         "it", "several GiB (the first start calibrates the weights and activation)"))
+    if settings.pipeline_parallel_size > 1 and len(set(layer_kinds(shape))) > 1:
+        warnings.append(_approximate(
+            "a hybrid KV cache (sliding-window and full layers) split into pipeline stages", "vLLM groups the "
+            "layers over the whole model and pads each stage's groups; the stage's layers are grouped on their own "
+            "here", "a few percent of the KV tokens"))
+
+
+def _prediction_coverage(settings: EngineSettings, shape: ModelShape, device: Device, pred: Prediction,
+                         warnings: list[Finding]) -> None:
+    """Parts of the prediction that are estimates not yet measured for this kind of model."""
+    if device.kind != "cuda" or pred.calibrated or not (shape.moe or shape.mla):
+        return
+    kind = " and ".join(k for k, on in (("mixture-of-experts", shape.moe), ("latent-attention (MLA)", shape.mla))
+                        if on)
+    off = pred.activation_bytes // 2
+    share = f" ({100 * off / pred.kv_bytes:.1f} % of the KV cache)" if pred.kv_bytes > 0 else ""
+    warnings.append(_approximate(
+        f"peak activation of {kind} layers", "it is estimated from the kernels' workspaces, not fitted to a start; "
+        "the first start on this host measures and calibrates it", f"about {_gib(off)}{share}"))
 
 
 def _pipeline_findings(settings: EngineSettings, shape: ModelShape, cluster: Cluster | None,
@@ -267,14 +326,14 @@ def _memory_findings(settings: EngineSettings, shape: ModelShape, device: Device
                                   f"{_gib(pred.budget_bytes)}: no memory is left for the KV cache; {more}",
                                   {"gpu_memory_utilization": need_util} if need_util else {}))
         elif not pred.fits_one_request:
-            fit: dict[str, Any] = {"max_model_len": pred.usable_tokens}
+            fit: dict[str, Any] = {"max_model_len": pred.longest_request}
             if need_util:
                 fit["gpu_memory_utilization"] = need_util
             errors.append(Finding("kv_cache_too_small", "max_model_len",
-                                  f"one request of {per_request} tokens needs "
-                                  f"{_gib(per_request * pred.kv_bytes_per_token)} of KV cache but only "
-                                  f"{_gib(max(0, pred.kv_bytes))} is left ({pred.usable_tokens} tokens); the largest "
-                                  f"max_model_len for this utilization is {pred.usable_tokens}"
+                                  f"one request of {per_request} tokens needs {_gib(pred.request_kv_bytes)} of KV "
+                                  f"cache but only {_gib(max(0, pred.kv_bytes))} is left ({pred.usable_tokens} "
+                                  f"tokens); the largest max_model_len for this utilization is "
+                                  f"{pred.longest_request}"
                                   + (f", or raise gpu_memory_utilization to {need_util}" if need_util else ""), fit))
         requested = settings.gpu_memory_utilization * device.total_bytes
         if device.free_bytes < requested:
@@ -285,14 +344,15 @@ def _memory_findings(settings: EngineSettings, shape: ModelShape, device: Device
                                   f"{settings.gpu_memory_utilization} x total = {_gib(requested)}; the largest "
                                   f"utilization that fits now is {fits:.2f}", {"gpu_memory_utilization": fits}))
     else:
-        need_gib = math.ceil(100 * (per_request + pred.block_size) * pred.kv_bytes_per_token / GIB) / 100
+        null_block = pred.block_size * pred.kv_bytes_per_token
+        need_gib = math.ceil(100 * (pred.request_kv_bytes + null_block) / GIB) / 100
         if not pred.fits_one_request:
             errors.append(Finding("kv_cache_too_small", "cpu_kv_cache_gib",
-                                  f"one request of {per_request} tokens needs "
-                                  f"{_gib(per_request * pred.kv_bytes_per_token)} of KV cache but cpu_kv_cache_gib "
-                                  f"{settings.cpu_kv_cache_gib} holds {pred.usable_tokens} tokens; the largest "
-                                  f"max_model_len for it is {pred.usable_tokens}, or set cpu_kv_cache_gib to "
-                                  f"{need_gib}", {"max_model_len": pred.usable_tokens, "cpu_kv_cache_gib": need_gib}))
+                                  f"one request of {per_request} tokens needs {_gib(pred.request_kv_bytes)} of KV "
+                                  f"cache but cpu_kv_cache_gib {settings.cpu_kv_cache_gib} holds "
+                                  f"{pred.usable_tokens} tokens; the largest max_model_len for it is "
+                                  f"{pred.longest_request}, or set cpu_kv_cache_gib to {need_gib}",
+                                  {"max_model_len": pred.longest_request, "cpu_kv_cache_gib": need_gib}))
         needed = pred.kv_bytes + pred.weight_bytes
         if needed > device.free_bytes:
             fits = math.floor(100 * max(0, device.free_bytes - pred.weight_bytes) / GIB) / 100
