@@ -73,18 +73,26 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "clients": a.clients}
     data_dir = Path(tempfile.mkdtemp(prefix="deployments-"))
-    env = {"LLMOPS_MODEL_ROOTS": json.dumps([str(Path(a.model).resolve().parent)])} if a.model else {}
-    with running_engine(data_dir, env=env) as engine:
-        engine.client.wait_for({"ready"}, COLD_START_S)
+    # a model of your own: the engine waits for the first revision (no demo model to build or start first)
+    env = {"LLMOPS_MODEL_ROOTS": json.dumps([str(Path(a.model).resolve().parent)]), "LLMOPS_AUTOSTART": "false",
+           "LLMOPS_STARTUP_TIMEOUT_S": "1200"} if a.model else {}
+    with running_engine(data_dir, env=env, demo=not a.model) as engine:
         model = str(Path(a.model).resolve()) if a.model else str(engine.data_dir / "models" / "demo")
         both = {"model": model, **({"load_format": a.load_format} if a.load_format else {}), **values_of(a.values)}
         first = engine.client.settings()
         engine.client.put_settings(first.revision, {**both}, "bench: deployment a", force=True)
-        engine.client.wait_for({"ready"}, COLD_START_S, revision=engine.client.settings().revision)
-        engine.client.create_deployment("demo-b", {**both, "max_num_seqs": 8}, note="bench: deployment b",
-                                        force=True)
+        if a.model:
+            engine.client.engine_action("start")
+        engine.client.wait_for({"ready"}, 2 * COLD_START_S, revision=engine.client.settings().revision)
+        engine.client.create_deployment("demo-b", {**both, "max_num_seqs": 8} if not a.model else both,
+                                        note="bench: deployment b", force=True)
         b = engine.client.of("demo-b")
+        if a.model:
+            b.engine_action("start")
         b.wait_for({"ready"}, 2 * COLD_START_S)
+        # the capacity model against vLLM's log, for each deployment's start (its ready event)
+        report["capacity"] = {name: [e.data.get("capacity") for e in c.events(kinds=["ready"], since=0, limit=50)]
+                              for name, c in (("demo", engine.client), ("demo-b", b))}
         report["deployments"] = [d.model_dump(mode="json") for d in engine.client.deployments()]
         load_a = Load(engine.url, clients=a.clients, stream=True, max_tokens=a.max_tokens, model="demo").start()
         load_b = Load(engine.url, clients=a.clients, stream=True, max_tokens=a.max_tokens, model="demo-b").start()

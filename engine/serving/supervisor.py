@@ -416,14 +416,17 @@ class Supervisor:
         the exit is on record; the loop then handles it (diagnosis, restart, rollback) at its next step."""
         if inst.child.stop_requested or inst not in self.instances:
             return
+        role = inst.role
         closed = await self._close(inst) if inst.serving else []
         in_flight = sum(u.outstanding for u in closed)
         if inst.serving:
             inst.role = "failed"
-        await self._event("instance_exited", f"vLLM instance {inst.name} (revision {inst.revision.id}) exited while "
-                          f"{inst.role}: no new requests go to it" + (f"; {in_flight} in flight on it fail"
-                                                                      if in_flight else ""),
-                          "error", inst.revision.id, data={"instance": inst.name, "role": inst.role,
+        lost = getattr(inst.child, "lost", None)  # a remote instance gone without an exit says how it was seen
+        how = f"lost ({lost})" if lost else "exited"
+        message = (f"vLLM instance {inst.name} (revision {inst.revision.id}) {how} while {role}: no new requests go "
+                   "to it" + (f"; {in_flight} in flight on it fail" if in_flight else ""))
+        await self._event("instance_exited", message,
+                          "error", inst.revision.id, data={"instance": inst.name, "role": role,
                                                            "exit_code": inst.child.returncode,
                                                            "in_flight": in_flight, "pid": inst.child.pid})
         self.wake()
