@@ -113,7 +113,7 @@ def create_app(config: AppConfig) -> FastAPI:
     """The composition root: every service built once, the lifespan that starts and stops them in order, the
     routes, the access gate and the audit."""
     make_private(config.data_dir)
-    db = open_database(config.db_path)
+    db = open_database(config.database)
     make_private(config.data_dir)  # the database's files now exist
     revisions, events, prompts = RevisionStore(db), EventLog(db), PromptStore(db)
     if revisions.ensure_initial(EngineSettings.model_construct(**initial_settings(config.data_dir.resolve()))
