@@ -110,6 +110,7 @@ def new_revision(message: str, autogenerate: bool = True) -> Path:
                                            rev_id=next_revision_id())
         finally:
             engine.dispose()
+    scripts.cache_clear()  # the new file is one of them now
     script = written[0] if isinstance(written, list) else written
     assert script is not None
     return Path(script.path)
