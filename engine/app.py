@@ -114,6 +114,7 @@ def create_app(config: AppConfig) -> FastAPI:
     routes, the access gate and the audit."""
     make_private(config.data_dir)
     db = open_database(config.database)
+    logging.getLogger("llmops.engine").info("database: %s (%s)", db.where, db.dialect)  # never its password
     make_private(config.data_dir)  # the database's files now exist
     revisions, events, prompts = RevisionStore(db), EventLog(db), PromptStore(db)
     if revisions.ensure_initial(EngineSettings.model_construct(**initial_settings(config.data_dir.resolve()))
@@ -183,7 +184,8 @@ def create_app(config: AppConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await events.emit("engine_started", f"engine listening on {config.host}:{config.port}",
-                          data={"data_dir": str(config.data_dir.resolve()), "vllm_build": supervisor.build,
+                          data={"data_dir": str(config.data_dir.resolve()), "database": db.where,
+                                "vllm_build": supervisor.build,
                                 "vllm_version": supervisor.vllm_version, "gateway_keys": gateway_keys})
         await asyncio.to_thread(sampler.start)  # its first sample (NVML) is there before anyone asks
         await supervisor.start()
