@@ -17,6 +17,7 @@ import pynvml
 import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import Receive, Scope, Send
 
 from engine.access import AuditLog, AuditMiddleware, Auth, GatewayKeys, RateLimiter
@@ -198,9 +199,15 @@ def create_app(config: AppConfig) -> FastAPI:
             await serving.stop()
             await supervisor.shutdown()  # before the sampler: waiting for the GPU's memory reads its samples
             await asyncio.to_thread(sampler.stop)
-            await ledger.close()
+            try:
+                await ledger.close()
+            except SQLAlchemyError as exc:  # a database down as the engine stops: the stop goes on, loudly
+                logging.getLogger("llmops.engine").error("the request ledger's last records are lost: %s", exc)
             await gateway.aclose()
-            await events.emit("engine_stopped", "engine stopped")
+            try:
+                await events.emit("engine_stopped", "engine stopped")
+            except SQLAlchemyError as exc:
+                logging.getLogger("llmops.engine").error("could not record the engine's stop: %s", exc)
             db.close()
 
     app = EngineApp(title="llmops engine", version="0.1.0", lifespan=lifespan)

@@ -1,8 +1,9 @@
 """Shared fixtures: a data dir with a demo-model stand-in (config.json only) for API and unit tests, the session's
 one real engine for the integration, console and browser tests, and the database the stores run on.
 
-The store's tests (every test under tests/api, and those marked ``store``) run on SQLite by default, and on
-PostgreSQL with ``LLMOPS_TEST_DATABASE=postgres`` (``make test`` runs them both ways): a throwaway server
+The store's tests (every test under tests/api but those marked ``postgres``, and those marked ``store``) run on
+SQLite by default, and on PostgreSQL with ``LLMOPS_TEST_DATABASE=postgres`` (``make test`` runs them both ways): a
+throwaway server
 (tests/support/postgres.py) starts before collection, and each test gets a fresh database through
 LLMOPS_DATABASE_URL, which every AppConfig, CLI and engine process of the test reads."""
 
@@ -44,8 +45,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     api = Path(__file__).parent / "api"
-    for item in items:
-        if item.path.is_relative_to(api):
+    for item in items:  # those marked postgres run on a server of their own, in the first pass
+        if item.path.is_relative_to(api) and item.get_closest_marker("postgres") is None:
             item.add_marker(pytest.mark.store)
 
 
