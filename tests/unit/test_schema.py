@@ -253,3 +253,22 @@ def test_a_new_migration_is_one_command_and_runs_on_the_database(scratch_migrati
         assert sql(db, "SELECT owner, since FROM token_owner") == [("ana", 2**40)]
     finally:
         db.close()
+
+
+def test_the_installed_package_carries_its_migrations(tmp_path: Path) -> None:
+    """No alembic.ini beside a checkout: what `pip install` puts in site-packages is all an engine has."""
+    import zipfile
+
+    src = tmp_path / "src"  # built from a copy: a build in the checkout leaves a build/ folder behind
+    for name in ("engine", "console", "pages"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path)], check=True, capture_output=True, timeout=300, cwd=tmp_path)
+    names = set(zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist())
+    shipped = {str(p.relative_to(REPO)) for p in schema.MIGRATIONS.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert {"engine/db/migrations/script.py.mako", "engine/db/migrations/versions/v0001_baseline.py"} <= shipped
+    assert shipped | {"engine/db/schema.py", "engine/db/tables.py"} <= names, \
+        f"missing from the wheel: {sorted(shipped - names)}"
