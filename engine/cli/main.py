@@ -95,7 +95,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 def cmd_db(args: argparse.Namespace) -> int:
     """The engine's database: its schema revision, the upgrade the engine also runs at start, a new revision."""
-    from engine.db import Database, open_database, schema
+    from engine.db import UNAVAILABLE, Database, open_database, schema
 
     config = _config(args)
     if args.action == "revision":
@@ -119,6 +119,8 @@ def cmd_db(args: argparse.Namespace) -> int:
     try:
         with db.engine.connect() as conn:
             found = schema.current(conn)
+    except UNAVAILABLE as exc:
+        raise db.unreachable(exc) from None
     finally:
         db.close()
     newest = schema.head()

@@ -103,8 +103,9 @@ def _postgresql_engine(url: URL) -> Engine:
         url.difference_update_query(["options"]),
         # a connection the server dropped (a restart) is noticed at checkout and replaced, not handed out
         pool_pre_ping=True, pool_size=5, max_overflow=10, pool_timeout=LOCK_TIMEOUT_S,
-        connect_args={"connect_timeout": CONNECT_TIMEOUT_S, "options": options,
-                      "application_name": "llmops-engine"},
+        connect_args={"options": options,  # what the URL's own query sets (connect_timeout, …) is kept
+                      **{k: v for k, v in (("connect_timeout", CONNECT_TIMEOUT_S),
+                                           ("application_name", "llmops-engine")) if k not in url.query}},
         json_serializer=_compact,
     )
 
@@ -136,6 +137,11 @@ class Database:
     def where(self) -> str:
         """The database as messages name it: its file, or its URL without the password."""
         return str(self.path) if self.path is not None else safe_url(self.url)
+
+    def unreachable(self, exc: BaseException) -> DatabaseUnavailableError:
+        """The error that says this database could not be reached or used, and what to do (no password)."""
+        return DatabaseUnavailableError(f"the database {self.where} cannot be reached or used "
+                                        f"({unavailable_reason(exc)}): start it, or correct LLMOPS_DATABASE_URL")
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -198,8 +204,7 @@ def open_database(target: Path | str | URL) -> Database:
             ensure_append_only(conn)
     except UNAVAILABLE as exc:
         db.close()
-        raise DatabaseUnavailableError(f"the database {db.where} cannot be reached or used ({unavailable_reason(exc)})"
-                                       ": start it, or correct LLMOPS_DATABASE_URL") from None
+        raise db.unreachable(exc) from None
     except BaseException:
         db.close()
         raise

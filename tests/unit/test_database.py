@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from engine.errors import DatabaseUnavailableError, StaleRevisionError, Unsuppor
 from engine.metrics import HISTORY_METRICS, SeriesStore, ServingMonitor
 from engine.revisions import RevisionStore
 from tests.support.db import dialect, sql
-from tests.support.engine import ADMIN_PASSWORD
+from tests.support.engine import ADMIN_PASSWORD, REPO
 from tests.support.wait import wait_until
 
 REAL_SCRAPE = (Path(__file__).parent.parent / "fixtures" / "vllm-0.32-cpu-metrics.txt").read_text()
@@ -50,6 +52,12 @@ def test_a_server_that_cannot_be_reached_is_said_so_without_the_password(caplog:
     message = str(refused.value)
     assert "cannot be reached" in message and "127.0.0.1:1" in message and "LLMOPS_DATABASE_URL" in message
     assert "s3cret" not in message and "s3cret" not in caplog.text
+    for command in ("current", "upgrade"):
+        cli = subprocess.run([sys.executable, "-m", "engine.cli", "db", command], capture_output=True, text=True,
+                             cwd=REPO, timeout=120, env={"PATH": "/usr/bin:/bin", "LLMOPS_DATABASE_URL":
+                                                         "postgresql://llmops:s3cret@127.0.0.1:1/llmops"})
+        assert cli.returncode == 1 and "cannot be reached" in cli.stderr, cli.stderr
+        assert "s3cret" not in cli.stderr + cli.stdout and "Traceback" not in cli.stderr
 
 
 @pytest.mark.store
