@@ -37,8 +37,11 @@ MADE = json.loads((FIXTURE / "fixture.json").read_text())  # what tests/fixtures
 
 
 def legacy_data_dir(tmp_path: Path) -> Path:
-    """A data dir as release 1e3340b left it: its database, and a demo-model stand-in for settings validation."""
-    data = make_data_dir(tmp_path / "data")
+    """A data dir as release 1e3340b left it: its database, and a demo-model stand-in for settings validation. A
+    copy: even a read-only open of the fixture itself (WAL mode) would leave -shm and -wal files beside it."""
+    data = tmp_path / "data"
+    if not data.exists():
+        make_data_dir(data)
     shutil.copy(FIXTURE / "llmops.db", data / "llmops.db")
     return data
 
@@ -150,7 +153,7 @@ def test_a_database_from_before_some_columns_existed_gains_them_and_keeps_its_ro
 
 def test_a_new_database_has_exactly_the_schema_release_1e3340b_made(tmp_path: Path) -> None:
     open_database(tmp_path / "new.db").close()
-    assert schema_sql(tmp_path / "new.db") == schema_sql(FIXTURE / "llmops.db")
+    assert schema_sql(tmp_path / "new.db") == schema_sql(legacy_data_dir(tmp_path) / "llmops.db")
 
 
 def test_a_database_from_a_newer_engine_is_refused_and_left_byte_identical(tmp_path: Path) -> None:
