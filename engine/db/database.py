@@ -103,6 +103,8 @@ def _postgresql_engine(url: URL) -> Engine:
         url.difference_update_query(["options"]),
         # a connection the server dropped (a restart) is noticed at checkout and replaced, not handed out
         pool_pre_ping=True, pool_size=5, max_overflow=10, pool_timeout=LOCK_TIMEOUT_S,
+        # whatever the server's default: a snapshot taken before the lock is granted would read stale rows
+        isolation_level="READ COMMITTED",
         connect_args={"options": options,  # what the URL's own query sets (connect_timeout, …) is kept
                       **{k: v for k, v in (("connect_timeout", CONNECT_TIMEOUT_S),
                                            ("application_name", "llmops-engine")) if k not in url.query}},
@@ -111,7 +113,7 @@ def _postgresql_engine(url: URL) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        # READ COMMITTED (the default): each statement after the lock sees what the previous holder committed
+        # in READ COMMITTED each statement after the lock sees what the previous holder committed
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
 
     return engine

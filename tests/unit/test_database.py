@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import make_url
 from sqlmodel import col, select
 
 from engine.access import AuditLog, Auth
@@ -75,9 +76,13 @@ def test_the_engine_says_which_database_it_opened_and_never_its_password(data_di
 
 
 @pytest.mark.postgres
-def test_a_compare_and_set_waits_for_a_transaction_in_flight_on_postgresql(pg_url: str) -> None:
+@pytest.mark.parametrize("server_default", ["read committed", "repeatable read"])
+def test_a_compare_and_set_waits_for_a_transaction_in_flight_on_postgresql(pg_url: str, server_default: str) -> None:
     """What BEGIN IMMEDIATE does on SQLite: a writer that read the desired revision holds the others off until it
-    commits; the one that waited finds its base stale instead of writing beside it."""
+    commits; the one that waited finds its base stale instead of writing beside it. Whatever isolation the server
+    defaults to (a snapshot taken before the lock is granted would miss the first writer's row)."""
+    sql(pg_url, f'ALTER DATABASE "{make_url(pg_url).database}" SET default_transaction_isolation = '
+                f"'{server_default}'")
     db = open_database(pg_url)
     store = RevisionStore(db)
     store.ensure_initial({"max_num_seqs": 16})
