@@ -25,7 +25,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 
-from engine.errors import SchemaTooNewError
+from engine.errors import DatabaseError, SchemaTooNewError
 
 MIGRATIONS = Path(__file__).resolve().with_name("migrations")
 logging.getLogger("alembic").setLevel(logging.WARNING)  # a line per open ("Context impl …"); the engine says what
@@ -53,7 +53,7 @@ def head() -> str:
     """The newest revision this engine knows."""
     found = scripts().get_heads()
     if len(found) != 1:
-        raise RuntimeError(f"the engine's migrations have {len(found)} heads ({', '.join(found)}): two revisions "
+        raise DatabaseError(f"the engine's migrations have {len(found)} heads ({', '.join(found)}): two revisions "
                            "name the same parent; give the later one the other as its down_revision")
     return found[0]
 

@@ -26,7 +26,7 @@ from engine.app import create_app
 from engine.config import AppConfig
 from engine.db import open_database, schema
 from engine.db.tables import INTEGER
-from engine.errors import SchemaTooNewError
+from engine.errors import DatabaseError, SchemaTooNewError
 from engine.gateway import Ledger
 from tests.support.data import make_data_dir
 from tests.support.db import dialect, sql
@@ -275,3 +275,17 @@ def test_the_installed_package_carries_its_migrations(tmp_path: Path) -> None:
     assert {"engine/db/migrations/script.py.mako", "engine/db/migrations/versions/v0001_baseline.py"} <= shipped
     assert shipped | {"engine/db/schema.py", "engine/db/tables.py"} <= names, \
         f"missing from the wheel: {sorted(shipped - names)}"
+
+
+def test_two_revisions_on_one_parent_are_refused_with_how_to_order_them(scratch_migrations: Path,
+                                                                        tmp_path: Path) -> None:
+    """Two branches that each added 0002: the engine says so instead of migrating one branch of them."""
+    for rev in ("0002", "0003"):
+        (scratch_migrations / "versions" / f"v{rev}_branch.py").write_text(
+            f'revision = "{rev}"\ndown_revision = "0001"\nbranch_labels = None\ndepends_on = None\n\n\n'
+            "def upgrade() -> None:\n    pass\n\n\ndef downgrade() -> None:\n    pass\n")
+    schema.scripts.cache_clear()
+    with pytest.raises(DatabaseError, match="migrations have 2 heads") as refused:
+        open_database(tmp_path / "x.db")
+    assert "down_revision" in str(refused.value)
+    assert not (tmp_path / "x.db").exists() or sql(tmp_path / "x.db", "SELECT name FROM sqlite_master") == []

@@ -13,6 +13,7 @@ from sqlmodel.sql.sqltypes import AutoString
 
 from engine.db import tables  # noqa: F401 - every table registers on SQLModel.metadata
 from engine.db.sql import PortableString, epoch_now
+from engine.errors import DatabaseError
 
 
 def render_item(type_: str, obj: Any, autogen: AutogenContext) -> str | Literal[False]:
@@ -30,7 +31,7 @@ def render_item(type_: str, obj: Any, autogen: AutogenContext) -> str | Literal[
 def run() -> None:
     connection = context.config.attributes.get("connection")
     if not isinstance(connection, Connection):
-        raise RuntimeError("the engine's migrations run through engine/db/schema.py (`llmops db upgrade`), which "
+        raise DatabaseError("the engine's migrations run through engine/db/schema.py (`llmops db upgrade`), which "
                            "hands them an open connection; there is no alembic.ini")
     context.configure(
         connection=connection,
@@ -44,5 +45,5 @@ def run() -> None:
 
 
 if context.is_offline_mode():
-    raise RuntimeError("offline (SQL script) migrations are not supported: run `llmops db upgrade` on the database")
+    raise DatabaseError("offline (SQL script) migrations are not supported: run `llmops db upgrade` on the database")
 run()
