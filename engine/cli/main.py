@@ -100,6 +100,10 @@ def cmd_db(args: argparse.Namespace) -> int:
     config = _config(args)
     if args.action == "revision":
         path = schema.new_revision(args.message, autogenerate=not args.empty)
+        if path is None:
+            print("nothing to migrate: engine/db/tables.py declares what the newest revision makes (--empty writes "
+                  "a revision to fill in by hand)")
+            return 1
         print(f"wrote {path}: read it, then run `pytest tests/unit/test_schema.py` (and `make test` for PostgreSQL)")
         return 0
     if args.action == "upgrade":

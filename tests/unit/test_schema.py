@@ -221,28 +221,40 @@ def test_every_integer_column_holds_64_bits_on_postgresql(pg_url: str) -> None:
 
 
 @pytest.fixture
-def scratch_migrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The migrations folder copied to tmp_path (a new revision is written there, not into the package), and a
-    table added to the engine's metadata for the length of the test."""
+def migrations_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The migrations folder copied to tmp_path: a new revision is written there, not into the package."""
     folder = tmp_path / "migrations"
     shutil.copytree(schema.MIGRATIONS, folder, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(schema, "MIGRATIONS", folder)
     schema.scripts.cache_clear()
+    try:
+        yield folder
+    finally:
+        schema.scripts.cache_clear()
+
+
+@pytest.fixture
+def scratch_migrations(migrations_copy: Path) -> Iterator[Path]:
+    """The copy, and a table added to the engine's metadata for the length of the test."""
     table = Table("token_owner", SQLModel.metadata, Column("id", INTEGER, primary_key=True),
                   Column("token_id", INTEGER, nullable=False, index=True), Column("owner", String, nullable=False),
                   Column("since", INTEGER))
     try:
-        yield folder
+        yield migrations_copy
     finally:
         SQLModel.metadata.remove(table)
-        schema.scripts.cache_clear()
+
+
+def test_a_revision_with_nothing_to_migrate_is_not_written(migrations_copy: Path) -> None:
+    assert schema.new_revision("nothing") is None
+    assert sorted(p.name for p in (migrations_copy / "versions").glob("v*.py")) == ["v0001_baseline.py"]
 
 
 @pytest.mark.store
 def test_a_new_migration_is_one_command_and_runs_on_the_database(scratch_migrations: Path,
                                                                  db_target: Path | str) -> None:
     path = schema.new_revision("token owners")
-    assert path.parent == scratch_migrations / "versions" and path.name == "v0002_token_owners.py"
+    assert path is not None and path.parent == scratch_migrations / "versions" and path.name == "v0002_token_owners.py"
     text = path.read_text()
     assert "op.create_table('token_owner'" in text and "sqlmodel" not in text and "sa.String()" in text
     assert "down_revision: str | None = '0001'" in text
