@@ -14,13 +14,19 @@ TORCH_INDEX := $(if $(HAS_GPU),,$(if $(wildcard $(PIP_FIND_LINKS)/torch-2.13.0+c
 STAMP := $(VENV)/.installed-$(VLLM_EXTRA)
 DEMO := $(DATA_DIR)/models/demo/config.json
 
-.PHONY: run test setup lint unit demo-model clean
+.PHONY: run test test-postgres setup lint unit demo-model clean
 
 run: $(STAMP) $(DEMO)
 	$(BIN)/llmops up --data-dir $(DATA_DIR)
 
 test: $(STAMP) $(DEMO) lint
 	$(BIN)/pytest
+	$(MAKE) test-postgres
+
+# The store's tests (tests/api and those marked `store`) a second time, on PostgreSQL: a throwaway server from
+# Debian's postgresql package (tests/support/postgres.py), a fresh database per test.
+test-postgres: $(STAMP)
+	LLMOPS_TEST_DATABASE=postgres $(BIN)/pytest -m store tests/api tests/unit
 
 setup: $(STAMP) $(DEMO)
 

@@ -17,6 +17,7 @@ import pynvml
 import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import Receive, Scope, Send
 
 from engine.access import AuditLog, AuditMiddleware, Auth, GatewayKeys, RateLimiter
@@ -120,7 +121,8 @@ def create_app(config: AppConfig) -> FastAPI:
     """The composition root: every service built once, the lifespan that starts and stops them in order, the
     routes, the access gate and the audit."""
     make_private(config.data_dir)
-    db = open_database(config.db_path)
+    db = open_database(config.database)
+    logging.getLogger("llmops.engine").info("database: %s (%s)", db.where, db.dialect)  # never its password
     make_private(config.data_dir)  # the database's files now exist
     revisions, events, prompts = RevisionStore(db), EventLog(db), PromptStore(db)
     deployments = DeploymentStore(db)
@@ -203,8 +205,8 @@ def create_app(config: AppConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await events.emit("engine_started", f"engine listening on {config.host}:{config.port}",
-                          data={"data_dir": str(config.data_dir.resolve()), "vllm_build": build,
-                                "vllm_version": vllm_version, "gateway_keys": gateway_keys})
+                          data={"data_dir": str(config.data_dir.resolve()), "database": db.where,
+                                "vllm_build": build, "vllm_version": vllm_version, "gateway_keys": gateway_keys})
         await asyncio.to_thread(sampler.start)  # its first sample (NVML) is there before anyone asks
         await fleet.start()
         ledger.start()
@@ -213,9 +215,15 @@ def create_app(config: AppConfig) -> FastAPI:
         finally:
             await fleet.shutdown()  # before the sampler: waiting for the GPU's memory reads its samples
             await asyncio.to_thread(sampler.stop)
-            await ledger.close()
+            try:
+                await ledger.close()
+            except SQLAlchemyError as exc:  # a database down as the engine stops: the stop goes on, loudly
+                logging.getLogger("llmops.engine").error("the request ledger's last records are lost: %s", exc)
             await gateway.aclose()
-            await events.emit("engine_stopped", "engine stopped")
+            try:
+                await events.emit("engine_stopped", "engine stopped")
+            except SQLAlchemyError as exc:
+                logging.getLogger("llmops.engine").error("could not record the engine's stop: %s", exc)
             db.close()
 
     # No /docs or /redoc (their pages load from a CDN); the schema is a signed-in route (engine/api/routes/docs.py).

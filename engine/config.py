@@ -20,6 +20,12 @@ class AppConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LLMOPS_", extra="ignore")
 
     data_dir: Path = Field(Path("data"), description="Folder for the SQLite database, logs and the demo model.")
+    database_url: SecretStr | None = Field(None, description="Where the engine keeps its state (revisions, events, "
+                                           "audit, users, tokens, prompts, benchmarks, ledger, history): a "
+                                           "PostgreSQL URL, postgresql://USER:PASSWORD@HOST:PORT/DBNAME (psycopg 3), "
+                                           "so that a control plane keeps it off the GPU host; or sqlite:///PATH. "
+                                           "Default: the SQLite file DATA_DIR/llmops.db. Its password is never "
+                                           "logged; the schema is migrated at start (`llmops db upgrade`).")
     host: str = Field("127.0.0.1", description="Address the engine's HTTP service listens on.")
     port: int = Field(8000, ge=1, le=65535, description="Port of the engine's HTTP service (/v1, /api).")
     console_port: int = Field(8501, ge=1, le=65535, description="Port of the Streamlit console.")
@@ -127,7 +133,13 @@ class AppConfig(BaseSettings):
 
     @property
     def db_path(self) -> Path:
+        """The embedded SQLite file (the default database)."""
         return self.data_dir / "llmops.db"
+
+    @property
+    def database(self) -> Path | str:
+        """What the engine opens (engine.db.open_database): the database_url, else the SQLite file's path."""
+        return self.database_url.get_secret_value() if self.database_url else self.db_path
 
     @property
     def logs_dir(self) -> Path:

@@ -61,6 +61,34 @@ class RevisionNotFoundError(SettingsError):
         super().__init__(f"revision {revision} does not exist; `llmops settings history` lists them")
 
 
+# --- the database ---------------------------------------------------------------------------------------------
+
+
+class DatabaseError(EngineError):
+    """The engine's database could not be opened as it is."""
+
+
+class UnsupportedDatabaseError(DatabaseError):
+    """The database URL names neither SQLite nor PostgreSQL."""
+
+
+class DatabaseUnavailableError(DatabaseError):
+    """The database server could not be reached (it is down, restarting, or the URL is wrong)."""
+
+
+class SchemaTooNewError(DatabaseError):
+    """The database was written by a newer engine: its schema revision is not one this engine knows. Nothing
+    was changed."""
+
+    def __init__(self, where: str, found: list[str], newest: str | None) -> None:
+        self.found = found
+        self.newest = newest
+        super().__init__(
+            f"the database {where} is at schema revision {', '.join(found)}, which this engine does not know (the "
+            f"newest it knows is {newest}): it was written by a newer llmops. Nothing was changed; run that newer "
+            "version on it, or point this one at a database (or a backup) it made")
+
+
 # --- the vLLM child process -----------------------------------------------------------------------------------
 
 

@@ -1,9 +1,9 @@
 """The audit trail: every mutating action, who did it, from where, what it changed and how it ended.
 
-Append-only by construction: SQLite triggers abort any UPDATE or DELETE of the table, and no route edits it. A
-pure ASGI middleware records each mutating ``/api`` request after its response (its status is the result);
-handlers add the before/after of what they changed through ``request.state.audit``; the engine records its own
-automatic actions (rollbacks, crash-loop halts) directly.
+Append-only by construction: the database's triggers (engine/db/database.py) abort any UPDATE or DELETE of the
+table, and no route edits it. A pure ASGI middleware records each mutating ``/api`` request after its response (its
+status is the result); handlers add the before/after of what they changed through ``request.state.audit``; the
+engine records its own automatic actions (rollbacks, crash-loop halts) directly.
 """
 
 from __future__ import annotations
@@ -103,10 +103,11 @@ class AuditLog:
             q = select(AuditRecord)
             if actor:
                 q = q.where(AuditRecord.actor == actor)
+            # case-insensitive and literal (no LIKE wildcards) on SQLite and PostgreSQL alike
             if action:
-                q = q.where(col(AuditRecord.action).startswith(action))
+                q = q.where(col(AuditRecord.action).istartswith(action, autoescape=True))
             if target:
-                q = q.where(col(AuditRecord.target).contains(target))
+                q = q.where(col(AuditRecord.target).icontains(target, autoescape=True))
             if since is not None:
                 q = q.where(AuditRecord.ts >= since)
             if until is not None:
@@ -114,9 +115,10 @@ class AuditLog:
             if result is not None:
                 q = q.where(AuditRecord.result == result)
             if text_:
-                q = q.where(cast(col(AuditRecord.after), String).contains(text_)
-                            | cast(col(AuditRecord.before), String).contains(text_)
-                            | col(AuditRecord.detail).contains(text_) | col(AuditRecord.target).contains(text_))
+                q = q.where(cast(col(AuditRecord.after), String).icontains(text_, autoescape=True)
+                            | cast(col(AuditRecord.before), String).icontains(text_, autoescape=True)
+                            | col(AuditRecord.detail).icontains(text_, autoescape=True)
+                            | col(AuditRecord.target).icontains(text_, autoescape=True))
             return s.exec(q.order_by(col(AuditRecord.id).desc()).offset(offset).limit(limit)).all()
 
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 
 from engine.access.auth import Auth, Principal, allows, digest
 from engine.access.ratelimit import RateLimiter
+from engine.db import RETRY_AFTER_S, UNAVAILABLE, unavailable_message
 from engine.errors import EngineError
 
 
 class KeyRefusedError(EngineError):
-    """A /v1 request refused for its key: status (401 or 429), message and headers for the answer."""
+    """A /v1 request refused for its key: status (401, 429, or 503 when the database cannot check it), message and
+    headers for the answer."""
 
     def __init__(self, status: int, message: str, headers: list[tuple[bytes, bytes]]) -> None:
         super().__init__(message)
@@ -60,7 +62,11 @@ class GatewayKeys:
         entry = self._cache.get(key)
         if entry is not None and now - entry.at < self.cache_s and entry.changes == self.auth.changes:
             return entry.principal
-        principal = await asyncio.to_thread(self.auth.authenticate, token)  # SQLite: never on the event loop
+        try:
+            principal = await asyncio.to_thread(self.auth.authenticate, token)  # SQLite: never on the event loop
+        except UNAVAILABLE as exc:  # a key not in the cache cannot be checked while the database is down
+            raise KeyRefusedError(503, unavailable_message(exc),
+                                  [(b"retry-after", str(RETRY_AFTER_S).encode())]) from exc
         if len(self._cache) >= self.max_cached:
             self._cache.clear()
         self._cache[key] = _Entry(principal, now, self.auth.changes)

@@ -68,6 +68,8 @@ COMMON: dict[int | str, dict[str, Any]] = {  # answers any route may give, docum
     409: {"description": "Conflict: a stale base revision, or a benchmark already running"},
     413: {"description": "The body is larger than this route takes"},
     423: {"description": "Sign-in locked after repeated failures"},
+    503: {"description": "The engine's database is unavailable now (a full disk, a lock held too long, a "
+                         "PostgreSQL server down or restarting): nothing was done; try again after Retry-After"},
 }
 
 

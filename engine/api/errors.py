@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
 
 from engine.benchmarks import BenchmarkBusyError
+from engine.db import RETRY_AFTER_S, UNAVAILABLE, unavailable_message
 from engine.errors import InvalidSettingsError, PreflightError, RevisionNotFoundError, StaleRevisionError
 
 ECHO_LIMIT = 200  # characters of a refused input a 422 repeats
@@ -25,6 +25,12 @@ def _short(value: Any) -> Any:
     if isinstance(value, dict | list | tuple):  # never repr'd: it may be huge, or nested too deep to repr
         return f"{type(value).__name__} of {len(value)} items"
     return f"{type(value).__name__}"
+
+
+def database_unavailable(exc: BaseException) -> JSONResponse:
+    """The answer to a request the database could not serve: 503, Retry-After, what happened and what to do."""
+    return JSONResponse({"detail": unavailable_message(exc)}, status_code=503,
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -51,13 +57,13 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _missing(_: Request, exc: RevisionNotFoundError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=404)
 
-    @app.exception_handler(OperationalError)
-    async def _database(_: Request, exc: OperationalError) -> JSONResponse:
-        # a full disk, a read-only file, a lock held past the timeout: the request's own write was rolled back
-        reason = str(exc.orig)[:200] if exc.orig is not None else type(exc).__name__
-        return JSONResponse({"detail": f"the engine's database could not be written ({reason}); the change was not "
-                                       "recorded: free disk space under the data dir, or try again"},
-                            status_code=503, headers={"Retry-After": "5"})
+    async def _database(_: Request, exc: Exception) -> JSONResponse:
+        # a full disk, a read-only file, a lock held past the timeout, a PostgreSQL server down or restarting: the
+        # request's own transaction was rolled back
+        return database_unavailable(exc)
+
+    for kind in UNAVAILABLE:
+        app.add_exception_handler(kind, _database)
 
     @app.exception_handler(BenchmarkBusyError)
     async def _busy(_: Request, exc: BenchmarkBusyError) -> JSONResponse:

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.access import Auth, GatewayKeys, KeyRefusedError, Principal, allows
 from engine.api.deps import route_meta
+from engine.db import RETRY_AFTER_S, UNAVAILABLE, unavailable_message
 
 
 def bearer_of(scope: Scope) -> str | None:
@@ -76,7 +77,12 @@ class AccessGate:
                 return
         if needed is not None:
             token = bearer_of(scope)
-            principal: Principal | None = await run_in_threadpool(self.auth.authenticate, token) if token else None
+            try:
+                principal: Principal | None = await run_in_threadpool(self.auth.authenticate, token) if token else None
+            except UNAVAILABLE as exc:  # the token cannot be checked now: 503, not a 500 from the middleware
+                await send_json(send, 503, {"detail": unavailable_message(exc)},
+                                [(b"retry-after", str(RETRY_AFTER_S).encode())])
+                return
             if principal is None:
                 await send_json(send, 401, {"detail": "a valid bearer token is needed: sign in, or create a token "
                                             "with `llmops token create`"}, [(b"www-authenticate", b"Bearer")])

@@ -15,6 +15,7 @@ from typing import Any
 
 from console.client import ClientError, EngineClient
 from engine.config import AppConfig
+from engine.errors import DatabaseError
 from engine.revisions import FIELD_NAMES, field_help
 from engine.schemas import ApplyPlanOut, CapacityOut, RevisionOut, StatusOut
 
@@ -49,7 +50,7 @@ def ensure_cli_token(config: AppConfig) -> Path:
 
     path = _cli_token_path(config)
     if not path.exists():
-        db = open_database(config.db_path)
+        db = open_database(config.database)
         token, row = Auth(db).create_token("local-cli", "admin", created_by="llmops up")
         AuditLog(db).record(actor=_operator(), action="tokens.create", target=f"token {row.id} {row.name}",
                             after={"role": row.role, "kind": row.kind, "prefix": row.prefix}, source="llmops up")
@@ -65,7 +66,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     from engine.access import AuditLog, Auth, AuthError
     from engine.db import open_database
 
-    db = open_database(_config(args).db_path)
+    db = open_database(_config(args).database)
     auth, audit = Auth(db), AuditLog(db)
     if args.action == "create":
         token, row = auth.create_token(args.name, args.role, args.kind, created_by=_operator(),
@@ -90,6 +91,54 @@ def cmd_token(args: argparse.Namespace) -> int:
             state = "revoked" if t.revoked_at else "active"
             print(f"{t.id:>4}  {t.prefix}…  {t.name:<20} {t.role:<9} {t.kind:<8} {state}")
     return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    """The engine's database: its schema revision, the upgrade the engine also runs at start, a new revision."""
+    from engine.db import UNAVAILABLE, Database, open_database, schema
+
+    config = _config(args)
+    if args.action == "revision":
+        path = schema.new_revision(args.message, autogenerate=not args.empty)
+        if path is None:
+            print("nothing to migrate: engine/db/tables.py declares what the newest revision makes (--empty writes "
+                  "a revision to fill in by hand)")
+            return 1
+        print(f"wrote {path}: read it, then run `pytest tests/unit/test_schema.py` (and `make test` for PostgreSQL)")
+        return 0
+    if args.action == "upgrade":
+        db = open_database(config.database)
+        try:
+            with db.engine.connect() as conn:
+                now = schema.current(conn)
+        finally:
+            db.close()
+        done = f"upgraded through {', '.join(db.applied)}" if db.applied else "already up to date"
+        print(f"database {db.where}: schema at revision {', '.join(now)} ({done})")
+        return 0
+    if isinstance(config.database, Path) and not config.database.exists():
+        print(f"no database at {config.database} yet: the engine (or `llmops db upgrade`) creates it")
+        return 1
+    db = Database(config.database)
+    try:
+        with db.engine.connect() as conn:
+            found = schema.current(conn)
+    except UNAVAILABLE as exc:
+        raise db.unreachable(exc) from None
+    finally:
+        db.close()
+    newest = schema.head()
+    if found == [newest]:
+        state = "up to date"
+    elif not found:
+        state = "not stamped (empty, or made before migrations): `llmops db upgrade` adopts it"
+    elif all(r in schema.known() for r in found):
+        state = f"behind: `llmops db upgrade` (or starting the engine) applies {', '.join(schema.pending(found))}"
+    else:
+        state = "newer than this engine: it was written by a newer llmops, which this one will not open"
+    print(f"database {db.where}: schema at revision {', '.join(found) or 'none'}; this engine's newest is {newest} "
+          f"({state})")
+    return 0 if found == [newest] or not args.check else 1
 
 
 def _help(name: str) -> str:
@@ -129,7 +178,7 @@ def ensure_admin(config: AppConfig) -> str | None:
     from engine.access import AuditLog, Auth
     from engine.db import open_database
 
-    db = open_database(config.db_path)
+    db = open_database(config.database)
     auth = Auth(db)
     if auth.has_users():
         return None
@@ -463,6 +512,21 @@ def build_parser() -> argparse.ArgumentParser:
             d.add_argument("--yes", "-y", action="store_true", help="Do not ask (a terminal is asked).")
         client_opts(d)
     p.set_defaults(func=cmd_deployments)
+    p = sub.add_parser("db", help="The engine's database: schema revision, upgrade, new migration.",
+                       description="The database is DATA_DIR/llmops.db (SQLite), or LLMOPS_DATABASE_URL (PostgreSQL: "
+                       "postgresql://USER:PASSWORD@HOST:PORT/DBNAME). The engine upgrades it at start as well.")
+    dsub = p.add_subparsers(dest="action", required=True)
+    d = dsub.add_parser("upgrade", help="Bring the schema to this engine's newest revision (what a start does).")
+    server_opts(d, "data_dir")
+    d = dsub.add_parser("current", help="The database's schema revision against this engine's newest; changes "
+                        "nothing.")
+    d.add_argument("--check", action="store_true", help="Exit 1 unless the database is at the newest revision.")
+    server_opts(d, "data_dir")
+    d = dsub.add_parser("revision", help="For developers: write a new migration for what engine/db/tables.py "
+                        "declares beyond the newest revision (autogenerated against a scratch SQLite database).")
+    d.add_argument("-m", "--message", required=True, help="What changes, e.g. \"token owners\".")
+    d.add_argument("--empty", action="store_true", help="An empty revision to fill in by hand (data migrations).")
+    p.set_defaults(func=cmd_db)
 
     p = sub.add_parser("ctl", help="start | stop | restart vLLM.")
     p.add_argument("action", choices=["start", "stop", "restart"])
@@ -533,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except TimeoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except DatabaseError as exc:  # unreachable, unsupported, or written by a newer engine: what to do, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -1,9 +1,20 @@
-"""The database: one SQLite file (WAL), every table in one module, opened (created and migrated) once."""
+"""The database: opened by URL (a SQLite file in the data dir by default, or PostgreSQL), every table in one
+module, its schema migrated by Alembic revisions (engine/db/migrations) once at open."""
 
 from __future__ import annotations
 
-from engine.db.database import Database, make_engine, open_database
-from engine.db.migrate import add_missing_columns
+from engine.db.database import (
+    RETRY_AFTER_S,
+    UNAVAILABLE,
+    Database,
+    database_url,
+    make_engine,
+    open_database,
+    safe_url,
+    unavailable_message,
+    unavailable_reason,
+)
+from engine.db.sql import PortableString, epoch_now, floor_int, json_true
 from engine.db.tables import (
     ACTIVE,
     DEFAULT_DEPLOYMENT,
@@ -28,8 +39,37 @@ from engine.db.tables import (
 )
 
 __all__ = [
-    "ACTIVE", "DEFAULT_DEPLOYMENT", "SERVING_FINISH_REASONS", "SERVING_METRICS", "SERVING_MINUTE", "SERVING_RAW",
-    "TELEMETRY_METRICS", "TELEMETRY_MINUTE", "TELEMETRY_RAW", "ApiToken", "AuditRecord", "BenchmarkRun",
-    "CalibrationRow", "Database", "Deployment", "Event", "RequestLog", "Revision", "RevisionStatus", "SavedPrompt",
-    "User", "add_missing_columns", "make_engine", "open_database",
+    "ACTIVE",
+    "DEFAULT_DEPLOYMENT",
+    "RETRY_AFTER_S",
+    "SERVING_FINISH_REASONS",
+    "SERVING_METRICS",
+    "SERVING_MINUTE",
+    "SERVING_RAW",
+    "TELEMETRY_METRICS",
+    "TELEMETRY_MINUTE",
+    "TELEMETRY_RAW",
+    "UNAVAILABLE",
+    "ApiToken",
+    "AuditRecord",
+    "BenchmarkRun",
+    "CalibrationRow",
+    "Database",
+    "Deployment",
+    "Event",
+    "PortableString",
+    "RequestLog",
+    "Revision",
+    "RevisionStatus",
+    "SavedPrompt",
+    "User",
+    "database_url",
+    "epoch_now",
+    "floor_int",
+    "json_true",
+    "make_engine",
+    "open_database",
+    "safe_url",
+    "unavailable_message",
+    "unavailable_reason",
 ]

@@ -1,35 +1,80 @@
-"""Opening the engine's database: one SQLite file in WAL mode, every table created and migrated once.
+"""Opening the engine's database by URL: SQLite (one WAL file in the data dir, the default) or PostgreSQL (psycopg
+3, ``LLMOPS_DATABASE_URL``), its schema brought to this engine's revision once (engine/db/schema.py).
 
-Only the engine touches it. Every transaction takes SQLite's write lock at once (``BEGIN IMMEDIATE``), so that a
-compare-and-set on the desired revision cannot interleave with another writer. The audit trail is append-only:
-triggers abort an UPDATE or a DELETE of its rows, and a REPLACE of one (which deletes the row it replaces without
-firing DELETE triggers).
+Only the engine touches it. Every transaction is serialized with every other writer, so that a compare-and-set on
+the desired revision (and every read-then-write: lockouts, first-run rows) cannot interleave: on SQLite it takes the
+write lock at once (``BEGIN IMMEDIATE``); on PostgreSQL it takes one transaction-scoped advisory lock first, in READ
+COMMITTED, so each statement after it sees what the previous holder committed. The audit trail is append-only:
+triggers abort an UPDATE or a DELETE of its rows, a REPLACE of one on SQLite (which deletes the row it replaces
+without firing DELETE triggers), a TRUNCATE on PostgreSQL (which fires none either).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, event, text
-from sqlmodel import Session, SQLModel, create_engine
+from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url, text
+from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from sqlmodel import Session
 
-from engine.db import tables  # noqa: F401 - every table registers on SQLModel.metadata before create_all
-from engine.db.migrate import add_missing_columns
+from engine.db import schema
+from engine.errors import DatabaseUnavailableError, UnsupportedDatabaseError
+
+log = logging.getLogger("llmops.db")
 
 APPEND_ONLY = ("audit",)
+WRITE_LOCK = 0x6C6C6D6F7073  # "llmops": PostgreSQL's advisory lock that every transaction of the engine takes
+LOCK_TIMEOUT_S = 10  # longest wait for that lock (SQLite: for its write lock), then the write fails with a 503
+CONNECT_TIMEOUT_S = 5
+UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeoutError)  # the database is down, gone or too busy now
+RETRY_AFTER_S = 5  # what the answer to a request the database could not serve asks the client to wait
 
 
-def make_engine(path: Path) -> Engine:
-    """A SQLAlchemy engine on a WAL-mode SQLite file; transactions take the write lock up front."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def database_url(target: Path | str | URL) -> URL:
+    """The URL of a database: a Path is a SQLite file; ``postgresql://`` and ``postgres://`` mean psycopg 3."""
+    if isinstance(target, Path):
+        return URL.create("sqlite", database=str(target))
+    try:
+        url = make_url(target)
+    except ArgumentError as exc:
+        raise UnsupportedDatabaseError(f"the database URL cannot be read ({exc}): give sqlite:///PATH or "
+                                       "postgresql://USER:PASSWORD@HOST:PORT/DBNAME") from None
+    backend = url.get_backend_name()
+    if backend in ("postgresql", "postgres"):
+        return url.set(drivername="postgresql+psycopg")
+    if backend == "sqlite" and url.database and url.database != ":memory:":
+        return url.set(drivername="sqlite")
+    raise UnsupportedDatabaseError(
+        f"the database URL {safe_url(url)} is not supported: the engine keeps its state in a SQLite file "
+        "(sqlite:///PATH) or in PostgreSQL (postgresql://USER:PASSWORD@HOST:PORT/DBNAME)")
+
+
+def safe_url(url: URL | str) -> str:
+    """The URL as logs and messages show it: without its password (in the URL's user part or its query)."""
+    url = make_url(url) if isinstance(url, str) else url
+    if "password" in url.query:
+        url = url.update_query_dict({"password": "***"})
+    return url.render_as_string(hide_password=True)
+
+
+def _compact(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    assert url.database is not None
+    Path(url.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(
-        f"sqlite:///{path}",
-        connect_args={"check_same_thread": False, "timeout": 10, "isolation_level": None},
-        json_serializer=lambda obj: json.dumps(obj, separators=(",", ":")),
+        url,
+        connect_args={"check_same_thread": False, "timeout": LOCK_TIMEOUT_S, "isolation_level": None},
+        json_serializer=_compact,
     )
 
     @event.listens_for(engine, "connect")
@@ -38,11 +83,11 @@ def make_engine(path: Path) -> Engine:
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute("PRAGMA busy_timeout=10000")
+        cur.execute(f"PRAGMA busy_timeout={LOCK_TIMEOUT_S * 1000}")
         cur.close()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
+    def _on_begin(conn: Connection) -> None:
         # pysqlite's own transaction handling is off (isolation_level=None): begin explicitly, and take the
         # write lock at once so that a compare-and-set on the desired revision cannot interleave.
         conn.exec_driver_sql("BEGIN IMMEDIATE")
@@ -50,13 +95,55 @@ def make_engine(path: Path) -> Engine:
     return engine
 
 
+def _postgresql_engine(url: URL) -> Engine:
+    options = " ".join(filter(None, [str(url.query.get("options", "")),
+                                     f"-c lock_timeout={LOCK_TIMEOUT_S}s",
+                                     "-c idle_in_transaction_session_timeout=60s"]))
+    engine = create_engine(
+        url.difference_update_query(["options"]),
+        # a connection the server dropped (a restart) is noticed at checkout and replaced, not handed out
+        pool_pre_ping=True, pool_size=5, max_overflow=10, pool_timeout=LOCK_TIMEOUT_S,
+        # whatever the server's default: a snapshot taken before the lock is granted would read stale rows
+        isolation_level="READ COMMITTED",
+        connect_args={"options": options,  # what the URL's own query sets (connect_timeout, …) is kept
+                      **{k: v for k, v in (("connect_timeout", CONNECT_TIMEOUT_S),
+                                           ("application_name", "llmops-engine")) if k not in url.query}},
+        json_serializer=_compact,
+    )
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # in READ COMMITTED each statement after the lock sees what the previous holder committed
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+
+    return engine
+
+
+def make_engine(target: Path | str | URL) -> Engine:
+    """A SQLAlchemy engine on the database; every transaction is serialized with every other (see the module)."""
+    url = database_url(target)
+    return _sqlite_engine(url) if url.get_backend_name() == "sqlite" else _postgresql_engine(url)
+
 
 class Database:
     """The open database; ``session()`` is the one way in."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.engine = make_engine(path)
+    def __init__(self, target: Path | str | URL) -> None:
+        self.url = database_url(target)
+        self.dialect = self.url.get_backend_name()
+        self.path = Path(self.url.database) if self.dialect == "sqlite" and self.url.database else None
+        self.engine = make_engine(self.url)
+        self.applied: list[str] = []  # the schema revisions open_database applied
+
+    @property
+    def where(self) -> str:
+        """The database as messages name it: its file, or its URL without the password."""
+        return str(self.path) if self.path is not None else safe_url(self.url)
+
+    def unreachable(self, exc: BaseException) -> DatabaseUnavailableError:
+        """The error that says this database could not be reached or used, and what to do (no password)."""
+        return DatabaseUnavailableError(f"the database {self.where} cannot be reached or used "
+                                        f"({unavailable_reason(exc)}): start it, or correct LLMOPS_DATABASE_URL")
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -68,18 +155,80 @@ class Database:
         self.engine.dispose()
 
 
-def open_database(path: Path) -> Database:
-    """Open (or create) the database at ``path``: every table, every column a later release added, the triggers."""
-    db = Database(path)
-    add_missing_columns(db.engine, SQLModel.metadata)
-    with db.engine.begin() as conn:
-        for table in APPEND_ONLY:
-            for op in ("UPDATE", "DELETE"):
-                conn.execute(text(f"CREATE TRIGGER IF NOT EXISTS {table}_no_{op.lower()} BEFORE {op} ON {table} "
-                                  f"BEGIN SELECT RAISE(ABORT, 'the {table} trail is append-only'); END"))
-            # INSERT OR REPLACE deletes the row it replaces without firing DELETE triggers (unless
-            # recursive_triggers is on): refuse any insert that would meet an existing row
-            conn.execute(text(f"CREATE TRIGGER IF NOT EXISTS {table}_no_replace BEFORE INSERT ON {table} "
-                              f"WHEN EXISTS (SELECT 1 FROM {table} WHERE id = NEW.id) "
-                              f"BEGIN SELECT RAISE(ABORT, 'the {table} trail is append-only'); END"))
+def _append_only_sqlite(conn: Connection, table: str) -> None:
+    for op in ("UPDATE", "DELETE"):
+        conn.execute(text(f"CREATE TRIGGER IF NOT EXISTS {table}_no_{op.lower()} BEFORE {op} ON {table} "
+                          f"BEGIN SELECT RAISE(ABORT, 'the {table} trail is append-only'); END"))
+    # INSERT OR REPLACE deletes the row it replaces without firing DELETE triggers (unless recursive_triggers is
+    # on): refuse any insert that would meet an existing row
+    conn.execute(text(f"CREATE TRIGGER IF NOT EXISTS {table}_no_replace BEFORE INSERT ON {table} "
+                      f"WHEN EXISTS (SELECT 1 FROM {table} WHERE id = NEW.id) "
+                      f"BEGIN SELECT RAISE(ABORT, 'the {table} trail is append-only'); END"))
+
+
+def _append_only_postgresql(conn: Connection, table: str) -> None:
+    # an UPDATE, a DELETE, an INSERT ... ON CONFLICT DO UPDATE (which fires UPDATE triggers) and a TRUNCATE (which
+    # fires no row trigger) all meet the same refusal; an INSERT of an existing id already fails on the key
+    have = set(conn.execute(text("SELECT tgname FROM pg_trigger WHERE tgrelid = CAST(:t AS regclass)"),
+                            {"t": f'"{table}"'}).scalars())
+    wanted = {f"{table}_no_change": "BEFORE UPDATE OR DELETE ON {t} FOR EACH ROW",
+              f"{table}_no_truncate": "BEFORE TRUNCATE ON {t} FOR EACH STATEMENT"}
+    if set(wanted) <= have:
+        return
+    conn.execute(text(
+        "CREATE OR REPLACE FUNCTION llmops_append_only() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "RAISE EXCEPTION 'the % trail is append-only', TG_TABLE_NAME USING ERRCODE = 'restrict_violation'; "
+        "END $$"))
+    for name, when in wanted.items():
+        if name not in have:
+            conn.execute(text(f'CREATE TRIGGER {name} {when.format(t=chr(34) + table + chr(34))} '
+                              "EXECUTE FUNCTION llmops_append_only()"))
+
+
+def ensure_append_only(conn: Connection) -> None:
+    """The audit's triggers, made if missing (idempotent: every open checks, so a migration that rebuilds the table
+    on SQLite, which drops its triggers, gets them back)."""
+    for table in APPEND_ONLY:
+        if conn.dialect.name == "sqlite":
+            _append_only_sqlite(conn, table)
+        else:
+            _append_only_postgresql(conn, table)
+
+
+def open_database(target: Path | str | URL) -> Database:
+    """Open (or create) the database: a SQLite file (a Path, or a sqlite:/// URL) or a PostgreSQL URL. Its schema is
+    brought to this engine's revision (SchemaTooNewError, nothing changed, when a newer engine wrote it), and the
+    audit's triggers are made."""
+    db = Database(target)
+    try:
+        with db.engine.begin() as conn:
+            db.applied = schema.migrate(conn, db.where)
+            ensure_append_only(conn)
+    except UNAVAILABLE as exc:
+        db.close()
+        raise db.unreachable(exc) from None
+    except BaseException:
+        db.close()
+        raise
+    if db.applied:
+        log.info("database %s: schema upgraded through revision(s) %s", db.where, ", ".join(db.applied))
     return db
+
+
+def unavailable_message(exc: BaseException) -> str:
+    """What an API answer says of a request the database could not serve (with a 503 and Retry-After)."""
+    reason = unavailable_reason(exc)
+    if isinstance(getattr(exc, "orig", None), sqlite3.Error):  # a full disk, a read-only file, a lock held too long
+        return (f"the engine's database could not be written ({reason}); the change was not recorded: free disk "
+                "space under the data dir, or try again")
+    if isinstance(exc, PoolTimeoutError):
+        reason = "every connection to it is busy"
+    return (f"the engine's database is unavailable ({reason}); the request was not carried out and nothing was "
+            "recorded: try again in a few seconds (the engine reconnects by itself once the database is back)")
+
+
+def unavailable_reason(exc: BaseException) -> str:
+    """What the driver said of a database that could not be used, on one short line (no URL, no password)."""
+    orig = getattr(exc, "orig", None)
+    reason = str(orig if orig is not None else exc).strip().splitlines()
+    return (reason[0] if reason else type(exc).__name__)[:200]

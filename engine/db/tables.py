@@ -1,6 +1,7 @@
 """Every table of the engine's database, in one place: which tables exist does not depend on what was imported.
 
 Revisions are immutable apart from their status; the audit trail is append-only (triggers, in engine/db/database.py).
+A change here needs a schema revision: ``llmops db revision -m "what changes"`` (docs/database.md).
 The time-series tables (GPU telemetry by device, vLLM's serving figures by revision) keep raw rows for a short window
 and per-minute min/avg/max for a long one; their columns are the metrics listed here.
 """
@@ -11,10 +12,11 @@ import time
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, Column, Float, Index, Integer, Table, text
+from sqlalchemy import JSON, BigInteger, Column, Float, Index, Integer, String, Table
 from sqlmodel import Field, SQLModel
+from sqlmodel.sql.sqltypes import AutoString
 
-_NOW_SQL = "((julianday('now') - 2440587.5) * 86400.0)"
+from engine.db.sql import PortableString, epoch_now
 
 
 class RevisionStatus(StrEnum):
@@ -38,7 +40,7 @@ class Deployment(SQLModel, table=True):
     name: str = Field(index=True, unique=True)
     enabled: bool = Field(default=True, sa_column_kwargs={"server_default": "1"})
     gpus: list[int] | None = Field(default=None, sa_column=Column(JSON))  # placement: GPU indices; None = any
-    created_at: float = Field(default_factory=time.time, sa_column_kwargs={"server_default": text(_NOW_SQL)})
+    created_at: float = Field(default_factory=time.time, sa_column_kwargs={"server_default": epoch_now()})
     created_by: str = Field(default="engine", sa_column_kwargs={"server_default": "engine"})
     note: str = Field(default="", sa_column_kwargs={"server_default": ""})
 
@@ -50,7 +52,7 @@ class Revision(SQLModel, table=True):
     values: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     author: str = Field(default="unknown", sa_column_kwargs={"server_default": "unknown"})
     note: str = Field(default="", sa_column_kwargs={"server_default": ""})
-    created_at: float = Field(default_factory=time.time, sa_column_kwargs={"server_default": text(_NOW_SQL)})
+    created_at: float = Field(default_factory=time.time, sa_column_kwargs={"server_default": epoch_now()})
     parent_id: int | None = Field(default=None, foreign_key="revision.id")
     status: str = Field(default=RevisionStatus.PENDING.value, index=True,
                         sa_column_kwargs={"server_default": RevisionStatus.PENDING.value})
@@ -225,3 +227,17 @@ def series_tables(name: str, key: str, metrics: tuple[str, ...]) -> tuple[Table,
 
 TELEMETRY_RAW, TELEMETRY_MINUTE = series_tables("telemetry", "device", TELEMETRY_METRICS)
 SERVING_RAW, SERVING_MINUTE = series_tables("serving", "revision", SERVING_METRICS)
+
+
+# --- the same values on both dialects (keep this last: it applies to every table above) ----------------------
+
+INTEGER = Integer().with_variant(BigInteger(), "postgresql")
+"""SQLite's INTEGER holds 64 bits, PostgreSQL's 32: there every integer column (ids, byte counts of a GPU's memory,
+tokens) is a BIGINT, so that what one dialect stores the other does too."""
+
+for _table in SQLModel.metadata.tables.values():
+    for _column in _table.columns:
+        if type(_column.type) is Integer:
+            _column.type = INTEGER
+        elif type(_column.type) in (String, AutoString):
+            _column.type = PortableString()  # VARCHAR on both; a NUL is storable on PostgreSQL too

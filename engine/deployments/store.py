@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func
+from sqlalchemy import delete, func, text
 from sqlmodel import col, select
 
 from engine.db import (
@@ -84,6 +84,10 @@ class DeploymentStore:
                 return False
             s.add(Deployment(id=DEFAULT_DEPLOYMENT, name=check_name(name), created_by="engine",
                              note="the default deployment"))
+            s.flush()
+            if s.get_bind().dialect.name == "postgresql":  # an id given by hand does not move the sequence on
+                s.exec(text("SELECT setval(pg_get_serial_sequence('deployment', 'id'), "  # type: ignore[call-overload]
+                            "(SELECT MAX(id) FROM deployment))"))
             return True
 
     def all(self) -> Sequence[Deployment]:

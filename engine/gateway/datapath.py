@@ -80,8 +80,8 @@ class DataPath:
         try:
             await self.keys.check(headers)
         except KeyRefusedError as exc:
-            await send_simple(send, exc.status, _error(exc.status, str(exc), "authentication_error"
-                                                       if exc.status == 401 else "rate_limit"), exc.headers)
+            kind = {401: "authentication_error", 429: "rate_limit"}.get(exc.status, "service_unavailable")
+            await send_simple(send, exc.status, _error(exc.status, str(exc), kind), exc.headers)
             return
         if checked == "/v1/models" and self.models is not None:
             await send_simple(send, 200, json.dumps({"object": "list", "data": self.models()}).encode())

@@ -23,7 +23,7 @@ from sqlalchemy.orm import defer
 from sqlmodel import col, select
 
 from engine.aio import cancel_and_wait
-from engine.db import DEFAULT_DEPLOYMENT, Database, Event, RequestLog
+from engine.db import DEFAULT_DEPLOYMENT, Database, Event, RequestLog, json_true
 from engine.metrics import RequestMetrics
 
 log = logging.getLogger("llmops.ledger")
@@ -180,7 +180,7 @@ class Ledger:
         with self.db.session() as s:
             q = select(Event.revision_id, func.count()).where(
                 Event.kind == "diagnosis", Event.ts >= since,
-                func.json_extract(Event.data, "$.is_oom") == 1).group_by(col(Event.revision_id))
+                json_true(col(Event.data), "is_oom")).group_by(col(Event.revision_id))
             if revision is not None:
                 q = q.where(Event.revision_id == revision)
             return {r: int(n) for r, n in s.exec(q).all()}

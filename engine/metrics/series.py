@@ -1,4 +1,4 @@
-"""Time series in SQLite: raw rows for a short window, per-minute min/avg/max for a long one, pruned as they age.
+"""Time series in the database: raw rows for a short window, per-minute min/avg/max for a long one, pruned as they age.
 
 One wide row per sample and key (a GPU index, a revision, …). Queries bucket the rows so a series never has more
 than about 1,000 points, whatever the window. GPU telemetry and vLLM's serving metrics both keep their history
@@ -12,11 +12,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Integer, Table, cast, func, insert, select
+from sqlalchemy import Table, func, insert, literal_column, select
 
-from engine.db import Database
+from engine.db import Database, floor_int
 
 MAX_POINTS = 1000
+
+
+def _bucket(ts: Any, step: float) -> Any:
+    """The start of the ``step``-wide bucket of ``ts``. The step is a literal, not a parameter: PostgreSQL groups
+    by an expression only when the SELECT and the GROUP BY spell it the same, and two bound parameters are two
+    different expressions to it."""
+    width: Any = literal_column(repr(float(step)))
+    return (floor_int(ts / width) * width).label("bucket")
 
 
 class SeriesStore:
@@ -36,19 +44,21 @@ class SeriesStore:
 
     def write(self, ts: float, rows: list[dict[str, Any]]) -> None:
         """Rows of one sample, each ``{key: …, metric: value, …}``; rolls up and prunes at minute boundaries."""
+        boundary = float(math.floor(ts / 60) * 60)
         with self.engine.begin() as conn:
             if rows:
                 conn.execute(insert(self.raw), [{"ts": ts, **r} for r in rows])
-            boundary = float(math.floor(ts / 60) * 60)
             if boundary > self._last_rollup:
                 self._rollup(conn, self._last_rollup, boundary)
-                self._last_rollup = boundary
                 conn.execute(self.raw.delete().where(self.raw.c.ts < ts - self.raw_retention_s))
                 conn.execute(self.minute.delete().where(self.minute.c.ts < ts - self.minute_retention_s))
+        # only once committed: a write the database refused (a full disk, a server restarting) rolls the minute
+        # up again with the next one instead of leaving a hole in the history
+        self._last_rollup = max(self._last_rollup, boundary)
 
     def _rollup(self, conn: Any, start: float, end: float) -> None:
         raw = self.raw
-        bucket = (cast(raw.c.ts / 60, Integer) * 60).label("bucket")
+        bucket = _bucket(raw.c.ts, 60)
         cols: list[Any] = [bucket, raw.c[self.key], func.count().label("n")]
         for m in self.metrics:
             cols += [func.min(raw.c[m]).label(f"{m}_min"), func.avg(raw.c[m]).label(f"{m}_avg"),
@@ -71,7 +81,7 @@ class SeriesStore:
             step = math.ceil(step / 60) * 60
         table = self.raw if use_raw else self.minute
         key = table.c[self.key]
-        bucket = (cast(table.c.ts / step, Integer) * step).label("bucket")
+        bucket = _bucket(table.c.ts, step)
         cols: list[Any] = [bucket, key]
         for m in metrics:
             if use_raw:

@@ -8,6 +8,7 @@ uses to the names it has had, newest first, in one place.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -16,10 +17,13 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.exc import SQLAlchemyError
 
 from engine.aio import cancel_and_wait
 from engine.db import SERVING_FINISH_REASONS, SERVING_METRICS
 from engine.metrics.series import SeriesStore
+
+log = logging.getLogger("llmops.metrics")
 
 # Our name → vLLM's names over releases (family names as prometheus_client reports them: counters lose _total).
 NAMES: dict[str, tuple[str, ...]] = {
@@ -196,4 +200,8 @@ class ServingMonitor:
         self._previous = scrape
         if self.history is not None and not first:  # rates need two scrapes of the same child
             row = {"revision": self.revision(), **{m: self.latest.get(m) for m in HISTORY_METRICS}}
-            await asyncio.to_thread(self.history.write, scrape.ts, [row])
+            try:
+                await asyncio.to_thread(self.history.write, scrape.ts, [row])
+            except SQLAlchemyError as exc:  # the live figures go on; the history has a gap until it is back
+                self.error = f"cannot record the serving history: {type(exc).__name__}"
+                log.warning("serving history: could not record a scrape: %s", exc)

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import func
 from sqlmodel import col, select
 
-from engine.db import ACTIVE, DEFAULT_DEPLOYMENT, Database, Event, Revision, RevisionStatus
+from engine.db import ACTIVE, DEFAULT_DEPLOYMENT, Database, Event, Revision, RevisionStatus, json_true
 from engine.errors import RevisionNotFoundError, StaleRevisionError
 
 
@@ -147,6 +147,6 @@ class RevisionStore:
             rows = s.exec(
                 select(Event.revision_id, func.count()).where(
                     Event.kind == "diagnosis", col(Event.revision_id).in_(list(revision_ids)),
-                    func.json_extract(Event.data, "$.is_oom") == 1).group_by(col(Event.revision_id))
+                    json_true(col(Event.data), "is_oom")).group_by(col(Event.revision_id))
             ).all()
         return {int(r): int(n) for r, n in rows if r is not None}

@@ -38,7 +38,7 @@ from engine.access import AuditLog
 from engine.aio import cancel_and_wait
 from engine.capacity import Planner, logged_batched_tokens, parse_start
 from engine.config import AppConfig
-from engine.db import Revision
+from engine.db import UNAVAILABLE, Revision, unavailable_reason
 from engine.errors import InvalidSettingsError, SupervisorError
 from engine.events import EventLog
 from engine.gateway import Admission, Upstream
@@ -205,6 +205,7 @@ class Supervisor:
         self._gap_since: float | None = None  # since when nothing serves (during an apply)
         self.unrecorded = 0  # events and bookkeeping writes the database could not take
         self._tasks: set[asyncio.Task[None]] = set()  # short tasks started from callbacks (an instance's exit)
+        self.database_down_since: float | None = None  # the desired revision could not be read since (monotonic)
 
     # --- what the API sees and asks ---------------------------------------------------------------------------
 
@@ -451,7 +452,18 @@ class Supervisor:
             return
         if self.admission.refusal is not None:
             await self.admission.refuse(None)
-        desired = await asyncio.to_thread(self.revisions.desired_revision)
+        try:
+            desired = await asyncio.to_thread(self.revisions.desired_revision)
+        except UNAVAILABLE as exc:
+            # the database is down or restarting: what serves goes on serving, and the next tick reads it again
+            if self.database_down_since is None:
+                self.database_down_since = time.monotonic()
+                log.warning("supervisor: the desired revision cannot be read (%s); vLLM keeps serving what it "
+                            "serves until the database is back", unavailable_reason(exc))
+            return
+        if self.database_down_since is not None:
+            log.info("supervisor: the database is back after %.0f s", time.monotonic() - self.database_down_since)
+            self.database_down_since = None
         if desired is None:
             if self.instances:
                 await self._pause_out("no revision can be applied")

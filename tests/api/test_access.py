@@ -1,21 +1,23 @@
-"""Access control and the audit trail, on a real SQLite file with vLLM not started (autostart off)."""
+"""Access control and the audit trail, on a real database (SQLite, or PostgreSQL on make test's second pass) with
+vLLM not started (autostart off)."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import IntegrityError
 
 from engine.access import ROLES, BadCredentialsError, LockedError
 from engine.app import UnsafeConfigError, create_app
 from engine.config import AppConfig
 from engine.serving import build_env
 from tests.support.data import DEMO_SHAPE
+from tests.support.db import dialect, sql
 from tests.support.engine import ADMIN_PASSWORD
 from tests.support.wait import wait_until
 
@@ -119,16 +121,21 @@ def test_a_sign_out_is_on_record_under_the_user_and_each_filter_reads_its_own_pa
         ("leaver", "auth.login", "user leaver")]
 
 
-def test_audit_is_append_only(app_and_tokens: tuple[TestClient, dict[str, str]], data_dir: Path) -> None:
+def test_audit_is_append_only(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
     client, tokens = app_and_tokens
     call(client, "POST", "/api/engine/stop", None, tokens["operator"])
-    conn = sqlite3.connect(data_dir / "llmops.db", isolation_level=None)
-    assert conn.execute("SELECT count(*) FROM audit").fetchone()[0] >= 1
-    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        conn.execute("UPDATE audit SET actor = 'someone else'")
-    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        conn.execute("DELETE FROM audit")
-    conn.close()
+    db = client.app.state.services.db  # type: ignore[attr-defined]
+    before = sql(db, "SELECT id, actor FROM audit ORDER BY id")
+    assert len(before) >= 1
+    refused = ["UPDATE audit SET actor = 'someone else'", "DELETE FROM audit"]
+    if dialect(db) == "postgresql":  # neither fires a DELETE trigger there
+        refused += ["TRUNCATE audit", f"INSERT INTO audit (id, ts, actor, role, action, target, source, result, "
+                    f"detail) VALUES ({before[0][0]}, 0, 'mallory', '', 'x', '', '', 200, '') "
+                    "ON CONFLICT (id) DO UPDATE SET actor = excluded.actor"]
+    for statement in refused:
+        with pytest.raises(IntegrityError, match="append-only"):
+            sql(db, statement)
+    assert sql(db, "SELECT id, actor FROM audit ORDER BY id") == before
 
 
 def test_login_lockout_and_secrets_kept_out_of_the_trail(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:

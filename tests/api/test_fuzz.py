@@ -1,11 +1,11 @@
-"""Bad input, generated: schemathesis against the engine's own OpenAPI schema (vLLM not started, a real SQLite
-file). Bounded for CI. No 500, no unhandled exception, answers that match the schema, and no state change when
-a request is refused. The engine's background loops are not started: the routes and their validation are."""
+"""Bad input, generated: schemathesis against the engine's own OpenAPI schema (vLLM not started, a real database:
+SQLite, or PostgreSQL on make test's second pass). Bounded for CI. No 500, no unhandled exception, answers that
+match the schema, and no state change when a request is refused. The engine's background loops are not started:
+the routes and their validation are."""
 
 from __future__ import annotations
 
 import os
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from schemathesis import checks
 from engine.app import create_app
 from engine.config import AppConfig
 from tests.support.data import make_data_dir
+from tests.support.db import row_counts
 from tests.support.engine import ADMIN_PASSWORD
 
 DATA = Path(__file__).resolve().parent.parent / "artifacts" / "fuzz-data"
@@ -45,11 +46,7 @@ schema = schema.exclude(path_regex=r"^/api/(engine|benchmarks)").exclude(path_re
 
 
 def counts() -> dict[str, int]:
-    conn = sqlite3.connect(DATA / "llmops.db")
-    try:
-        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in COUNTED}
-    finally:
-        conn.close()
+    return row_counts(APP.state.services.db, list(COUNTED))
 
 
 # CI runs 25 cases per operation; LLMOPS_FUZZ_EXAMPLES=400 digs deeper before a release.

@@ -1,8 +1,8 @@
 """Hostile input, as an outside probe sent it (issue 11): each finding, the class it stands for, and what must
 hold — a 4xx naming the field or the reason, nothing changed, the audit still readable, the service up.
 
-On a real SQLite file with vLLM not started (autostart off); the /v1 findings that need vLLM itself (dot-segments
-reaching vLLM's own routes) are in tests/integration/test_engine.py.
+On a real database (SQLite, or PostgreSQL on make test's second pass) with vLLM not started (autostart off); the
+/v1 findings that need vLLM itself (dot-segments reaching vLLM's own routes) are in tests/integration/test_engine.py.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sqlite3
 import stat
 import time
 from collections.abc import Iterator
@@ -19,10 +18,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import IntegrityError
 
 from engine.app import create_app
 from engine.config import AppConfig
 from engine.serving.logs import ChildLog
+from tests.support.db import dialect, sql
 from tests.support.engine import ADMIN_PASSWORD
 
 
@@ -39,6 +40,10 @@ def app(data_dir: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
     prompter = {"authorization": f"Bearer {auth.create_token('t-prompter', 'prompter')[0]}"}
     with TestClient(app) as client:
         yield client, {"admin": admin["authorization"], "prompter": prompter["authorization"]}
+
+
+def client_db_is_sqlite(app: tuple[TestClient, dict[str, str]]) -> bool:
+    return dialect(app[0].app.state.services.db) == "sqlite"  # type: ignore[attr-defined]
 
 
 def h(tokens: dict[str, str], role: str) -> dict[str, str]:
@@ -76,11 +81,10 @@ def test_a_deeply_nested_login_is_refused_and_the_audit_stays_readable(
 def test_an_audit_row_written_before_records_were_bounded_is_still_listed(
         app: tuple[TestClient, dict[str, str]], data_dir: Path) -> None:
     client, tokens = app
-    conn = sqlite3.connect(data_dir / "llmops.db", isolation_level=None)
-    conn.execute("INSERT INTO audit (ts, actor, role, action, target, before, after, source, result, detail) "
-                 "VALUES (?, 'x', '', 'auth.login', '', NULL, ?, '', 401, '')",
-                 (time.time(), json.dumps({"pad": json.loads(deep(300))})))
-    conn.close()
+    sql(client.app.state.services.db,  # type: ignore[attr-defined]
+        "INSERT INTO audit (ts, actor, role, action, target, before, after, source, result, detail) "
+        "VALUES (:ts, 'x', '', 'auth.login', '', NULL, :after, '', 401, '')",
+        {"ts": time.time(), "after": json.dumps({"pad": json.loads(deep(300))})})
     rows = audit_rows(client, tokens)
     assert any(r["action"] == "auth.login" and "nested deeper" in json.dumps(r["after"]) for r in rows)
     assert client.get("/api/audit/export", params={"format": "json"}, headers=h(tokens, "admin")).status_code == 200
@@ -215,18 +219,23 @@ def test_insert_or_replace_cannot_overwrite_an_audit_row(app: tuple[TestClient, 
                                                          data_dir: Path) -> None:
     client, tokens = app
     client.post("/api/engine/stop", headers=h(tokens, "admin"))
-    conn = sqlite3.connect(data_dir / "llmops.db", isolation_level=None)
-    first = conn.execute("SELECT id, actor FROM audit ORDER BY id LIMIT 1").fetchone()
-    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        conn.execute("INSERT OR REPLACE INTO audit (id, ts, actor, role, action, target, source, result, detail) "
-                     "VALUES (?, 0, 'mallory', '', 'x', '', '', 200, '')", (first[0],))
-    assert conn.execute("SELECT actor FROM audit WHERE id = ?", (first[0],)).fetchone()[0] == first[1]
-    conn.close()
+    db = client.app.state.services.db  # type: ignore[attr-defined]
+    first = sql(db, "SELECT id, actor FROM audit ORDER BY id LIMIT 1")[0]
+    # SQLite's REPLACE deletes the row without firing DELETE triggers; PostgreSQL's upsert is an UPDATE
+    replace = ("INSERT OR REPLACE INTO audit (id, ts, actor, role, action, target, source, result, detail) "
+               "VALUES (:id, 0, 'mallory', '', 'x', '', '', 200, '')") if dialect(db) == "sqlite" else (
+               "INSERT INTO audit (id, ts, actor, role, action, target, source, result, detail) "
+               "VALUES (:id, 0, 'mallory', '', 'x', '', '', 200, '') ON CONFLICT (id) DO UPDATE SET actor = 'mallory'")
+    with pytest.raises(IntegrityError, match="append-only"):
+        sql(db, replace, {"id": first[0]})
+    assert sql(db, "SELECT actor FROM audit WHERE id = :id", {"id": first[0]}) == [(first[1],)]
 
 
 def test_the_data_dir_is_the_engine_users_alone(app: tuple[TestClient, dict[str, str]], data_dir: Path) -> None:
     assert stat.S_IMODE(os.stat(data_dir).st_mode) == 0o700
-    for path in [data_dir / "llmops.db", *data_dir.glob("llmops.db-*"), *(data_dir / "logs").iterdir()]:
+    on_sqlite = client_db_is_sqlite(app)
+    for path in [*([data_dir / "llmops.db"] if on_sqlite else []), *data_dir.glob("llmops.db-*"),
+                 *(data_dir / "logs").iterdir()]:
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
 
 

@@ -60,11 +60,13 @@ def ensure_demo_model() -> Path:
     return DEMO
 
 
-def make_token(data_dir: Path, role: str = "admin", name: str = "tests", kind: str = "api") -> str:
-    """A token made the way an operator bootstraps one: `llmops token create` on the engine's data dir."""
+def make_token(data_dir: Path, role: str = "admin", name: str = "tests", kind: str = "api",
+               env: Mapping[str, str] | None = None) -> str:
+    """A token made the way an operator bootstraps one: `llmops token create` on the engine's data dir (and its
+    database: ``env`` may name one in LLMOPS_DATABASE_URL)."""
     out = subprocess.run([sys.executable, "-m", "engine.cli", "token", "create", "--role", role, "--name", name,
                           "--kind", kind, "--data-dir", str(data_dir)], capture_output=True, text=True, check=True,
-                         cwd=REPO)
+                         cwd=REPO, env={**os.environ, **(env or {})})
     return out.stdout.strip()
 
 
@@ -78,7 +80,7 @@ def running_engine(data_dir: Path, env: Mapping[str, str] | None = None, *, demo
     if demo and not link.exists():
         link.symlink_to(ensure_demo_model(), target_is_directory=True)
     port = free_port()
-    token = make_token(data_dir)
+    token = make_token(data_dir, env=env)
     full_env = {**os.environ, "LLMOPS_QUEUE_TIMEOUT_S": "300", "LLMOPS_ADMIN_PASSWORD": ADMIN_PASSWORD,
                 "LLMOPS_HF_TOKEN": HF_TOKEN, "LLMOPS_MODEL_ROOTS": json.dumps([str(DEMO.parent)]), **ENGINE_ONLY_ENV,
                 **(env or {})}

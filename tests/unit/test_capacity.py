@@ -172,11 +172,12 @@ def test_failed_h200_start_is_predicted_to_have_no_kv_memory(llama8b: ModelShape
     assert pred.kv_bytes / GIB == pytest.approx(-0.68, abs=0.1)
 
 
-def test_calibration_store_keeps_the_last_starts_per_model(tmp_path: Path, llama8b: ModelShape) -> None:
+@pytest.mark.store
+def test_calibration_store_keeps_the_last_starts_per_model(db_target: Path | str, llama8b: ModelShape) -> None:
     from engine.capacity import CalibrationStore
     from engine.db import open_database
 
-    calibrations = CalibrationStore(open_database(tmp_path / "c.db"))
+    calibrations = CalibrationStore(open_database(db_target))  # an H200's byte counts: past 32 bits
     assert calibrations.latest("m", 1, "auto") is None
     for name in ENGINE_STARTS:
         lines = read(f"h200-2026-11-30/{name}")

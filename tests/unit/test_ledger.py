@@ -1,4 +1,5 @@
-"""The request ledger on a real SQLite file: KPIs per revision from known requests."""
+"""The request ledger on a real database (SQLite, or PostgreSQL on make test's second pass): KPIs per revision
+from known requests."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from engine.db import open_database
 from engine.events import EventLog
 from engine.gateway import Ledger, Record, percentile
 
+pytestmark = pytest.mark.store
+
 
 def rec(ts: float, revision: int, latency: float, tokens: tuple[int, int] | None = (10, 20), status: int = 200,
         ttft: float | None = None) -> Record:
@@ -20,8 +23,8 @@ def rec(ts: float, revision: int, latency: float, tokens: tuple[int, int] | None
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    return Ledger(open_database(tmp_path / "l.db"))
+def ledger(db_target: Path | str) -> Ledger:
+    return Ledger(open_database(db_target))
 
 
 def test_kpis_per_revision(ledger: Ledger) -> None:
@@ -43,8 +46,8 @@ def test_kpis_per_revision(ledger: Ledger) -> None:
     assert [r["revision"] for r in ledger.kpis(3600, revision=2, now=now)] == [2]
 
 
-def test_oom_rate_comes_from_diagnosed_failures(tmp_path: Path) -> None:
-    db = open_database(tmp_path / "o.db")
+def test_oom_rate_comes_from_diagnosed_failures(db_target: Path | str) -> None:
+    db = open_database(db_target)
     ledger, events = Ledger(db), EventLog(db)
     events.add("diagnosis", "kv_cache_too_small", revision_id=3, data={"kind": "kv_cache_too_small",
                                                                              "is_oom": True})

@@ -1,7 +1,8 @@
+"""The revision store on a real database: SQLite, or PostgreSQL on make test's second pass."""
+
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -10,18 +11,22 @@ from engine.db import open_database
 from engine.errors import RevisionNotFoundError, StaleRevisionError
 from engine.events import EventLog
 from engine.revisions import RevisionStore
+from tests.support.db import dialect, sql
+
+pytestmark = pytest.mark.store
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> RevisionStore:
-    s = RevisionStore(open_database(tmp_path / "t.db"))
+def store(db_target: Path | str) -> RevisionStore:
+    s = RevisionStore(open_database(db_target))
     assert s.ensure_initial({"max_num_seqs": 16})
     return s
 
 
 def test_database_is_a_wal_file(store: RevisionStore) -> None:
-    conn = sqlite3.connect(store.db.path)
-    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    if dialect(store.db) != "sqlite":
+        pytest.skip("SQLite's journal mode; PostgreSQL has its own write-ahead log")
+    assert sql(store.db, "PRAGMA journal_mode") == [("wal",)]
 
 
 def test_initial_revision_is_created_once(store: RevisionStore) -> None:
@@ -66,9 +71,8 @@ def test_rejected_revision_hands_desired_back_to_last_applied(store: RevisionSto
 
 
 def test_row_inserted_with_plain_sql_becomes_desired(store: RevisionStore) -> None:
-    conn = sqlite3.connect(store.db.path)
-    conn.execute('INSERT INTO revision ("values", author) VALUES (?, ?)', (json.dumps({"max_num_seqs": 2}), "dba"))
-    conn.commit()
+    sql(store.db, 'INSERT INTO revision ("values", author) VALUES (:values, :author)',
+        {"values": json.dumps({"max_num_seqs": 2}), "author": "dba"})
     rev = store.desired_revision()
     assert rev is not None and rev.id == 2 and rev.status == "pending" and rev.created_at > 1e9
 
@@ -89,8 +93,8 @@ def test_events_are_ordered_and_filterable(store: RevisionStore) -> None:
     assert [e.kind for e in log.events(newest_first=True, limit=1)] == ["failed"]
 
 
-def test_two_store_objects_see_each_other(tmp_path: Path) -> None:
-    a, b = RevisionStore(open_database(tmp_path / "x.db")), RevisionStore(open_database(tmp_path / "x.db"))
+def test_two_store_objects_see_each_other(db_target: Path | str) -> None:
+    a, b = RevisionStore(open_database(db_target)), RevisionStore(open_database(db_target))
     a.ensure_initial({"v": 1})
     b.create_revision({"v": 2}, base_revision=1, author="other process")
     assert a.desired_revision_id() == 2

@@ -1,13 +1,17 @@
-"""Telemetry history on a real SQLite file: roll-ups, retention, and at most ~1,000 points per series."""
+"""Telemetry history on a real database (SQLite, or PostgreSQL on make test's second pass): roll-ups, retention,
+and at most ~1,000 points per series."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from engine.db import open_database
 from engine.gpu import HOST, GpuReading, Snapshot, TelemetryStore
 from engine.metrics import MAX_POINTS
 
+pytestmark = pytest.mark.store
 T0 = 1_800_000_000.0  # a fixed, minute-aligned clock
 
 
@@ -18,16 +22,16 @@ def snap(ts: float, util: float) -> Snapshot:
     return Snapshot(ts, True, None, gpus=gpus, host=host)
 
 
-def fill(tmp_path: Path, seconds: int, raw_retention: float = 3600) -> TelemetryStore:
-    history = TelemetryStore(open_database(tmp_path / "t.db"), raw_retention, 7 * 86400)
+def fill(db_target: Path | str, seconds: int, raw_retention: float = 3600) -> TelemetryStore:
+    history = TelemetryStore(open_database(db_target), raw_retention, 7 * 86400)
     history.series._last_rollup = T0
     for s in range(seconds):
         history.write(snap(T0 + s, util=float(s % 60)))
     return history
 
 
-def test_hour_window_is_raw_and_capped(tmp_path: Path) -> None:
-    history = fill(tmp_path, 3600)
+def test_hour_window_is_raw_and_capped(db_target: Path | str) -> None:
+    history = fill(db_target, 3600)
     out = history.history(3600, now=T0 + 3600)
     assert out["source"] == "raw"
     assert set(out["devices"]) == {"0", "1", str(HOST)}
@@ -38,15 +42,15 @@ def test_hour_window_is_raw_and_capped(tmp_path: Path) -> None:
     assert out["devices"][str(HOST)]["util_gpu"]["avg"][0] == 50.0
 
 
-def test_short_window_keeps_one_second_points(tmp_path: Path) -> None:
-    history = fill(tmp_path, 600)
+def test_short_window_keeps_one_second_points(db_target: Path | str) -> None:
+    history = fill(db_target, 600)
     out = history.history(300, now=T0 + 600, devices=[0], metrics=["util_gpu"])
     assert out["step_s"] == 1 and list(out["devices"]) == ["0"] and out["metrics"] == ["util_gpu"]
     assert 299 <= len(out["devices"]["0"]["t"]) <= 301
 
 
-def test_minute_rollups_serve_long_windows_and_raw_is_pruned(tmp_path: Path) -> None:
-    history = fill(tmp_path, 2 * 3600 + 30, raw_retention=3600)
+def test_minute_rollups_serve_long_windows_and_raw_is_pruned(db_target: Path | str) -> None:
+    history = fill(db_target, 2 * 3600 + 30, raw_retention=3600)
     with history.series.engine.connect() as conn:
         oldest = conn.exec_driver_sql("SELECT min(ts) FROM telemetry_raw").scalar()
         minutes = conn.exec_driver_sql("SELECT count(*) FROM telemetry_minute WHERE device = 0").scalar()
