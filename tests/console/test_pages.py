@@ -144,6 +144,22 @@ def test_benchmarks_page_offers_presets_sweeps_and_the_search(console_env: Engin
     assert any(b.label == "Run benchmark" for b in at.button)
 
 
+def test_benchmarks_page_shows_each_levels_seed_and_cache_hits_and_warns_of_a_cache_test(
+        console_env: EngineHandle) -> None:
+    run = console_env.client.start_sweep("rag", [1, 1], num_prompts=2, seed=777)
+    wait_until(lambda: console_env.client.benchmark(run.id).status != "running", 600, every=1,
+               what=f"the end of benchmark {run.id}")
+    at = page("benchmarks", console_env.token)
+    table = at.dataframe[0].value  # the newest run, expanded
+    assert list(table["seed"]) == ["777", "777"]
+    hits = list(table["prefix cache hits"])
+    assert all(h.endswith(" %") for h in hits) and float(hits[1].split()[0]) > 20
+    warnings = [w.value for w in at.warning]
+    assert any(w.startswith("concurrency 1: prompts were served from the prefix cache: the figures are a cache test")
+               for w in warnings)
+    assert "Seed 777 was asked for: every level sent the same prompts." in texts(at)
+
+
 def test_audit_page_answers_who_changed_what(console_env: EngineHandle) -> None:
     before = console_env.client.settings()  # a write of its own (vLLM restarts; the next test waits for it)
     written = console_env.client.put_settings(before.revision, {"max_num_seqs": before.values.max_num_seqs + 1},
