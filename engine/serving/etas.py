@@ -62,18 +62,22 @@ class EtaTable:
     neighbours: bool = False
     # a rolling start on its own GPUs is alone there, not beside the replicas that serve (CUDA)
     own_device: Callable[[EngineSettings], bool] = lambda _settings: False
+    # the part of a start's environment vLLM's compile cache sees, for a start beside another instance or not
+    env_for: Callable[[bool], Mapping[str, str]] = lambda _beside: {}
     _etas: list[Eta] | None = None
 
     def start_eta(self, settings: EngineSettings, company: Company) -> Eta:
         """A start beside instances that serve no request now (or on its own GPUs) is a start alone; one alone
-        beside another deployment's instance on the CPU build shares its cores."""
+        beside another deployment's instance on the CPU build shares its cores. Its compile key is of the
+        environment it gets: beside any instance, even an idle one, on the CPU build it is not pinned."""
+        env = self.env_for(company != "alone")
         if company == "beside" and (self.in_flight == 0 or self.own_device(settings)):
             company = "alone"
         if company == "alone" and self.neighbours:
             company = "beside"
         values = settings.model_dump()
-        eta = estimate(compile_key(values), str(values.get("model")), self.starts, company=company, build=self.build,
-                       load_1m=self.load_1m, cores=self.cores)
+        eta = estimate(compile_key(values, env), str(values.get("model")), self.starts, company=company,
+                       build=self.build, load_1m=self.load_1m, cores=self.cores)
         if self._etas is None:
             self._etas = []
         self._etas.append(eta)

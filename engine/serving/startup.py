@@ -62,11 +62,14 @@ KIND_TEXT: dict[StartKind, str] = {
     "wake": "wake-ups from sleep",
 }
 # What a start of each kind takes against a warm one alone, for a kind this engine has not started yet (then the
-# estimate is a prior and says so). CPU build: real starts of the demo model on a 2-core host
-# (tests/fixtures/starts/); CUDA: an H200 with an 8B model (docs/gpu-2026-12-01/apply-gap.json: cold 117.5 s,
-# warm 61.8 s, a bridge 64.1-88.4 s, a cold start beside the bridge 103.3 s, a wake-up 0.74 s).
-PRIOR_RATIO: dict[StartKind, float] = {"warm": 1.0, "cold": 1.6, "beside": 1.3, "beside_cold": 1.9, "bridge": 1.2,
-                                       "wake": 0.02}
+# estimate is a prior and says so), per build. CPU: real starts of the demo model on a 2-core host
+# (tests/fixtures/starts/cpu-2026-12-01.json); CUDA: an H200 with an 8B model (tests/fixtures/starts/
+# h200-2026-12-01.json: cold 117.5 s, warm 61.8 s, bridges 88.4 and 64.1 s, a cold start beside the bridge under
+# load 103.3 s, a wake-up 0.74 s).
+PRIOR_RATIO: dict[str, dict[StartKind, float]] = {
+    "cpu": {"warm": 1.0, "cold": 1.6, "beside": 1.3, "beside_cold": 1.9, "bridge": 1.3, "wake": 0.05},
+    "cuda": {"warm": 1.0, "cold": 1.9, "beside": 1.2, "beside_cold": 1.7, "bridge": 1.2, "wake": 0.012},
+}
 PRIOR_WARM_S = {"cpu": 25.0, "cuda": 62.0}  # a warm start alone, with no start at all to go by
 LOADED_PER_CORE = 1.5  # a load average above this many runnable threads a core makes every start slower
 
@@ -100,9 +103,23 @@ def with_cache(kind: StartKind, cold: bool) -> StartKind:
     return kind
 
 
-def compile_key(values: Mapping[str, Any]) -> str:
-    """A short digest of the settings that decide whether vLLM can reuse its compile cache."""
-    inside = {k: v for k, v in sorted(values.items()) if k not in OUTSIDE_COMPILE}
+# vLLM's environment variables that the engine sets per instance and vLLM hashes into its compile cache (all its
+# VLLM_* are, but these are the ones that differ between two starts of one engine): on the CPU build an instance
+# started beside another is not pinned to cores, and its compiled graphs are cached apart from a pinned one's.
+COMPILE_ENV = ("VLLM_CPU_OMP_THREADS_BIND",)
+# vLLM's log says whether its compile cache held the graphs: loaded them (a GPU), or found them and compiled again
+# (the CPU build 0.32: its cached graph fails to load, and the compile is quick on torch's own warm cache)
+CACHE_WARM = re.compile(r"Directly load the compiled|Directly load AOT|Compiling model again due to a load failure")
+CACHE_COLD = re.compile(r"Compiling a graph for|saved AOT compiled function")
+
+
+def compile_key(values: Mapping[str, Any], env: Mapping[str, str] | None = None) -> str:
+    """A short digest of the settings (and the instance's environment, COMPILE_ENV) that decide whether vLLM can
+    reuse its compile cache."""
+    inside: dict[str, Any] = {k: v for k, v in sorted(values.items()) if k not in OUTSIDE_COMPILE}
+    hashed = {k: env[k] for k in COMPILE_ENV if env is not None and k in env}
+    if hashed:  # (a start with none of them keeps the key it had before the environment counted)
+        inside["__env__"] = hashed
     return hashlib.sha256(json.dumps(inside, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -130,6 +147,7 @@ class Eta:
     phases: dict[str, float] = field(default_factory=dict)  # median seconds per phase
     kind: StartKind = "warm"
     source: StartKind | None = None  # the kind a prior was taken from
+    scale: float = 1.0  # a prior's ratio to its source kind
     load_1m: float | None = None  # the host's load average when it was made
     cores: int | None = None
 
@@ -154,8 +172,8 @@ class Eta:
         if self.basis == "kind":
             text = f"the median of {self.samples} earlier {what}"
         elif self.basis == "prior" and self.source is not None:
-            text = (f"a prior: no earlier {what} here, so {PRIOR_RATIO[self.kind] / PRIOR_RATIO[self.source]:.2g} x "
-                    f"the median of {self.samples} {KIND_TEXT[self.source]}")
+            text = (f"a prior: no earlier {what} here, so {self.scale:.2g} x the median of {self.samples} "
+                    f"{KIND_TEXT[self.source]}")
         else:
             text = f"a prior for {what}: no earlier start of this engine to go by"
         if self.loaded:
@@ -174,6 +192,7 @@ class StartTracker:
     phases: list[Phase] = field(default_factory=lambda: [Phase("process", 0.0)])
     ready_s: float | None = None
     failed: str | None = None
+    compile_cache: str | None = None  # "warm" or "cold", as vLLM's log said (None: it said neither, e.g. eager)
 
     @property
     def current(self) -> Phase:
@@ -186,6 +205,11 @@ class StartTracker:
         """Read one log line; return the phase it began, if any."""
         if self.ready_s is not None or self.failed is not None:
             return None
+        if self.compile_cache != "warm":
+            if CACHE_WARM.search(line):
+                self.compile_cache = "warm"
+            elif self.compile_cache is None and CACHE_COLD.search(line):
+                self.compile_cache = "cold"
         at = self.elapsed(now)
         position = ORDER[self.current.name]
         for name, _, marker in PHASES[position + 1:]:
@@ -243,11 +267,12 @@ class PastStart:
     compile_key: str | None
     model: str | None
     total_s: float
-    compiled: bool  # the start spent time in torch.compile beyond a cache load
+    compiled: bool  # its compile cache was cold (vLLM's log said so; older records: its compile phase was long)
     phases: Mapping[str, float]
     kind: StartKind | None = None  # as recorded at its launch (None: recorded before kinds were)
     load_1m: float | None = None  # the host's load average at its launch
     cores: int | None = None
+    cache: str | None = None  # its compile cache as vLLM's log said: "warm", "cold" (None: not recorded)
 
     @property
     def effective_kind(self) -> StartKind:
@@ -281,25 +306,28 @@ def estimate(key: str, model: str, history: Sequence[PastStart], recent: int = 5
 
     The median of the ``recent`` latest starts of the same kind (as they turned out) of the model (of any model
     when the model has none). Without one of that kind: a prior, the median of the kind the model has most starts
-    of, times the ratio of the two kinds (PRIOR_RATIO); without any start, the build's default."""
+    of, times the ratio of the two kinds (PRIOR_RATIO of the build); without any start, the build's default."""
     kind = kind or start_kind(company, cache_cold(key, history))
     # a wake-up takes the same whatever the model's settings; a start, its model's
     of_model = list(history) if kind == "wake" else [s for s in history if s.model == model] or list(history)
     pool = [s for s in of_model if s.effective_kind == kind][-recent:]
     if pool:
         total, phases = _median_eta(pool)
-        return Eta(total, "kind", len(pool), phases, kind, None, load_1m, cores)
+        return Eta(total, "kind", len(pool), phases, kind, None, 1.0, load_1m, cores)
     by_kind: dict[StartKind, list[PastStart]] = {}
     for s in of_model:
         by_kind.setdefault(s.effective_kind, []).append(s)
     usable = {k: v for k, v in by_kind.items() if k != "wake"}
     if usable and kind != "wake":
-        source = max(usable, key=lambda k: (len(usable[k]), k == "warm"))
+        source = max(usable, key=lambda k: (len(usable[k]), k == "warm", k == "beside"))
         chosen = usable[source][-recent:]
-        total, phases = _median_eta(chosen, PRIOR_RATIO[kind] / PRIOR_RATIO[source])
-        return Eta(total, "prior", len(chosen), phases, kind, source, load_1m, cores)
+        ratios = PRIOR_RATIO.get(build, PRIOR_RATIO["cpu"])
+        scale = ratios[kind] / ratios[source]
+        total, phases = _median_eta(chosen, scale)
+        return Eta(total, "prior", len(chosen), phases, kind, source, round(scale, 3), load_1m, cores)
     warm = PRIOR_WARM_S.get(build, PRIOR_WARM_S["cpu"])
-    return Eta(round(warm * PRIOR_RATIO[kind], 1), "default", 0, {}, kind, None, load_1m, cores)
+    scale = PRIOR_RATIO.get(build, PRIOR_RATIO["cpu"])[kind]
+    return Eta(round(warm * scale, 1), "default", 0, {}, kind, None, scale, load_1m, cores)
 
 
 def compiled(phases: Mapping[str, float], threshold_s: float = 5.0) -> bool:
@@ -317,15 +345,16 @@ def past_start(data: Mapping[str, Any]) -> PastStart | None:
         return None
     clean = {str(k): float(v) for k, v in phases.items() if isinstance(v, int | float)}
     key = startup.get("compile_key")
+    cache = startup.get("compile_cache") if startup.get("compile_cache") in ("warm", "cold") else None
     recorded = startup.get("kind")
     kind: StartKind | None = next((k for k in KINDS if k == recorded), None)
     if kind is None and data.get("bridge") is True:  # recorded before kinds were: a bridge said so
         kind = "bridge"
     load, cores = startup.get("load_1m"), startup.get("cores")
     return PastStart(str(key) if key else None, str(startup.get("model") or "") or None,
-                     float(data["startup_s"]), compiled(clean), clean, kind,
+                     float(data["startup_s"]), cache == "cold" if cache else compiled(clean), clean, kind,
                      float(load) if isinstance(load, int | float) else None,
-                     int(cores) if isinstance(cores, int) else None)
+                     int(cores) if isinstance(cores, int) else None, cache)
 
 
 def past_wake(data: Mapping[str, Any], model: str | None) -> PastStart | None:

@@ -117,6 +117,7 @@ class Instance:
     bridge: bool = False
     since: float = field(default_factory=time.time)
     eta: Eta | None = None  # what its start should take, by its kind (eta.kind)
+    compile_key: str = ""  # its settings and environment as vLLM's compile cache sees them
     predicted: dict[str, Any] | None = None
     ready_at: float | None = None
     health_failures: int = 0
@@ -237,12 +238,23 @@ class Supervisor:
         starts = (past_start(e.data) if e.kind == "ready" else past_wake(e.data, model) for e in reversed(events))
         return [s for s in starts if s is not None]
 
-    def eta_for(self, values: dict[str, Any], company: Company = "alone") -> Eta:
+    def eta_for(self, values: dict[str, Any], company: Company = "alone", env: dict[str, str] | None = None) -> Eta:
         """How long a start with these values should take (``company``: alone, beside an instance that serves, a
-        bridge), from this engine's earlier starts of the same kind."""
+        bridge; ``env``: its environment, else the one it would get), from this engine's earlier starts of its
+        kind."""
         load, cores = host_load()
-        return estimate(compile_key(values), str(values.get("model")), self.past_starts(), company=company,
+        env = env if env is not None else self.compile_env(company != "alone")
+        return estimate(compile_key(values, env), str(values.get("model")), self.past_starts(), company=company,
                         build=self.build, load_1m=load, cores=cores)
+
+    def compile_env(self, beside: bool) -> dict[str, str]:
+        """The part of a new instance's environment vLLM's compile cache sees (COMPILE_ENV): on the CPU build one
+        started beside another instance is not pinned to cores (_launch), unless the engine's own environment
+        says how to pin."""
+        bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+        if bind is None and self.build == "cpu" and (beside or self.others_running() > 0):
+            bind = "nobind"
+        return {} if bind is None else {"VLLM_CPU_OMP_THREADS_BIND": bind}
 
     def eta_table(self) -> EtaTable:
         """The ETAs of a plan's steps: earlier starts by kind, earlier applies' steps (SQLite: call off the loop)."""
@@ -252,7 +264,7 @@ class Supervisor:
         gpus = device.count if device is not None else 0
         return EtaTable(self.past_starts(), [s for e in reversed(applies) for s in past_steps(e.data)],
                         build=self.build, in_flight=self.admission.in_flight, load_1m=load, cores=cores,
-                        neighbours=self.build == "cpu" and self.others_running() > 0,
+                        neighbours=self.build == "cpu" and self.others_running() > 0, env_for=self.compile_env,
                         own_device=lambda settings: self.build == "cuda" and settings.replicas >= 2
                         and gpus >= settings.replicas * settings.tensor_parallel_size)
 
@@ -532,7 +544,8 @@ class Supervisor:
         inst = Instance(name, child, revision, settings, device=device, bridge=bridge)
         child.on_exit = lambda _: self._spawn_task(self._instance_exited(inst), f"exited-{name}")
         inst.predicted = await asyncio.to_thread(self.planner.predict_now, settings) if self.planner else None
-        inst.eta = await asyncio.to_thread(self.eta_for, settings.model_dump(), self._company(device, bridge))
+        inst.compile_key = compile_key(settings.model_dump(), env)
+        inst.eta = await asyncio.to_thread(self.eta_for, settings.model_dump(), self._company(device, bridge), env)
         self.instances.append(inst)
         self.starts += 1
         what = "a bridge of revision" if bridge else "revision"
@@ -611,8 +624,8 @@ class Supervisor:
                 await self._enter(S.READY, f"revision {inst.revision.id} serves again after wake-up")
             return upstream
         startup: dict[str, Any] = {"phases": inst.child.tracker.durations(),
-                                   "compile_key": compile_key(inst.settings.model_dump()),
-                                   "model": inst.settings.model}
+                                   "compile_key": inst.compile_key or compile_key(inst.settings.model_dump()),
+                                   "model": inst.settings.model, "compile_cache": inst.child.tracker.compile_cache}
         if inst.eta is not None:  # the kind it was started as, and the host's load then
             startup.update(kind=inst.eta.kind, load_1m=inst.eta.load_1m, cores=inst.eta.cores)
         eta_text = ""

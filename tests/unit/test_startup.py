@@ -57,10 +57,25 @@ def test_the_view_counts_down_from_the_eta() -> None:
     assert view["remaining_s"] == 3 + 2 + 3 + 10 + 10  # the rest of this phase, then the ones ahead
 
 
+def test_the_log_says_whether_the_compile_cache_was_warm_or_cold() -> None:
+    """vLLM says it: a GPU loads the cached graphs ("Directly load"); the CPU build 0.32 finds them, fails to load
+    them and compiles again on torch's warm cache (10 s against 28 s cold on this host, over the old 5 s line
+    that told a warm start from a cold one by its compile phase)."""
+    assert replay("cpu-startup-demo.log").compile_cache == "cold"
+    warm_cpu = replay("cpu-startup-demo-warm.log")
+    assert warm_cpu.compile_cache == "warm"
+    assert replay("startup-util085-len4096.log").compile_cache == "cold"
+    assert replay("h200-startup-warm-pause.log").compile_cache == "warm"
+    assert replay("startup-util0125-eager.log").compile_cache is None  # enforce_eager: nothing compiled
+
+
 def test_gpu_memory_utilization_is_outside_the_compile_key_and_max_model_len_inside() -> None:
     base = {"model": "m", "max_model_len": 4096, "gpu_memory_utilization": 0.85, "max_num_seqs": 64}
     assert compile_key(base) == compile_key({**base, "gpu_memory_utilization": 0.8})
     assert compile_key(base) != compile_key({**base, "max_model_len": 8192})
+    # vLLM hashes its VLLM_* environment: a CPU instance started unpinned beside another compiles apart
+    assert compile_key(base, {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}) != compile_key(base)
+    assert compile_key(base, {"VLLM_API_KEY": "per-instance", "PATH": "/bin"}) == compile_key(base)
 
 
 def test_eta_takes_warm_starts_for_a_known_key_and_compiling_ones_for_a_new_key() -> None:
@@ -102,13 +117,13 @@ def test_a_kind_never_started_gets_a_prior_and_says_so() -> None:
                PastStart("k", "m", 22.0, False, {"process": 12.0}, "warm")]
     beside = estimate("k", "m", history, company="beside")
     assert beside.basis == "prior" and beside.source == "warm"
-    assert beside.total_s == round(21.0 * PRIOR_RATIO["beside"], 1)
-    assert beside.phases["process"] == round(11.0 * PRIOR_RATIO["beside"], 2)
+    assert beside.total_s == round(21.0 * PRIOR_RATIO["cpu"]["beside"], 1)
+    assert beside.phases["process"] == round(11.0 * PRIOR_RATIO["cpu"]["beside"], 2)
     assert "a prior: no earlier starts beside" in beside.describe()
     assert "a prior" in (beside.note() or "")
     nothing = estimate("k", "m", [], company="alone", build="cuda")  # a first start: its compile cache is cold
     assert nothing.basis == "default" and nothing.kind == "cold"
-    assert nothing.total_s == round(PRIOR_WARM_S["cuda"] * PRIOR_RATIO["cold"], 1)
+    assert nothing.total_s == round(PRIOR_WARM_S["cuda"] * PRIOR_RATIO["cuda"]["cold"], 1)
     assert "no earlier start of this engine" in nothing.describe()
 
 
@@ -130,6 +145,7 @@ def test_past_starts_come_from_ready_events_and_old_events_are_skipped() -> None
     assert start.effective_kind == "cold"  # recorded before kinds: alone, and it compiled
     bridge = past_start({"startup_s": 64.1, "bridge": True, "startup": {"phases": {}, "model": "m"}})
     assert bridge is not None and bridge.kind == "bridge"
-    kinded = past_start({"startup_s": 31.0, "startup": {"phases": {"compile": 1.0}, "model": "m", "kind": "beside",
-                                                        "load_1m": 3.5, "cores": 2}})
+    kinded = past_start({"startup_s": 31.0, "startup": {"phases": {"compile": 11.0}, "model": "m", "kind": "beside",
+                                                        "load_1m": 3.5, "cores": 2, "compile_cache": "warm"}})
     assert kinded is not None and (kinded.kind, kinded.load_1m, kinded.cores) == ("beside", 3.5, 2)
+    assert not kinded.compiled and kinded.effective_kind == "beside"  # the log said warm: 11 s is a warm compile
