@@ -17,12 +17,14 @@ what served (after a pause, the sleeping old instance is woken, or the last good
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -168,6 +170,8 @@ class Supervisor:
         self._gap_since: float | None = None  # since when nothing serves (during an apply)
         self.unrecorded = 0  # events and bookkeeping writes the database could not take
         self._tasks: set[asyncio.Task[None]] = set()  # short tasks started from callbacks (an instance's exit)
+        self._traffic: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)  # (when, in flight)
+        self._traffic_lock = threading.Lock()  # read by API threads (a plan), written by the loop
 
     # --- what the API sees and asks ---------------------------------------------------------------------------
 
@@ -263,7 +267,7 @@ class Supervisor:
         device = self.planner.device() if self.planner is not None and self.build == "cuda" else None
         gpus = device.count if device is not None else 0
         return EtaTable(self.past_starts(), [s for e in reversed(applies) for s in past_steps(e.data)],
-                        build=self.build, in_flight=self.admission.in_flight, load_1m=load, cores=cores,
+                        build=self.build, in_flight=self.recent_in_flight(), load_1m=load, cores=cores,
                         neighbours=self.build == "cpu" and self.others_running() > 0, env_for=self.compile_env,
                         own_device=lambda settings: self.build == "cuda" and settings.replicas >= 2
                         and gpus >= settings.replicas * settings.tensor_parallel_size)
@@ -416,7 +420,16 @@ class Supervisor:
 
     # --- the loop ----------------------------------------------------------------------------------------------
 
+    def recent_in_flight(self, window_s: float = 10.0) -> int:
+        """The most requests in flight now or at a tick of the last ``window_s`` (between its requests a client
+        has none in flight: one reading of now misses a steady load)."""
+        now = time.monotonic()
+        with self._traffic_lock:
+            self._traffic.append((now, self.admission.in_flight))
+            return max(n for t, n in self._traffic if now - t <= window_s)
+
     async def _reconcile(self) -> None:
+        self.recent_in_flight()
         for inst in list(self.instances):
             if inst.child.exited and not inst.child.stop_requested:
                 await self._crashed(inst, f"vLLM instance {inst.name} exited{_code(inst.child.returncode)} "
@@ -567,7 +580,7 @@ class Supervisor:
             return "bridge"
         if self.build == "cpu" and self.others_running() > 0:
             return "beside"
-        if self.admission.in_flight == 0:
+        if self.recent_in_flight() == 0:
             return "alone"
         live = [i for i in self.instances if i.serving or i.role == "draining"]
 
