@@ -20,10 +20,11 @@ from engine.schemas import StepAction
 from engine.serving.startup import Eta, PastStart, compile_key, estimate
 
 # What a step takes, for one this engine has not measured yet (seconds, with traffic in flight): CPU build, the
-# demo model under 16 streaming clients on 2 cores; CUDA, an H200 with an 8B model (docs/gpu-2026-12-01/).
+# demo model under 16 streaming clients on 2 cores (bench/start_kinds.py: handovers 0.4-1.8 s, drains 0.0-1.9 s,
+# stops 0.6-3.3 s); CUDA, an H200 with an 8B model (docs/gpu-2026-12-01/: stops 0.5-0.7 s, a sleep 17.2 s).
 PRIOR_STEP_S: dict[str, dict[str, float]] = {
-    "cpu": {"handover": 2.0, "drain": 2.0, "stop": 2.0, "sleep": 5.0},
-    "cuda": {"handover": 1.0, "drain": 1.0, "stop": 1.0, "sleep": 17.0},
+    "cpu": {"handover": 1.0, "drain": 1.0, "stop": 2.0, "sleep": 5.0},
+    "cuda": {"handover": 1.0, "drain": 1.0, "stop": 0.7, "sleep": 17.0},
 }
 STEP_TEXT = {"handover": "handovers", "drain": "drains", "stop": "stops", "sleep": "sleeps"}
 RECENT = 5

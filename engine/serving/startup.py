@@ -62,16 +62,23 @@ KIND_TEXT: dict[StartKind, str] = {
     "wake": "wake-ups from sleep",
 }
 # What a start of each kind takes against a warm one alone, for a kind this engine has not started yet (then the
-# estimate is a prior and says so), per build. CPU: real starts of the demo model on a 2-core host
-# (tests/fixtures/starts/cpu-2026-12-01.json); CUDA: an H200 with an 8B model (tests/fixtures/starts/
-# h200-2026-12-01.json: cold 117.5 s, warm 61.8 s, bridges 88.4 and 64.1 s, a cold start beside the bridge under
-# load 103.3 s, a wake-up 0.74 s).
+# estimate is a prior and says so), per build. CPU: the demo model on this project's 2-core host, 13 real starts
+# through the engine (bench/start_kinds.py, 2026-12-01, a first run; the second is tests/fixtures/starts/): warm
+# alone 39-44 s, cold 50-54 s (65 s with torch's own cache empty too), beside an instance serving 16 streaming
+# clients 144-186 s (both cores busy: its imports took 103-133 s against 25-31 s alone), a cold one there 218 s.
+# The CPU build makes no bridge and has no sleep mode: theirs are guesses. CUDA: an H200 with an 8B model
+# (tests/fixtures/starts/h200-2026-12-01.json: cold 117.5 s, warm 61.8 s, bridges 88.4 and 64.1 s, a cold start
+# beside the bridge under load 103.3 s, a wake-up 0.74 s).
 PRIOR_RATIO: dict[str, dict[StartKind, float]] = {
-    "cpu": {"warm": 1.0, "cold": 1.6, "beside": 1.3, "beside_cold": 1.9, "bridge": 1.3, "wake": 0.05},
+    "cpu": {"warm": 1.0, "cold": 1.25, "beside": 3.7, "beside_cold": 5.0, "bridge": 3.7, "wake": 0.05},
     "cuda": {"warm": 1.0, "cold": 1.9, "beside": 1.2, "beside_cold": 1.7, "bridge": 1.2, "wake": 0.012},
 }
-PRIOR_WARM_S = {"cpu": 25.0, "cuda": 62.0}  # a warm start alone, with no start at all to go by
-LOADED_PER_CORE = 1.5  # a load average above this many runnable threads a core makes every start slower
+PRIOR_WARM_S = {"cpu": 40.0, "cuda": 62.0}  # a warm start alone, with no start at all to go by
+# The host is loaded for an estimate when its load average now is above both LOADED_PER_CORE runnable threads a
+# core and LOADED_RATIO times the median load of the starts the estimate is taken from (a start beside a busy
+# instance is always taken at a high load: that is its kind, not a surprise).
+LOADED_PER_CORE = 1.5
+LOADED_RATIO = 1.5
 
 
 def host_load() -> tuple[float | None, int]:
@@ -150,11 +157,18 @@ class Eta:
     scale: float = 1.0  # a prior's ratio to its source kind
     load_1m: float | None = None  # the host's load average when it was made
     cores: int | None = None
+    pool_load: float | None = None  # the median load average at the launch of the starts it is taken from
 
     @property
     def loaded(self) -> bool:
-        """The host is loaded past what the estimate assumes (more runnable threads than LOADED_PER_CORE a core)."""
-        return self.load_1m is not None and bool(self.cores) and self.load_1m > LOADED_PER_CORE * (self.cores or 1)
+        """The host is more loaded now than the estimate assumes (LOADED_PER_CORE, LOADED_RATIO)."""
+        if self.load_1m is None or not self.cores:
+            return False
+        return self.load_1m > max(LOADED_PER_CORE * self.cores, LOADED_RATIO * (self.pool_load or 0.0))
+
+    def _load_text(self) -> str:
+        than = f", against {self.pool_load:.1f} for the starts this is taken from" if self.pool_load else ""
+        return f"the host is loaded now (load average {self.load_1m:.1f} on {self.cores} cores{than})"
 
     def note(self) -> str | None:
         """What may make this estimate wrong now: a loaded host, or no start of this kind to go by."""
@@ -162,8 +176,7 @@ class Eta:
         if self.basis != "kind":
             notes.append("a prior, not a measurement: it becomes one after the first start of this kind")
         if self.loaded:
-            notes.append(f"the host is loaded now (load average {self.load_1m:.1f} on {self.cores} cores): starts "
-                         "take longer than the earlier ones this is taken from")
+            notes.append(f"{self._load_text()}: starts take longer then")
         return "; ".join(notes) or None
 
     def why(self) -> str:
@@ -177,7 +190,7 @@ class Eta:
         else:
             text = f"a prior for {what}: no earlier start of this engine to go by"
         if self.loaded:
-            text += f"; the host is loaded now (load average {self.load_1m:.1f} on {self.cores} cores): expect longer"
+            text += f"; {self._load_text()}: expect longer"
         return text
 
     def describe(self) -> str:
@@ -280,15 +293,16 @@ class PastStart:
         before kinds were counts as alone)."""
         return with_cache(self.kind or "warm", self.compiled)
 
-    @property
-    def loaded(self) -> bool:
-        return self.load_1m is not None and bool(self.cores) and self.load_1m > LOADED_PER_CORE * (self.cores or 1)
-
 
 def cache_cold(key: str, history: Sequence[PastStart]) -> bool:
     """Whether a start with compile key ``key`` finds vLLM's compile cache cold: no earlier start of this engine
     with that key (each one leaves its compiled graphs in the cache)."""
     return not any(s.compile_key == key for s in history)
+
+
+def _pool_load(pool: Sequence[PastStart]) -> float | None:
+    loads = [s.load_1m for s in pool if s.load_1m is not None]
+    return round(statistics.median(loads), 2) if loads else None
 
 
 def _median_eta(pool: Sequence[PastStart], scale: float = 1.0) -> tuple[float, dict[str, float]]:
@@ -313,7 +327,7 @@ def estimate(key: str, model: str, history: Sequence[PastStart], recent: int = 5
     pool = [s for s in of_model if s.effective_kind == kind][-recent:]
     if pool:
         total, phases = _median_eta(pool)
-        return Eta(total, "kind", len(pool), phases, kind, None, 1.0, load_1m, cores)
+        return Eta(total, "kind", len(pool), phases, kind, None, 1.0, load_1m, cores, _pool_load(pool))
     by_kind: dict[StartKind, list[PastStart]] = {}
     for s in of_model:
         by_kind.setdefault(s.effective_kind, []).append(s)
@@ -324,7 +338,8 @@ def estimate(key: str, model: str, history: Sequence[PastStart], recent: int = 5
         ratios = PRIOR_RATIO.get(build, PRIOR_RATIO["cpu"])
         scale = ratios[kind] / ratios[source]
         total, phases = _median_eta(chosen, scale)
-        return Eta(total, "prior", len(chosen), phases, kind, source, round(scale, 3), load_1m, cores)
+        return Eta(total, "prior", len(chosen), phases, kind, source, round(scale, 3), load_1m, cores,
+                   _pool_load(chosen))
     warm = PRIOR_WARM_S.get(build, PRIOR_WARM_S["cpu"])
     scale = PRIOR_RATIO.get(build, PRIOR_RATIO["cpu"])[kind]
     return Eta(round(warm * scale, 1), "default", 0, {}, kind, None, scale, load_1m, cores)

@@ -72,6 +72,9 @@ def test_settings_preview_follows_the_form_and_writes_nothing(console_env: Engin
     assert metrics["Concurrency"].endswith("x") and metrics["KV tokens"][0].isdigit()
     assert len(at.dataframe) == 1  # the edits: max_num_seqs only
     assert list(at.dataframe[0].value["field"]) == ["max_num_seqs"]
+    # the apply's ETA is its plan's steps, each timed (the start by the earlier starts of its kind), not one figure
+    eta = next(c.value for c in at.caption if c.value.startswith("By plan "))
+    assert "It should take about" in eta and "start " in eta and " + stop " in eta
     number(at, "cpu_kv_cache_gib (memory for the KV cache)").set_value(0.001).run()
     errors = "\n".join(e.value for e in at.error)
     assert "cpu_kv_cache_gib" in errors

@@ -135,6 +135,12 @@ def test_a_loaded_host_is_said_in_the_estimate() -> None:
     assert busy.loaded and busy.total_s == quiet.total_s
     assert "the host is loaded now (load average 8.9 on 2 cores)" in busy.describe()
     assert "loaded" in (busy.note() or "")
+    # beside a busy instance the load is always high: against starts made at such a load it is no surprise
+    usual = [PastStart("k", "m", 160.0, False, {}, "beside", 19.0, 2), PastStart("k", "m", 150.0, False, {}, "beside",
+                                                                               21.0, 2)]
+    assert not estimate("k", "m", usual, company="beside", load_1m=22.0, cores=2).loaded
+    high = estimate("k", "m", usual, company="beside", load_1m=40.0, cores=2)
+    assert high.loaded and "against 20.0 for the starts this is taken from" in high.describe()
 
 
 def test_past_starts_come_from_ready_events_and_old_events_are_skipped() -> None:
