@@ -58,7 +58,7 @@ def table(rows: list[Replayed]) -> str:
 
 
 def test_cpu_starts_of_each_kind_are_estimated_within_20_percent_from_the_earlier_ones_of_their_kind() -> None:
-    doc, starts = records("cpu-2026-12-01.json")
+    _, starts = records("cpu-2026-12-01.json")
     rows = replay(starts, "cpu")
     kinds = {r.kind for r in rows}
     assert {"cold", "warm", "beside"} <= kinds, kinds  # every kind this host can produce
