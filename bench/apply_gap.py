@@ -9,7 +9,14 @@ stretch with no completed request, failed requests, the plan the engine chose, a
 Each ``--apply*`` is one apply, in turn, under the same load: ``--apply`` a good change, ``--apply-bad`` a forced
 revision that cannot start (rolled back), ``--apply-pause`` a change that fits beside nothing (a pause; on CUDA
 with sleep mode the old instance sleeps, and with ``--apply-bad`` after it the time to wake is measured).
-Writes ``apply-gap.json`` under ``--out`` as it goes.
+``--repeat N`` instead applies ``--apply`` and the base values back and forth, N applies in all:
+
+    python bench/apply_gap.py --out DIR --clients 16 --base max_num_seqs=16 --apply max_num_seqs=12 --repeat 5
+
+Every request has its own text (tests/support/load.py: a random token first), so no apply is measured on prompts
+the prefix cache holds. For each apply it records the longest gap, how long the apply took against the plan's
+predicted duration (the plan shown before the write: each step's ETA, and each step's measured time), and the
+host's load average during it. Writes ``apply-gap.json`` under ``--out`` as it goes.
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +67,8 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--settle", type=int, default=64, help="requests to see completed before and after each apply")
+    p.add_argument("--repeat", type=int, default=0,
+                   help="apply --apply and the base values back and forth, this many applies (instead of --order)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="apply-gap-"))
@@ -113,7 +124,16 @@ def main() -> None:
         load.start()
         load.wait_for(a.settle, timeout=600)
         changes = {"apply": a.apply, "apply-bad": a.apply_bad, "apply-pause": a.apply_pause}
-        for step in a.order.split(","):
+        if a.repeat:
+            assert a.apply, "--repeat applies --apply and the base back and forth: give --apply"
+            there = parse_values(a.apply)
+            serving = http.get("/api/settings").json()["values"]
+            back = {k: serving.get(k) for k in there}
+            for i in range(a.repeat):
+                change, name = (there, f"apply {i + 1}") if i % 2 == 0 else (back, f"back {i + 1}")
+                report["applies"].append(one_apply(http, load, name, change, a.settle))
+                save()
+        for step in [] if a.repeat else a.order.split(","):
             values = changes.get(step)
             if values is None:
                 continue
@@ -132,9 +152,33 @@ def main() -> None:
             os.killpg(engine.pid, 9)
         log.close()
     for row in report["applies"]:
+        predicted = row.get("predicted_s")
         print(f"{row['step']}: plan {row['plan']}, outcome {row['outcome']}, {row['failed']} failed of "
               f"{row['requests']}, longest gap {row['longest_gap_s']:.2f} s, took {row['apply_s']:.1f} s"
+              + (f" (predicted {predicted:.1f} s, {100 * (row['apply_s'] - predicted) / predicted:+.0f} %)"
+                 if predicted else "")
+              + f", load {row['load_1m']['mean']:.1f} (max {row['load_1m']['max']:.1f})"
               + (f", woke in {row['wake_s']} s" if row.get("wake_s") is not None else ""))
+
+
+class LoadAverage:
+    """The host's 1-minute load average, read every second while an apply runs."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="loadavg")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1.0):
+            self.samples.append(os.getloadavg()[0])
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(5)
+        return {"start": round(self.samples[0], 2), "mean": round(statistics.fmean(self.samples), 2),
+                "max": round(max(self.samples), 2), "end": round(self.samples[-1], 2), "cores": os.cpu_count() or 0}
 
 
 def one_apply(http: httpx.Client, load: Load, step: str, values: dict[str, Any], settle: int) -> dict[str, Any]:
@@ -142,6 +186,7 @@ def one_apply(http: httpx.Client, load: Load, step: str, values: dict[str, Any],
     capacity = http.get("/api/capacity", params=values).json()
     marker = http.get("/api/events", params={"limit": 1, "newest_first": True}).json()[0]["id"]
     before = len(load.outcomes)
+    loadavg = LoadAverage()
     t0 = time.monotonic()
     r = http.put("/api/settings", json={"base_revision": current["revision"], "values": values, "force": True,
                                         "note": f"apply-gap bench: {step}"})
@@ -155,18 +200,36 @@ def one_apply(http: httpx.Client, load: Load, step: str, values: dict[str, Any],
         assert time.monotonic() - t0 < 900, f"the apply of revision {rev} did not end"
         time.sleep(0.2)
     t1 = time.monotonic()
+    host_load = loadavg.stop()
     seen = load.count()
     load.wait_for(seen + settle, timeout=600)
     window = list(load.outcomes)[before:]  # every request that ended from the write until the settle after it
     events = http.get("/api/events", params={"since": marker, "limit": 500}).json()
     woke = [e for e in events if e["kind"] == "woken"]
-    return {"step": step, "revision": rev, "values": values, "plan": apply.get("plan", {}).get("kind"),
-            "plan_shown": (capacity.get("plan") or {}), "outcome": apply.get("outcome"),
-            "apply_s": round(t1 - t0, 1), "longest_gap_s": round(longest_gap(list(load.outcomes), t0, t1), 3),
+    shown = capacity.get("plan") or {}
+    ran = apply.get("plan") or {}
+    return {"step": step, "revision": rev, "values": values, "plan": ran.get("kind"),
+            "plan_shown": shown, "outcome": apply.get("outcome"),
+            "apply_s": round(t1 - t0, 1), "predicted_s": shown.get("expected_s"),
+            "engine_apply_s": _engine_seconds(apply), "predicted_by_apply_s": ran.get("expected_s"),
+            "steps": [{"action": s.get("action"), "eta_s": s.get("eta_s"), "basis": s.get("basis")}
+                      for s in ran.get("step_etas") or []],
+            "timings": apply.get("timings") or [], "load_1m": host_load,
+            "longest_gap_s": round(longest_gap(list(load.outcomes), t0, t1), 3),
             "engine_gap_s": apply.get("longest_gap_s"), "requests": len(window),
             "failed": sum(1 for o in window if not o.ok),
             "wake_s": woke[-1]["data"].get("wake_s") if woke else None,
             "events": [f"{e['kind']}: {e['message']}" for e in events]}
+
+
+def _engine_seconds(apply: dict[str, Any]) -> float | None:
+    """The apply's own duration, as the engine recorded it (from its plan to its last step)."""
+    from datetime import datetime
+
+    if not apply.get("started") or not apply.get("finished"):
+        return None
+    started, finished = (datetime.fromisoformat(str(apply[k]).replace("Z", "+00:00")) for k in ("started", "finished"))
+    return round((finished - started).total_seconds(), 1)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ so "before" and "after" are measured side by side in one run. For each concurren
 direct, gateway, gateway, direct (so drift does not favour either) and records vLLM's figures, the
 inter-token gaps of every request, and the CPU of the engine process (and of vLLM's API server) during the
 run. Prints the ratio table and writes ``gateway-overhead.json`` and ``gateway-overhead.md`` under ``--out``.
+
+Every run sends fresh prompts: vLLM's random dataset is drawn from a new seed each run (recorded with it; ``--seed``
+fixes one on purpose, a cache test), since the same prompts a second time are served from vLLM's prefix cache and
+the later runs would measure the cache. Each run also records the share of its prompt tokens vLLM found in the
+prefix cache (vLLM's own /metrics counters over the run) and warns above 20 %.
 """
 
 from __future__ import annotations
@@ -30,7 +35,11 @@ import httpx
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 ADMIN_PASSWORD = "gateway-overhead-bench"
+
+from engine.benchmarks.runs import cache_warning, fresh_seed  # noqa: E402 - after the path
+from engine.metrics import CacheUse, cache_use, parse  # noqa: E402
 
 
 def vllm_bench(argv: list[str], out: Path) -> None:
@@ -138,21 +147,40 @@ def _cpu(pid: int) -> float:
         return 0.0
 
 
+def scrape(engine: Engine) -> str | None:
+    """vLLM's own /metrics (the one child behind both paths)."""
+    try:
+        resp = httpx.get(f"{engine.direct_url}/metrics", timeout=10)
+        resp.raise_for_status()
+    except httpx.HTTPError:
+        return None
+    return resp.text
+
+
+def cache_over(before: str | None, after: str | None) -> CacheUse | None:
+    if after is None:
+        return None
+    return cache_use(parse(after, 1.0), parse(before, 0.0) if before is not None else None)
+
+
 def run_once(engine: Engine, base_url: str, concurrency: int, a: argparse.Namespace, workdir: Path,
              tag: str) -> dict[str, Any]:
     out = workdir / f"{tag}.json"
     prompts = max(concurrency * a.prompts_per_client, a.min_prompts)
+    seed = a.seed if a.seed is not None else fresh_seed()
     argv = ["--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions", "--model", "bench",
             "--tokenizer", a.model or str(REPO / "data" / "models" / "demo"), "--dataset-name", "random",
             "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len), "--ignore-eos",
             "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
-            "--seed", str(a.seed), "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(workdir),
+            "--seed", str(seed), "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(workdir),
             "--result-filename", f"{tag}-detail.json"]
+    metrics_before = scrape(engine)
     before = (_cpu(engine.proc.pid), _cpu(engine.vllm_pid), time.monotonic())
     done = subprocess.run([sys.executable, __file__, "--vllm-bench", str(out), "--", *argv], cwd=REPO,
                           capture_output=True, text=True, check=False)
     after = (_cpu(engine.proc.pid), _cpu(engine.vllm_pid), time.monotonic())
+    use = cache_over(metrics_before, scrape(engine))
     if done.returncode != 0 or not out.exists():
         raise SystemExit(f"vLLM's benchmark failed ({tag}):\n{done.stderr[-3000:]}")
     r = json.loads(out.read_text())
@@ -172,6 +200,9 @@ def run_once(engine: Engine, base_url: str, concurrency: int, a: argparse.Namesp
         "gap_p10_ms": _pct(gaps, 0.10), "gap_p50_ms": _pct(gaps, 0.5), "gap_p90_ms": _pct(gaps, 0.9),
         "engine_cpu_pct": round(100 * (after[0] - before[0]) / wall, 1),
         "vllm_api_cpu_pct": round(100 * (after[1] - before[1]) / wall, 1), "wall_s": round(wall, 1),
+        "seed": seed, "prefix_cache_hit_pct": use.hit_pct if use is not None else None,
+        "cache_warning": cache_warning(use.hit_pct if use is not None else None),
+        "load_1m": round(os.getloadavg()[0], 2),
     }
 
 
@@ -203,6 +234,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "gap_p10_ms": (mean(d, "gap_p10_ms"), mean(g, "gap_p10_ms")),
             "engine_cpu_pct": [r["engine_cpu_pct"] for r in g],
             "failed": sum(int(r["failed"] or 0) for r in d + g),
+            "prefix_cache_hit_pct": [r.get("prefix_cache_hit_pct") for r in d + g],
         })
     return rows
 
@@ -212,15 +244,15 @@ def table(rows: list[dict[str, Any]]) -> str:
         return " → ".join("–" if v is None else fmt.format(v) for v in p)
 
     lines = ["| tree | clients | direct tok/s | gateway tok/s | ratio | TTFT P50 ms | TTFT P99 ms | ITL P50 ms "
-             "| gaps < 0.5 ms | engine CPU (gateway runs) | failed |",
-             "| --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | ---: |"]
+             "| gaps < 0.5 ms | engine CPU (gateway runs) | failed | prefix cache hits |",
+             "| --- | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- | ---: | --- |"]
     for r in rows:
         lines.append(
             f"| {r['tree']} | {r['clients']} | {' / '.join(f'{v:,.0f}' for v in r['direct_tok_s'])} "
             f"| {' / '.join(f'{v:,.0f}' for v in r['gateway_tok_s'])} | **{r['ratio']}** "
             f"| {pair(r['ttft_p50_ms'])} | {pair(r['ttft_p99_ms'])} | {pair(r['itl_p50_ms'], '{:.2f}')} "
             f"| {pair(r['gaps_under_0_5ms'], '{:.0%}')} | {', '.join(f'{v:.0f} %' for v in r['engine_cpu_pct'])} "
-            f"| {r['failed']} |")
+            f"| {r['failed']} | {', '.join('–' if v is None else f'{v:.0f} %' for v in r['prefix_cache_hit_pct'])} |")
     return "\n".join(lines)
 
 
@@ -242,7 +274,8 @@ def main() -> None:
     p.add_argument("--prompts-per-client", type=int, default=40)
     p.add_argument("--min-prompts", type=int, default=200)
     p.add_argument("--rounds", type=int, default=1, help="direct, gateway, gateway, direct per round")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None,
+                   help="the same prompts every run, on purpose (a prefix-cache test); default: fresh ones each run")
     p.add_argument("--engine-nice", type=int, help="run each engine at this nice value (an experiment)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -275,8 +308,9 @@ def main() -> None:
                         report["runs"].append({"label": label, "path": path, **run})
                         save()
                         print(f"{label} {conc} clients {path}: {run['output_tok_s']:.0f} tok/s, "
-                              f"TTFT p99 {run['ttft_p99_ms']:.0f} ms, engine CPU {run['engine_cpu_pct']} %",
-                              flush=True)
+                              f"TTFT p99 {run['ttft_p99_ms']:.0f} ms, engine CPU {run['engine_cpu_pct']} %, "
+                              f"seed {run['seed']}, prefix cache hits {run['prefix_cache_hit_pct']} %"
+                              + (f" — WARNING: {run['cache_warning']}" if run["cache_warning"] else ""), flush=True)
         finally:
             engine.stop()
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")

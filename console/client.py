@@ -445,9 +445,11 @@ class EngineClient:
     def benchmark(self, run_id: int) -> BenchmarkRunOut:
         return self._get(BenchmarkRunOut, "GET", f"/api/benchmarks/{run_id}")
 
-    def start_sweep(self, preset: str, concurrency: list[int], num_prompts: int | None = None) -> BenchmarkRunOut:
+    def start_sweep(self, preset: str, concurrency: list[int], num_prompts: int | None = None,
+                    seed: int | None = None) -> BenchmarkRunOut:
+        """A sweep; ``seed`` sends the same prompts at every level on purpose (a prefix-cache test)."""
         return self._get(BenchmarkRunOut, "POST", "/api/benchmarks", json={
-            "preset": preset, "concurrency": concurrency, "num_prompts": num_prompts})
+            "preset": preset, "concurrency": concurrency, "num_prompts": num_prompts, "seed": seed})
 
     def start_search(self, preset: str, target_p95_s: float, candidates: list[int],
                      num_prompts: int | None = None) -> BenchmarkRunOut:

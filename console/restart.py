@@ -10,7 +10,7 @@ import streamlit as st
 
 from console import fmt
 from console.widgets import client
-from engine.schemas import ApplyPlanOut, EventOut, StartupView, StatusOut
+from engine.schemas import ApplyPlanOut, ApplyProgress, EventOut, StartupView, StatusOut
 
 PROGRESS_KINDS = ["settings_changed", "apply_plan", "drained", "stopped", "starting", "ready", "failed", "diagnosis",
                   "rollback", "restart_scheduled", "crash_loop", "model_missing", "demo_model_building",
@@ -58,7 +58,7 @@ def plan_text(plan: ApplyPlanOut) -> str:
             expect += f"; capacity dips by about {plan.capacity_dip_pct:.0f} %"
             if plan.dip_s is not None:
                 expect += f" for about {fmt.seconds(plan.dip_s)}"
-    took = f" It should take about {fmt.seconds(plan.expected_s)}." if plan.expected_s is not None else ""
+    took = f" {plan_eta_text(plan)}" if plan.expected_s is not None else ""
     bridge = ""
     if plan.bridge is not None:
         b = plan.bridge
@@ -67,12 +67,38 @@ def plan_text(plan: ApplyPlanOut) -> str:
     return f"**{title}** — {plan.reason}; {expect}.{took}{bridge}"
 
 
+def step_lines(plan: ApplyPlanOut) -> list[str]:
+    """The plan's steps, each with what it should take and what that is taken from (older engines: the texts)."""
+    if not plan.step_etas:
+        return [f"{i + 1}. {step}" for i, step in enumerate(plan.steps)]
+    return [f"{i + 1}. {s.text} · " + (f"**{fmt.seconds(s.eta_s)}** ({s.basis})" if s.eta_s is not None else
+                                       f"time not known ({s.basis})") for i, s in enumerate(plan.step_etas)]
+
+
+def plan_eta_text(plan: ApplyPlanOut) -> str:
+    """How long the apply should take in all, as the sum of its steps."""
+    if plan.expected_s is None:
+        return "How long it takes is not known yet."
+    parts = [f"{s.action} {fmt.seconds(s.eta_s)}" for s in plan.step_etas if s.eta_s]
+    return f"It should take about {fmt.seconds(plan.expected_s)}" + (f" ({' + '.join(parts)})" if parts else "") + "."
+
+
 def plan_box(plan: ApplyPlanOut) -> None:
     st.markdown(plan_text(plan))
-    if plan.steps:
-        st.markdown("\n".join(f"{i + 1}. {step}" for i, step in enumerate(plan.steps)))
+    lines = step_lines(plan)
+    if lines:
+        st.markdown("\n".join(lines))
+    if plan.eta_note:
+        st.caption(f"About these times: {plan.eta_note}.")
     for warning in plan.warnings:
         st.warning(warning, icon=":material/warning:")
+
+
+def timings_text(progress: ApplyProgress) -> str:
+    """The apply's steps so far as they ran, each against what its plan expected."""
+    done = [f"{t.action} {t.instance} {fmt.seconds(t.seconds)}"
+            + (f" (expected {fmt.seconds(t.eta_s)})" if t.eta_s is not None else "") for t in progress.timings]
+    return " · ".join(done)
 
 
 def instances(now: StatusOut) -> None:
@@ -115,6 +141,11 @@ def outcome(applying: dict[str, Any], now: StatusOut, events: list[EventOut]) ->
             gap = (f" Nothing paused: something served throughout ({PLAN_TITLE.get(now.apply.plan.kind)})."
                    if longest == 0 else f" The longest stretch with nothing serving was {fmt.seconds(longest)}.")
         eta = ""
+        if now.apply is not None and now.apply.revision == rev_id and now.apply.plan.expected_s is not None \
+                and now.apply.finished is not None:
+            took_apply = (now.apply.finished - now.apply.started).total_seconds()
+            gap += (f" The apply took {fmt.seconds(took_apply)} against {fmt.seconds(now.apply.plan.expected_s)} "
+                    f"expected ({took_apply - now.apply.plan.expected_s:+.0f} s).")
         if view is not None and view.revision == rev_id and view.ready_s is not None and view.eta_s is not None:
             eta = f" vLLM's start took {fmt.seconds(view.ready_s)} against {fmt.seconds(view.eta_s)} expected " \
                   f"({view.error_s:+.0f} s)." if view.error_s is not None else ""
@@ -148,7 +179,9 @@ def progress() -> None:
     st.subheader(f"{applying.get('what', 'Applying')} revision {applying['revision']}")
     lines = timeline(events, applying["t0"])
     if now.apply is not None and now.apply.revision == applying["revision"]:
-        st.info(f"Plan: {plan_text(now.apply.plan)}  \nNow: {now.apply.step}", icon=":material/route:")
+        ran = timings_text(now.apply)
+        st.info(f"Plan: {plan_text(now.apply.plan)}  \nNow: {now.apply.step}"
+                + (f"  \nSo far: {ran}" if ran else ""), icon=":material/route:")
     for ev, line in zip(events, lines, strict=True):
         st.markdown(f"{EVENT_ICON.get(ev.kind, ':material/arrow_right:')} {line}")
     instances(now)

@@ -70,14 +70,27 @@ def seconds_of_ms(value: float | None) -> str | None:
 
 
 def results_table(run: BenchmarkRunOut) -> None:
+    """The run's levels, each with the seed of its prompts and how much of them the prefix cache served; below
+    it, what makes a level's figures doubtful (prompts served from the cache: a cache test)."""
     rows = [{"max_num_seqs": r.max_num_seqs, "concurrency": r.concurrency,
              "output tokens/s": round(r.output_throughput, 1) if r.output_throughput else None,
              "P50 latency": seconds_of_ms(r.p50_e2el_ms), "P95 latency": seconds_of_ms(r.p95_e2el_ms),
              "P95 TTFT": seconds_of_ms(r.p95_ttft_ms), "P95 ITL": seconds_of_ms(r.p95_itl_ms),
-             "tokens/J": r.tokens_per_joule, "completed": r.completed, "error": r.error}
+             "tokens/J": r.tokens_per_joule, "completed": r.completed,
+             "prefix cache hits": fmt.pct(r.prefix_cache_hit_pct, 1) if r.prefix_cache_hit_pct is not None else None,
+             "seed": str(r.seed) if r.seed is not None else None, "error": r.error}
             for r in run.results]
     columns = [k for k in rows[0] if any(row[k] is not None for row in rows)] if rows else []
     st.dataframe([{k: row[k] for k in columns} for row in rows], hide_index=True, width="stretch")
+    for r in run.results:
+        where = f"max_num_seqs {r.max_num_seqs}" if r.max_num_seqs is not None else f"concurrency {r.concurrency}"
+        for warning in r.warnings:
+            st.warning(f"{where}: {warning}", icon=":material/cached:")
+    if run.params.get("seed") is not None:
+        st.caption(f"Seed {run.params['seed']} was asked for: every level sent the same prompts.")
+    elif any(r.seed is not None for r in run.results):
+        st.caption("Each level sent fresh prompts (a new seed each); the prefix cache hits are vLLM's own "
+                   "counters over the level.")
 
 
 with tab_run:

@@ -13,7 +13,7 @@ import streamlit as st
 
 from console import charts, fmt
 from console.client import ClientError, SettingsRejectedError, StaleRevisionError
-from console.restart import last_outcome, plan_box, progress, watch
+from console.restart import last_outcome, plan_box, plan_eta_text, progress, watch
 from console.widgets import client, engine_status, restart_banner, unreachable
 from engine.schemas import CapacityOut, Finding, FitValue, RevisionOut
 
@@ -251,7 +251,9 @@ c1, c2, c3 = st.columns([1, 1, 3], vertical_alignment="center")
 if c1.button("Apply & restart", type="primary", disabled=not changes, icon=":material/restart_alt:"):
     confirm_apply(changes, capacity.errors if capacity else [])
 c2.button("Discard changes", disabled=not changes, on_click=discard)
-c3.caption(f"A restart with these values takes {eta_text()}." if changes else "")
+plan_now = capacity.plan if capacity else None
+c3.caption((f"By plan {plan_now.kind.replace('_', '/')}: {plan_eta_text(plan_now)}" if plan_now is not None else
+            f"A restart with these values takes {eta_text()}.") if changes else "")
 
 progress()
 last_outcome()

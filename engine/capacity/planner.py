@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.capacity.calibration import CalibrationStore, StartReport
 from engine.capacity.model import GIB, Device, ModelShape, batched_tokens, estimate_activation, load_shape, predict
-from engine.capacity.plans import MARGIN_BYTES, PlanInputs, Running, cpu_need_bytes, plan_apply
+from engine.capacity.plans import MARGIN_BYTES, PlanInputs, Running, StepTimes, cpu_need_bytes, plan_apply
 from engine.capacity.preflight import Cluster, Neighbour, PreflightResult, check, find_model_config
 from engine.revisions import EngineSettings
 from engine.schemas import ApplyPlanOut, Build
@@ -169,9 +169,11 @@ class Planner:
             return None
 
     def plan(self, new: EngineSettings, old: EngineSettings | None, *, replicas: int, memory_bytes: int | None,
-             eta_new_s: float | None, eta_bridge_s: float | None) -> ApplyPlanOut:
+             eta_new_s: float | None, eta_bridge_s: float | None, times: StepTimes | None = None,
+             sleep: bool = False) -> ApplyPlanOut:
         """How applying ``new`` over ``old`` (running as ``replicas`` instances holding ``memory_bytes``) keeps
-        serving: engine/capacity/plans.py."""
+        serving: engine/capacity/plans.py; each step's ETA from ``times`` (else the two start ETAs), a pause by
+        ``sleep`` mode or not."""
         calibration = None
         if old is not None:
             calibration = self.calibrations.latest(old.model, old.tensor_parallel_size, old.dtype)
@@ -179,7 +181,7 @@ class Planner:
             new=new, running=None if old is None else Running(old, replicas, memory_bytes),
             device=self.device(new.tensor_parallel_size), shape_old=None if old is None else self._shape(old),
             shape_new=self._shape(new), calibration=calibration, eta_new_s=eta_new_s, eta_bridge_s=eta_bridge_s,
-            request_tokens=self.traffic_max_tokens()))
+            request_tokens=self.traffic_max_tokens(), times=times, sleep=sleep))
 
     def wait_released(self, pids: set[int], timeout: float) -> bool:
         """After a stop on a GPU: wait until NVML lists none of the old processes (their memory is back)."""

@@ -7,17 +7,28 @@ device's free memory now (the old instance still running), shown before the oper
 3. **bridge** when a small instance of the old revision fits beside the old one and the new one fits beside the
    bridge: the largest such bridge that holds one max-length request; traffic moves old → bridge → new.
 4. **pause** (drain, stop, start, hold requests in the queue) when nothing fits, with its predicted length.
+
+Each plan is a list of steps with an ETA each (``step_etas``), from ``StepTimes``: a start by the earlier starts of
+its kind (a blue/green start runs beside the old instance, a pause's alone, a bridge's beside the old one), a
+handover, drain or stop by the earlier ones of this engine. ``expected_s`` is their sum:
+
+- blue/green: start beside + handover + drain + stop;
+- bridge: bridge start + handover + drain + stop, then the new start beside the bridge + handover + drain + stop;
+- rolling: N x (drain + stop + start);
+- pause: drain + stop (or sleep) + start.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 from engine.capacity.model import GIB, Calibration, Device, ModelShape, predict, utilization_for
 from engine.capacity.preflight import NEIGHBOUR_MARGIN_BYTES
 from engine.revisions import EngineSettings
-from engine.schemas import ApplyPlanOut, BridgeOut, PlanKind
+from engine.schemas import ApplyPlanOut, BridgeOut, PlanKind, PlanStepOut, StartKindName, StepAction
 
 MARGIN_BYTES = NEIGHBOUR_MARGIN_BYTES  # kept free beside two instances: allocator slack, CUDA context of the second
 CPU_PROCESS_BYTES = int(1.5 * GIB)  # an idle vLLM CPU server beyond its KV cache and weights (API, engine core)
@@ -34,6 +45,63 @@ class Running:
     memory_bytes: int | None
 
 
+@dataclass(frozen=True)
+class StepEta:
+    """What one step should take (None: not known) and what that is taken from."""
+
+    seconds: float | None
+    basis: str
+    start_kind: StartKindName | None = None
+
+
+Company = Literal["alone", "beside", "bridge"]
+
+
+class StepTimes(Protocol):
+    """The ETAs of a plan's steps (the supervisor's, from its earlier starts and applies)."""
+
+    def start(self, settings: EngineSettings, company: Company) -> StepEta:
+        """A start of ``settings``: ``alone``, ``beside`` an instance that serves, or a ``bridge``."""
+        ...
+
+    def step(self, action: StepAction) -> StepEta:
+        """A handover, drain, stop or sleep."""
+        ...
+
+    def note(self) -> str | None:
+        """What may make these ETAs wrong now (a loaded host, priors)."""
+        ...
+
+
+@dataclass(frozen=True)
+class StartEtasOnly:
+    """StepTimes from one ETA for the new revision's start and one for a bridge's (what callers knew before steps
+    had ETAs): other steps are not known."""
+
+    new_s: float | None
+    bridge_s: float | None
+
+    def start(self, settings: EngineSettings, company: Company) -> StepEta:
+        seconds = self.bridge_s if company == "bridge" else self.new_s
+        return StepEta(seconds, "earlier starts of this engine" if seconds is not None else "no earlier start")
+
+    def step(self, action: StepAction) -> StepEta:
+        return StepEta(None, "not measured")
+
+    def note(self) -> str | None:
+        return None
+
+
+@dataclass(frozen=True)
+class Step:
+    """A step of a plan before its ETA: what it does, its text, and for a start its settings and company."""
+
+    action: StepAction
+    text: str
+    settings: EngineSettings | None = None
+    company: Company = "alone"
+
+
 @dataclass
 class PlanInputs:
     new: EngineSettings
@@ -46,6 +114,41 @@ class PlanInputs:
     eta_bridge_s: float | None = None
     request_tokens: int | None = None  # what recent requests needed (p99 of prompt + output), if known
     warnings: list[str] = field(default_factory=list)
+    times: StepTimes | None = None  # the steps' ETAs (None: from eta_new_s and eta_bridge_s alone)
+    sleep: bool = False  # a pause puts the old instance to sleep (CUDA, sleep mode) instead of stopping it
+
+    def step_times(self) -> StepTimes:
+        return self.times if self.times is not None else StartEtasOnly(self.eta_new_s, self.eta_bridge_s)
+
+
+def timed(inputs: PlanInputs, steps: Sequence[Step]) -> tuple[list[PlanStepOut], float | None]:
+    """Each step with its ETA, and their sum (None when no start's ETA is known)."""
+    times = inputs.step_times()
+    out: list[PlanStepOut] = []
+    for step in steps:
+        eta = times.start(step.settings, step.company) if step.action == "start" and step.settings is not None \
+            else times.step(step.action)
+        out.append(PlanStepOut(action=step.action, text=step.text, start_kind=eta.start_kind,
+                               eta_s=None if eta.seconds is None else round(eta.seconds, 1), basis=eta.basis))
+    starts = [s.eta_s for s in out if s.action == "start"]
+    if not starts or any(s is None for s in starts):
+        return out, None
+    return out, round(sum(s.eta_s or 0.0 for s in out), 1)
+
+
+def _plan(inputs: PlanInputs, kind: PlanKind, reason: str, steps: Sequence[Step]
+          ) -> tuple[ApplyPlanOut, list[PlanStepOut]]:
+    """A plan of ``steps`` with their ETAs; the caller sets what clients should expect (pause, dip)."""
+    etas, expected = timed(inputs, steps)
+    plan = ApplyPlanOut(kind=kind, reason=reason, steps=[s.text for s in etas], step_etas=etas, expected_s=expected,
+                        eta_note=inputs.step_times().note(), warnings=inputs.warnings)
+    return plan, etas
+
+
+def _sum(etas: Sequence[PlanStepOut]) -> float | None:
+    if any(s.eta_s is None and s.action == "start" for s in etas):
+        return None
+    return round(sum(s.eta_s or 0.0 for s in etas), 1)
 
 
 def _floor2(x: float) -> float:
@@ -53,30 +156,34 @@ def _floor2(x: float) -> float:
 
 
 def _pause(inputs: PlanInputs, why: str) -> ApplyPlanOut:
-    eta = inputs.eta_new_s
-    return ApplyPlanOut(kind="pause", reason=why, pause_s=eta, expected_s=eta, capacity_dip_pct=100.0,
-                        steps=["drain the old instance (requests in flight finish)",
-                               "stop it; new requests wait in the gateway's queue",
-                               "start the new revision", "serve the queue from the new instance"],
-                        warnings=inputs.warnings)
+    """Drain, stop (or put to sleep), start; nothing serves from the drain until the new instance is ready."""
+    stop = Step("sleep", "put the old instance to sleep; new requests wait in the gateway's queue") if inputs.sleep \
+        else Step("stop", "stop it; new requests wait in the gateway's queue")
+    steps = [Step("drain", "drain the old instance (requests in flight finish)"), stop,
+             Step("start", "start the new revision; then it serves the queue", inputs.new, "alone")]
+    plan, etas = _plan(inputs, "pause", why, steps)
+    plan.pause_s, plan.capacity_dip_pct = _sum(etas), 100.0
+    return plan
 
 
 def plan_apply(inputs: PlanInputs) -> ApplyPlanOut:
     """The plan for applying ``inputs.new`` over what runs now."""
     running, new, device = inputs.running, inputs.new, inputs.device
     if running is None:
-        return ApplyPlanOut(kind="start", reason="nothing serves now: the new revision starts",
-                            expected_s=inputs.eta_new_s, pause_s=None, capacity_dip_pct=None,
-                            steps=["start the new revision"], warnings=inputs.warnings)
+        plan, _ = _plan(inputs, "start", "nothing serves now: the new revision starts",
+                        [Step("start", "start the new revision", new, "alone")])
+        return plan
     if running.replicas >= 2:
         dip = 100.0 / running.replicas
-        return ApplyPlanOut(kind="rolling", reason=f"{running.replicas} replicas serve: one at a time is replaced",
-                            expected_s=None if inputs.eta_new_s is None else inputs.eta_new_s * running.replicas,
-                            pause_s=0.0, capacity_dip_pct=round(dip, 1),
-                            steps=[f"replica {i + 1}: drain, stop, start the new revision, serve"
-                                   for i in range(running.replicas)]
-                            + ([f"start {new.replicas - running.replicas} more"] if new.replicas > running.replicas
-                               else []), warnings=inputs.warnings)
+        steps: list[Step] = []
+        for i in range(running.replicas):
+            steps += [Step("drain", f"replica {i + 1}: drain it (the others serve)"),
+                      Step("stop", f"replica {i + 1}: stop it"),
+                      Step("start", f"replica {i + 1}: start the new revision, then it serves", new, "beside")]
+        steps += [Step("start", f"start replica {i + 1}", new, "beside") for i in range(running.replicas, new.replicas)]
+        plan, _ = _plan(inputs, "rolling", f"{running.replicas} replicas serve: one at a time is replaced", steps)
+        plan.pause_s, plan.capacity_dip_pct = 0.0, round(dip, 1)
+        return plan
     if device is None:
         return _pause(inputs, "the device's free memory is not known: nothing can be started beside the old one")
     if device.kind == "cpu":
@@ -101,11 +208,12 @@ def _plan_cpu(inputs: PlanInputs, running: Running, device: Device) -> ApplyPlan
 
 
 def _blue_green(inputs: PlanInputs, why: str) -> ApplyPlanOut:
-    return ApplyPlanOut(kind="blue_green", reason=why, expected_s=inputs.eta_new_s, pause_s=0.0,
-                        capacity_dip_pct=0.0,
-                        steps=["start the new revision beside the old one (the old one serves)",
-                               "when it is ready, send new requests to it", "drain the old instance, then stop it"],
-                        warnings=inputs.warnings)
+    steps = [Step("start", "start the new revision beside the old one (the old one serves)", inputs.new, "beside"),
+             Step("handover", "when it is ready, it takes its first requests beside the old one"),
+             Step("drain", "send new requests to it; drain the old instance"), Step("stop", "stop the old instance")]
+    plan, _ = _plan(inputs, "blue_green", why, steps)
+    plan.pause_s, plan.capacity_dip_pct = 0.0, 0.0
+    return plan
 
 
 def _plan_gpu(inputs: PlanInputs, running: Running, device: Device) -> ApplyPlanOut:
@@ -140,17 +248,21 @@ def _plan_gpu(inputs: PlanInputs, running: Running, device: Device) -> ApplyPlan
     old_pred = predict(shape, old, device, inputs.calibration)
     old_concurrency = min(float(old.max_num_seqs), old_pred.usable_tokens / per_request)
     dip = 100.0 * max(0.0, 1 - seqs / old_concurrency) if old_concurrency else None
-    eta = None if inputs.eta_new_s is None or inputs.eta_bridge_s is None else inputs.eta_bridge_s + inputs.eta_new_s
-    return ApplyPlanOut(
-        kind="bridge", reason=f"a bridge at {largest:.2f} fits beside the old instance, and the new one beside it",
-        bridge=bridge, expected_s=eta, pause_s=0.0, capacity_dip_pct=None if dip is None else round(dip, 1),
-        dip_s=inputs.eta_new_s,
-        steps=[f"start a bridge of the old revision at {largest:.2f} ({pred.kv_tokens:,} KV tokens, "
-               f"max_num_seqs {seqs}) beside the old instance", "send new requests to the bridge; drain and stop "
-               "the old instance", "start the new revision beside the bridge",
-               "send new requests to it; drain and stop the bridge"],
-        warnings=inputs.warnings)
+    steps = [Step("start", f"start a bridge of the old revision at {largest:.2f} ({pred.kv_tokens:,} KV tokens, "
+                  f"max_num_seqs {seqs}) beside the old instance",
+                  bridge_settings.model_copy(update={"max_num_seqs": seqs}), "bridge"),
+             Step("handover", "it takes its first requests beside the old instance"),
+             Step("drain", "send new requests to the bridge; drain the old instance"),
+             Step("stop", "stop the old instance"),
+             Step("start", "start the new revision beside the bridge", new, "beside"),
+             Step("handover", "it takes its first requests beside the bridge"),
+             Step("drain", "send new requests to it; drain the bridge"), Step("stop", "stop the bridge")]
+    plan, etas = _plan(inputs, "bridge", f"a bridge at {largest:.2f} fits beside the old instance, and the new one "
+                       "beside it", steps)
+    plan.bridge, plan.pause_s, plan.capacity_dip_pct = bridge, 0.0, None if dip is None else round(dip, 1)
+    plan.dip_s = _sum(etas[2:6]) if inputs.times is not None else inputs.eta_new_s  # the bridge alone carries it
+    return plan
 
 
-__all__ = ["CPU_PROCESS_BYTES", "MARGIN_BYTES", "PlanInputs", "PlanKind", "Running", "cpu_need_bytes",
-           "plan_apply"]
+__all__ = ["CPU_PROCESS_BYTES", "MARGIN_BYTES", "Company", "PlanInputs", "PlanKind", "Running", "StartEtasOnly",
+           "StepEta", "StepTimes", "cpu_need_bytes", "plan_apply", "timed"]

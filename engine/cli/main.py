@@ -383,8 +383,15 @@ def _print_plan(plan: ApplyPlanOut) -> None:
         b = plan.bridge
         print(f"  bridge: gpu_memory_utilization {b.gpu_memory_utilization:.2f}, {b.kv_tokens:,} KV tokens, "
               f"max_num_seqs {b.max_num_seqs}")
-    for i, step in enumerate(plan.steps, 1):
-        print(f"  {i}. {step}")
+    if plan.step_etas:
+        for i, s in enumerate(plan.step_etas, 1):
+            print(f"  {i}. {s.text}: " + (f"about {s.eta_s:.0f} s ({s.basis})" if s.eta_s is not None else
+                                         f"time not known ({s.basis})"))
+    else:
+        for i, step in enumerate(plan.steps, 1):
+            print(f"  {i}. {step}")
+    if plan.eta_note:
+        print(f"  about these times: {plan.eta_note}")
     for warning in plan.warnings:
         print(f"  warning: {warning}")
 

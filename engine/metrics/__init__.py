@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from engine.metrics.exporter import GPU_GAUGES, LATENCY_BUCKETS, SERVING_GAUGES, EngineCollector, RequestMetrics, render
 from engine.metrics.series import MAX_POINTS, SeriesStore
-from engine.metrics.vllm import HISTORY_METRICS, NAMES, Histogram, Scrape, ServingMonitor, derive, parse
+from engine.metrics.vllm import (
+    HISTORY_METRICS,
+    NAMES,
+    CacheUse,
+    Histogram,
+    Scrape,
+    ServingMonitor,
+    cache_use,
+    derive,
+    parse,
+)
 
 __all__ = [
     "GPU_GAUGES",
@@ -13,12 +23,14 @@ __all__ = [
     "MAX_POINTS",
     "NAMES",
     "SERVING_GAUGES",
+    "CacheUse",
     "EngineCollector",
     "Histogram",
     "RequestMetrics",
     "Scrape",
     "SeriesStore",
     "ServingMonitor",
+    "cache_use",
     "derive",
     "parse",
     "render",

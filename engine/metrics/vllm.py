@@ -38,12 +38,15 @@ NAMES: dict[str, tuple[str, ...]] = {
     "itl_seconds": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
     "e2e_seconds": ("vllm:e2e_request_latency_seconds",),
     "queue_seconds": ("vllm:request_queue_time_seconds",),
+    # prompt tokens looked up in the prefix cache, and those found there (vLLM 0.10 and older: gpu_prefix_cache_*)
+    "prefix_cache_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
 }
 GAUGES = ("requests_running", "requests_waiting", "kv_cache_usage")
 FINISH_REASONS = SERVING_FINISH_REASONS
 # What the history keeps of each scrape (its columns, engine/db/tables.py), keyed by the revision that was serving.
 HISTORY_METRICS = SERVING_METRICS
-COUNTERS = ("preemptions", "prompt_tokens", "generation_tokens")
+COUNTERS = ("preemptions", "prompt_tokens", "generation_tokens", "prefix_cache_queries", "prefix_cache_hits")
 HISTOGRAMS = ("ttft_seconds", "itl_seconds", "e2e_seconds", "queue_seconds")
 
 
@@ -141,12 +144,43 @@ def derive(now: Scrape, before: Scrape | None) -> dict[str, Any]:
         for q in (0.5, 0.95, 0.99):
             value = recent.quantile(q)
             out[f"{name}_p{int(q * 100)}"] = None if value is None else round(value, 4)
+    use = cache_use(now, before)
+    out["prefix_cache_hit_pct"] = None if before is None or use is None else use.hit_pct
     out["finished"] = dict(now.finished)
     for reason in FINISH_REASONS:
         value, prev = now.finished.get(reason), before.finished.get(reason) if before is not None else None
         ok = value is not None and prev is not None and dt > 0 and value >= prev
         out[f"finished_{reason}_per_s"] = round((value - prev) / dt, 3) if ok else None  # type: ignore[operator]
     return out
+
+
+@dataclass(frozen=True)
+class CacheUse:
+    """Prompt tokens vLLM looked up in its prefix cache over a stretch, and how many it found there."""
+
+    queries: float
+    hits: float
+
+    @property
+    def hit_pct(self) -> float | None:
+        """The share of prompt tokens served from the prefix cache (None: no lookup, e.g. caching off)."""
+        return round(100 * self.hits / self.queries, 1) if self.queries > 0 else None
+
+    def __add__(self, other: CacheUse) -> CacheUse:
+        return CacheUse(self.queries + other.queries, self.hits + other.hits)
+
+
+def cache_use(after: Scrape, before: Scrape | None) -> CacheUse | None:
+    """The prefix cache's lookups and hits between two scrapes of one vLLM (counters only grow: lower counts in
+    ``after`` mean vLLM restarted, and all of ``after`` is new); None when vLLM exports no such counters."""
+    queries, hits = after.counters.get("prefix_cache_queries"), after.counters.get("prefix_cache_hits")
+    if queries is None or hits is None:
+        return None
+    q0 = before.counters.get("prefix_cache_queries") if before is not None else None
+    h0 = before.counters.get("prefix_cache_hits") if before is not None else None
+    if q0 is None or h0 is None or queries < q0 or hits < h0:
+        return CacheUse(queries, hits)
+    return CacheUse(queries - q0, hits - h0)
 
 
 class ServingMonitor:

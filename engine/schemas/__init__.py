@@ -61,6 +61,7 @@ from engine.schemas.engine import (
     StartupPhase,
     StartupView,
     StatusOut,
+    StepTiming,
 )
 from engine.schemas.gpu import AlertOut, BalanceOut, GpuOut, GpuProcess, GpuView, HostReading, SamplerStats
 from engine.schemas.prompts import PromptIn, PromptOut, PromptParams
@@ -73,12 +74,15 @@ from engine.schemas.settings import (
     Finding,
     ModelShapeOut,
     PlanKind,
+    PlanStepOut,
     Prediction,
     RestartEta,
     RevisionOut,
     RollbackRequest,
     SettingsValues,
     SettingsWrite,
+    StartKindName,
+    StepAction,
 )
 
 __all__ = [
@@ -136,6 +140,7 @@ __all__ = [
     "NodeOut",
     "OkOut",
     "PlanKind",
+    "PlanStepOut",
     "Prediction",
     "Preset",
     "PresetName",
@@ -157,9 +162,12 @@ __all__ = [
     "SettingsValues",
     "SettingsWrite",
     "SsoRequest",
+    "StartKindName",
     "StartupPhase",
     "StartupView",
     "StatusOut",
+    "StepAction",
+    "StepTiming",
     "SweepRequest",
     "TokenCreatedOut",
     "TokenIn",

@@ -7,6 +7,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 Concurrency = Annotated[int, Field(ge=1, le=4096)]
+SEED_DOC = ("the seed of vLLM's random prompts at every level, given on purpose to send the same prompts again (a "
+            "test of the prefix cache); left out, each level draws fresh prompts from a new seed")
 PresetName = Literal["short_chat", "rag", "summarize"]
 
 
@@ -16,6 +18,7 @@ class SweepRequest(BaseModel):
     preset: PresetName = "short_chat"
     concurrency: list[Concurrency] = Field(default_factory=lambda: [1, 4, 16], min_length=1, max_length=12)
     num_prompts: int | None = Field(None, ge=1, le=100_000)
+    seed: int | None = Field(None, ge=0, le=2**31 - 1, description=SEED_DOC)
 
 
 class SearchRequest(BaseModel):
@@ -26,6 +29,7 @@ class SearchRequest(BaseModel):
     candidates: list[Concurrency] = Field(default_factory=lambda: [1, 4, 16, 64], min_length=1, max_length=10,
                                           description="max_num_seqs values to try")
     num_prompts: int | None = Field(None, ge=1, le=100_000)
+    seed: int | None = Field(None, ge=0, le=2**31 - 1, description=SEED_DOC)
 
 
 class Preset(BaseModel):
@@ -70,6 +74,13 @@ class BenchmarkLevel(BaseModel):
     total_output_tokens: int | None = None
     energy_j: float | None = None
     tokens_per_joule: float | None = None
+    seed: int | None = Field(None, description="the seed of vLLM's random prompts at this level (fresh per level)")
+    prefix_cache_hit_pct: float | None = Field(
+        None, description="share of the level's prompt tokens vLLM found in its prefix cache (its /metrics "
+        "counters over the level; None: not exported, or prefix caching off)")
+    prefix_cache_queries: int | None = Field(None, description="prompt tokens looked up in the prefix cache")
+    warnings: list[str] = Field(default_factory=list, description="what makes the level's figures doubtful, "
+                                "such as prompts served from the prefix cache")
     error: str | None = None
 
 

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, JsonValue
 
 from engine.schemas.common import Build, EngineState
-from engine.schemas.settings import ApplyPlanOut
+from engine.schemas.settings import ApplyPlanOut, StartKindName, StepAction
 
 
 class StartupPhase(BaseModel):
@@ -30,6 +30,7 @@ class StartupView(BaseModel):
     phases: list[StartupPhase]
     eta_s: float | None = None
     eta_basis: str | None = None
+    start_kind: StartKindName | None = Field(None, description="the kind of start its ETA is taken from")
     remaining_s: float | None = None
     ready_s: float | None = None
     failed: str | None = None
@@ -63,6 +64,17 @@ class InstanceOut(BaseModel):
     startup: StartupView | None = None
 
 
+class StepTiming(BaseModel):
+    """One step of an apply as it ran: what it took, beside what its plan expected."""
+
+    action: StepAction
+    instance: str
+    seconds: float
+    start_kind: StartKindName | None = None
+    in_flight: int = Field(0, description="requests in flight through the gateway when it began")
+    eta_s: float | None = Field(None, description="what the plan expected of a step of this action")
+
+
 class ApplyProgress(BaseModel):
     """The apply under way (or the latest one): its plan and where it is."""
 
@@ -74,6 +86,7 @@ class ApplyProgress(BaseModel):
     finished: datetime | None = None
     outcome: Literal["running", "applied", "rejected", "aborted"] = "running"
     longest_gap_s: float | None = Field(None, description="longest stretch with no instance serving")
+    timings: list[StepTiming] = Field(default_factory=list, description="each step as it ran, with its time")
 
 
 class StatusOut(BaseModel):

@@ -186,11 +186,19 @@ class DeviceOut(BaseModel):
     name: str = ""
 
 
+StepAction = Literal["start", "handover", "drain", "stop", "sleep", "wake"]
+StartKindName = Literal["cold", "warm", "beside", "beside_cold", "bridge", "wake"]
+
+
 class RestartEta(BaseModel):
+    """What the new revision's start should take, by the earlier starts of its kind."""
+
     seconds: float
-    basis: str
+    basis: str = Field(description="kind (earlier starts of this kind), prior (another kind's, scaled) or default")
     samples: int
     text: str
+    kind: StartKindName | None = None
+    note: str | None = Field(None, description="what may make it wrong now (a loaded host, a prior)")
 
 
 PlanKind = Literal["start", "soft", "rolling", "blue_green", "bridge", "pause"]
@@ -206,12 +214,26 @@ class BridgeOut(BaseModel):
     max_model_len: int
 
 
+class PlanStepOut(BaseModel):
+    """One step of a plan with what it should take: a start by the earlier starts of its kind, a handover, drain or
+    stop by the earlier ones of this engine (or a prior, which ``basis`` says)."""
+
+    action: StepAction
+    text: str
+    start_kind: StartKindName | None = Field(None, description="a start's kind (cold, warm, beside, beside_cold, "
+                                             "bridge, wake): what its ETA is taken from")
+    eta_s: float | None = None
+    basis: str | None = Field(None, description="what the ETA is taken from")
+
+
 class ApplyPlanOut(BaseModel):
     """How an apply keeps serving: the kind, why, and what clients should expect."""
 
     kind: PlanKind
     reason: str
-    steps: list[str] = Field(default_factory=list)
+    steps: list[str] = Field(default_factory=list, description="the steps' texts (the same as step_etas')")
+    step_etas: list[PlanStepOut] = Field(default_factory=list, description="the steps, each with its ETA")
+    eta_note: str | None = Field(None, description="what may make the ETA wrong now (a loaded host, priors)")
     bridge: BridgeOut | None = None
     expected_s: float | None = Field(None, description="how long the apply should take, from earlier starts")
     pause_s: float | None = Field(None, description="how long nothing serves (pause plans; 0 otherwise)")

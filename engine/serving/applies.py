@@ -123,7 +123,9 @@ async def pause(sup: Supervisor, desired: Revision, settings: EngineSettings) ->
     sup._step(f"draining for revision {desired.id}")
     if sup.sm.state == S.READY:
         await sup._enter(S.DRAINING, f"applying revision {desired.id}")
+    t0, in_flight = time.monotonic(), sup.admission.in_flight
     left = await sup.admission.drain(sup.config.drain_timeout_s)
+    sup._timed("drain", ",".join(i.name for i in olds), time.monotonic() - t0, in_flight)
     await sup._event("drained", f"{left} requests still in flight after {sup.config.drain_timeout_s:.0f} s"
                       if left else f"drained in-flight requests: applying revision {desired.id}",
                       "warning" if left else "info", olds[0].revision.id if olds else None)
@@ -177,6 +179,7 @@ async def sleep(sup: Supervisor, inst: Instance) -> bool:
                           "stopping it", "warning")
         return False
     inst.role = "sleeping"
+    sup._timed("sleep", inst.name, time.monotonic() - t0, 0)
     await sup._event("sleeping", f"instance {inst.name} asleep after {time.monotonic() - t0:.1f} s (revision "
                       f"{inst.revision.id} can serve again in about a second)", revision_id=inst.revision.id,
                       data={"sleep_s": round(time.monotonic() - t0, 2), "instance": inst.name})

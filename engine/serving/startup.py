@@ -6,21 +6,26 @@ the API server up); the engine's own warm-up request ends it. A phase begins at 
 where the next one begins; phases a start skips (torch.compile with ``enforce_eager``, CUDA graphs on the CPU
 build) are simply absent.
 
-How long a start takes depends above all on torch.compile's cache: ``gpu_memory_utilization`` is outside vLLM's
-compile-cache hash, ``max_model_len`` is inside it (a change recompiles). ``compile_key`` names the settings that
-decide it; the ETA takes the median of recent starts with the same key, else of recent starts that compiled.
+How long a start takes depends on its *kind*: torch.compile's cache cold or warm for its compile settings
+(``gpu_memory_utilization`` is outside vLLM's compile-cache hash, ``max_model_len`` and ``max_num_seqs`` inside it:
+``compile_key`` names the settings that decide it), and what runs beside it (alone, beside an instance that serves,
+a bridge beside the old instance, a wake-up from sleep). Each start is recorded with its kind (its ready event);
+the ETA of a start is the median of recent starts of the same kind (the cache part as it turned out), else a
+prior (another kind's median times the ratio between the two kinds, or a default), and it says which, and says so
+when the host is loaded now.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 # (phase, title, the markers that begin it), in start-up order
 PHASES: tuple[tuple[str, str, re.Pattern[str] | None], ...] = (
@@ -42,10 +47,86 @@ ORDER = {name: i for i, (name, _, _) in enumerate(PHASES)}
 # Settings outside vLLM's compile cache: changing only these reuses the compiled graphs.
 OUTSIDE_COMPILE = frozenset({"gpu_memory_utilization", "cpu_kv_cache_gib", "served_model_name"})
 
+# The kinds of start, which take different times: the compile cache empty (cold) or warm for the start's compile
+# settings; alone, or beside an instance that serves (on the CPU build they share its cores, on a GPU the GPU);
+# a bridge (the old revision, small, beside the old instance); a wake-up from sleep mode (CUDA).
+StartKind = Literal["cold", "warm", "beside", "beside_cold", "bridge", "wake"]
+Company = Literal["alone", "beside", "bridge", "wake"]
+KINDS: tuple[StartKind, ...] = ("cold", "warm", "beside", "beside_cold", "bridge", "wake")
+KIND_TEXT: dict[StartKind, str] = {
+    "cold": "cold starts (compile cache empty for their compile settings)",
+    "warm": "starts with the compile cache warm, alone",
+    "beside": "starts beside an instance that serves (compile cache warm)",
+    "beside_cold": "cold starts beside an instance that serves",
+    "bridge": "bridge starts beside the old instance",
+    "wake": "wake-ups from sleep",
+}
+# What a start of each kind takes against a warm one alone, for a kind this engine has not started yet (then the
+# estimate is a prior and says so), per build. CPU: the demo model on this project's 2-core host, 13 real starts
+# through the engine (bench/start_kinds.py, 2026-12-01, a first run; the second is tests/fixtures/starts/): warm
+# alone 39-44 s, cold 50-54 s (65 s with torch's own cache empty too), beside an instance serving 16 streaming
+# clients 144-186 s (both cores busy: its imports took 103-133 s against 25-31 s alone), a cold one there 218 s.
+# The CPU build makes no bridge and has no sleep mode: theirs are guesses. CUDA: an H200 with an 8B model
+# (tests/fixtures/starts/h200-2026-12-01.json: cold 117.5 s, warm 61.8 s, bridges 88.4 and 64.1 s, a cold start
+# beside the bridge under load 103.3 s, a wake-up 0.74 s).
+PRIOR_RATIO: dict[str, dict[StartKind, float]] = {
+    "cpu": {"warm": 1.0, "cold": 1.25, "beside": 3.7, "beside_cold": 5.0, "bridge": 3.7, "wake": 0.05},
+    "cuda": {"warm": 1.0, "cold": 1.9, "beside": 1.2, "beside_cold": 1.7, "bridge": 1.2, "wake": 0.012},
+}
+PRIOR_WARM_S = {"cpu": 40.0, "cuda": 62.0}  # a warm start alone, with no start at all to go by
+# The host is loaded for an estimate when its load average now is above both LOADED_PER_CORE runnable threads a
+# core and LOADED_RATIO times the median load of the starts the estimate is taken from (a start beside a busy
+# instance is always taken at a high load: that is its kind, not a surprise).
+LOADED_PER_CORE = 1.5
+LOADED_RATIO = 1.5
 
-def compile_key(values: Mapping[str, Any]) -> str:
-    """A short digest of the settings that decide whether vLLM can reuse its compile cache."""
-    inside = {k: v for k, v in sorted(values.items()) if k not in OUTSIDE_COMPILE}
+
+def host_load() -> tuple[float | None, int]:
+    """The host's 1-minute load average (as engine/gpu/sampler reads it) and the cores this process may use."""
+    try:
+        load: float | None = os.getloadavg()[0]
+    except OSError:
+        load = None
+    return load, len(os.sched_getaffinity(0))
+
+
+def start_kind(company: Company, cold: bool) -> StartKind:
+    """The kind of a start from what runs beside it and whether its compile cache is cold. A bridge runs the old
+    revision, whose compile cache its own start warmed; a wake-up compiles nothing."""
+    if company in ("bridge", "wake"):
+        return company
+    if company == "beside":
+        return "beside_cold" if cold else "beside"
+    return "cold" if cold else "warm"
+
+
+def with_cache(kind: StartKind, cold: bool) -> StartKind:
+    """``kind`` with its compile cache as it turned out (a start expected warm may have compiled: the cache was
+    wiped, or its compile settings differ in a way the key does not see)."""
+    if kind in ("cold", "warm"):
+        return "cold" if cold else "warm"
+    if kind in ("beside", "beside_cold"):
+        return "beside_cold" if cold else "beside"
+    return kind
+
+
+# vLLM's environment variables that the engine sets per instance and vLLM hashes into its compile cache (all its
+# VLLM_* are, but these are the ones that differ between two starts of one engine): on the CPU build an instance
+# started beside another is not pinned to cores, and its compiled graphs are cached apart from a pinned one's.
+COMPILE_ENV = ("VLLM_CPU_OMP_THREADS_BIND",)
+# vLLM's log says whether its compile cache held the graphs: loaded them (a GPU), or found them and compiled again
+# (the CPU build 0.32: its cached graph fails to load, and the compile is quick on torch's own warm cache)
+CACHE_WARM = re.compile(r"Directly load the compiled|Directly load AOT|Compiling model again due to a load failure")
+CACHE_COLD = re.compile(r"Compiling a graph for|saved AOT compiled function")
+
+
+def compile_key(values: Mapping[str, Any], env: Mapping[str, str] | None = None) -> str:
+    """A short digest of the settings (and the instance's environment, COMPILE_ENV) that decide whether vLLM can
+    reuse its compile cache."""
+    inside: dict[str, Any] = {k: v for k, v in sorted(values.items()) if k not in OUTSIDE_COMPILE}
+    hashed = {k: env[k] for k in COMPILE_ENV if env is not None and k in env}
+    if hashed:  # (a start with none of them keeps the key it had before the environment counted)
+        inside["__env__"] = hashed
     return hashlib.sha256(json.dumps(inside, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -65,18 +146,55 @@ class Phase:
 
 @dataclass
 class Eta:
-    """What this engine expects a start to take, and on what it bases that."""
+    """What this engine expects a start of one kind to take, and on what it bases that."""
 
     total_s: float
-    basis: str  # "warm" (same compile key), "recompile" (a compiling start), "any" (other starts)
+    basis: str  # "kind": earlier starts of this kind; "prior": another kind's, by the prior ratio; "default": none
     samples: int
     phases: dict[str, float] = field(default_factory=dict)  # median seconds per phase
+    kind: StartKind = "warm"
+    source: StartKind | None = None  # the kind a prior was taken from
+    scale: float = 1.0  # a prior's ratio to its source kind
+    load_1m: float | None = None  # the host's load average when it was made
+    cores: int | None = None
+    pool_load: float | None = None  # the median load average at the launch of the starts it is taken from
+
+    @property
+    def loaded(self) -> bool:
+        """The host is more loaded now than the estimate assumes (LOADED_PER_CORE, LOADED_RATIO)."""
+        if self.load_1m is None or not self.cores:
+            return False
+        return self.load_1m > max(LOADED_PER_CORE * self.cores, LOADED_RATIO * (self.pool_load or 0.0))
+
+    def _load_text(self) -> str:
+        than = f", against {self.pool_load:.1f} for the starts this is taken from" if self.pool_load else ""
+        return f"the host is loaded now (load average {self.load_1m:.1f} on {self.cores} cores{than})"
+
+    def note(self) -> str | None:
+        """What may make this estimate wrong now: a loaded host, or no start of this kind to go by."""
+        notes = []
+        if self.basis != "kind":
+            notes.append("a prior, not a measurement: it becomes one after the first start of this kind")
+        if self.loaded:
+            notes.append(f"{self._load_text()}: starts take longer then")
+        return "; ".join(notes) or None
+
+    def why(self) -> str:
+        """What the estimate is taken from (and, when the host is loaded now, that it is)."""
+        what = KIND_TEXT[self.kind]
+        if self.basis == "kind":
+            text = f"the median of {self.samples} earlier {what}"
+        elif self.basis == "prior" and self.source is not None:
+            text = (f"a prior: no earlier {what} here, so {self.scale:.2g} x the median of {self.samples} "
+                    f"{KIND_TEXT[self.source]}")
+        else:
+            text = f"a prior for {what}: no earlier start of this engine to go by"
+        if self.loaded:
+            text += f"; {self._load_text()}: expect longer"
+        return text
 
     def describe(self) -> str:
-        why = {"warm": "earlier starts with these compile settings (compile cache warm)",
-               "recompile": "earlier starts that compiled (these settings change the compile cache)",
-               "any": "earlier starts of this engine"}[self.basis]
-        return f"about {self.total_s:.0f} s, the median of {self.samples} {why}"
+        return f"about {self.total_s:.0f} s, {self.why()}"
 
 
 @dataclass
@@ -87,6 +205,7 @@ class StartTracker:
     phases: list[Phase] = field(default_factory=lambda: [Phase("process", 0.0)])
     ready_s: float | None = None
     failed: str | None = None
+    compile_cache: str | None = None  # "warm" or "cold", as vLLM's log said (None: it said neither, e.g. eager)
 
     @property
     def current(self) -> Phase:
@@ -99,6 +218,11 @@ class StartTracker:
         """Read one log line; return the phase it began, if any."""
         if self.ready_s is not None or self.failed is not None:
             return None
+        if self.compile_cache != "warm":
+            if CACHE_WARM.search(line):
+                self.compile_cache = "warm"
+            elif self.compile_cache is None and CACHE_COLD.search(line):
+                self.compile_cache = "cold"
         at = self.elapsed(now)
         position = ORDER[self.current.name]
         for name, _, marker in PHASES[position + 1:]:
@@ -143,6 +267,7 @@ class StartTracker:
                         "seconds": round(p.seconds(at), 1), "done": p.ended_s is not None} for p in self.phases],
             "eta_s": None if eta is None else round(eta.total_s, 1),
             "eta_basis": None if eta is None else eta.describe(),
+            "start_kind": None if eta is None else eta.kind,
             "remaining_s": remaining, "ready_s": None if self.ready_s is None else round(self.ready_s, 1),
             "failed": self.failed,
         }
@@ -155,32 +280,69 @@ class PastStart:
     compile_key: str | None
     model: str | None
     total_s: float
-    compiled: bool  # the start spent time in torch.compile beyond a cache load
+    compiled: bool  # its compile cache was cold (vLLM's log said so; older records: its compile phase was long)
     phases: Mapping[str, float]
+    kind: StartKind | None = None  # as recorded at its launch (None: recorded before kinds were)
+    load_1m: float | None = None  # the host's load average at its launch
+    cores: int | None = None
+    cache: str | None = None  # its compile cache as vLLM's log said: "warm", "cold" (None: not recorded)
+
+    @property
+    def effective_kind(self) -> StartKind:
+        """The kind it turned out to be: its recorded kind with the compile cache as measured (a start recorded
+        before kinds were counts as alone)."""
+        return with_cache(self.kind or "warm", self.compiled)
 
 
-def estimate(key: str, model: str, history: Sequence[PastStart], recent: int = 5) -> Eta | None:
-    """The ETA of a start with compile key ``key``, from earlier successful starts (oldest first).
+def cache_cold(key: str, history: Sequence[PastStart]) -> bool:
+    """Whether a start with compile key ``key`` finds vLLM's compile cache cold: no earlier start of this engine
+    with that key (each one leaves its compiled graphs in the cache)."""
+    return not any(s.compile_key == key for s in history)
 
-    A key this engine has started before finds vLLM's compile cache warm: the median of recent starts that did not
-    compile (of this key if there are any). A new key compiles: the median of recent starts of the model that did.
-    Without either, the median of recent starts of the model (or of any model)."""
-    of_model = [s for s in history if s.model == model] or list(history)
-    if any(s.compile_key == key for s in history):
-        basis = "warm"
-        warm = [s for s in of_model if not s.compiled]
-        pool = [s for s in warm if s.compile_key == key] or warm or [s for s in history if s.compile_key == key]
-    else:
-        basis, pool = "recompile", [s for s in of_model if s.compiled]
-    if not pool:
-        basis, pool = "any", of_model
-    if not pool:
-        return None
-    pool = pool[-recent:]
+
+def _pool_load(pool: Sequence[PastStart]) -> float | None:
+    loads = [s.load_1m for s in pool if s.load_1m is not None]
+    return round(statistics.median(loads), 2) if loads else None
+
+
+def _median_eta(pool: Sequence[PastStart], scale: float = 1.0) -> tuple[float, dict[str, float]]:
     names = {n for s in pool for n in s.phases}
-    phases = {n: round(statistics.median([s.phases.get(n, 0.0) for s in pool]), 2) for n in names}
-    return Eta(round(statistics.median([s.total_s for s in pool]), 1), basis, len(pool),
-               dict(sorted(phases.items(), key=lambda kv: ORDER.get(kv[0], 99))))
+    phases = {n: round(scale * statistics.median([s.phases.get(n, 0.0) for s in pool]), 2) for n in names}
+    total = round(scale * statistics.median([s.total_s for s in pool]), 1)
+    return total, dict(sorted(phases.items(), key=lambda kv: ORDER.get(kv[0], 99)))
+
+
+def estimate(key: str, model: str, history: Sequence[PastStart], recent: int = 5, *,
+             company: Company = "alone", kind: StartKind | None = None, build: str = "cpu",
+             load_1m: float | None = None, cores: int | None = None) -> Eta:
+    """The ETA of a start with compile key ``key`` of ``model`` (its kind: ``kind``, else from ``company`` and
+    whether its compile cache is cold), from earlier successful starts (oldest first).
+
+    The median of the ``recent`` latest starts of the same kind (as they turned out) of the model (of any model
+    when the model has none). Without one of that kind: a prior, the median of the kind the model has most starts
+    of, times the ratio of the two kinds (PRIOR_RATIO of the build); without any start, the build's default."""
+    kind = kind or start_kind(company, cache_cold(key, history))
+    # a wake-up takes the same whatever the model's settings; a start, its model's
+    of_model = list(history) if kind == "wake" else [s for s in history if s.model == model] or list(history)
+    pool = [s for s in of_model if s.effective_kind == kind][-recent:]
+    if pool:
+        total, phases = _median_eta(pool)
+        return Eta(total, "kind", len(pool), phases, kind, None, 1.0, load_1m, cores, _pool_load(pool))
+    by_kind: dict[StartKind, list[PastStart]] = {}
+    for s in of_model:
+        by_kind.setdefault(s.effective_kind, []).append(s)
+    usable = {k: v for k, v in by_kind.items() if k != "wake"}
+    if usable and kind != "wake":
+        source = max(usable, key=lambda k: (len(usable[k]), k == "warm", k == "beside"))
+        chosen = usable[source][-recent:]
+        ratios = PRIOR_RATIO.get(build, PRIOR_RATIO["cpu"])
+        scale = ratios[kind] / ratios[source]
+        total, phases = _median_eta(chosen, scale)
+        return Eta(total, "prior", len(chosen), phases, kind, source, round(scale, 3), load_1m, cores,
+                   _pool_load(chosen))
+    warm = PRIOR_WARM_S.get(build, PRIOR_WARM_S["cpu"])
+    scale = PRIOR_RATIO.get(build, PRIOR_RATIO["cpu"])[kind]
+    return Eta(round(warm * scale, 1), "default", 0, {}, kind, None, scale, load_1m, cores)
 
 
 def compiled(phases: Mapping[str, float], threshold_s: float = 5.0) -> bool:
@@ -198,5 +360,21 @@ def past_start(data: Mapping[str, Any]) -> PastStart | None:
         return None
     clean = {str(k): float(v) for k, v in phases.items() if isinstance(v, int | float)}
     key = startup.get("compile_key")
+    cache = startup.get("compile_cache") if startup.get("compile_cache") in ("warm", "cold") else None
+    recorded = startup.get("kind")
+    kind: StartKind | None = next((k for k in KINDS if k == recorded), None)
+    if kind is None and data.get("bridge") is True:  # recorded before kinds were: a bridge said so
+        kind = "bridge"
+    load, cores = startup.get("load_1m"), startup.get("cores")
     return PastStart(str(key) if key else None, str(startup.get("model") or "") or None,
-                     float(data["startup_s"]), compiled(clean), clean)
+                     float(data["startup_s"]), cache == "cold" if cache else compiled(clean), clean, kind,
+                     float(load) if isinstance(load, int | float) else None,
+                     int(cores) if isinstance(cores, int) else None, cache)
+
+
+def past_wake(data: Mapping[str, Any], model: str | None) -> PastStart | None:
+    """A woken event's data as a start of kind wake (its time is the wake-up call and the probe)."""
+    seconds = data.get("wake_s")
+    if not isinstance(seconds, int | float):
+        return None
+    return PastStart(None, model, float(seconds), False, {}, "wake")

@@ -17,12 +17,14 @@ what served (after a pause, the sleeping old instance is woken, or the last good
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,6 +62,8 @@ from engine.schemas import (
     InstanceRole,
     StartupView,
     StatusOut,
+    StepAction,
+    StepTiming,
 )
 from engine.serving import applies
 from engine.serving.child import free_port, kill_group, reap_all
@@ -72,11 +76,12 @@ from engine.serving.command import (
     unbound_omp_threads,
     vllm_distribution,
 )
+from engine.serving.etas import EtaTable, past_steps
 from engine.serving.logs import ChildLog
 from engine.serving.readiness import probe
 from engine.serving.recovery import Decision, RecoveryPolicy
 from engine.serving.scope import DeploymentRef
-from engine.serving.startup import Eta, PastStart, compile_key, estimate, past_start
+from engine.serving.startup import Company, Eta, PastStart, compile_key, estimate, host_load, past_start, past_wake
 from engine.serving.state import StateMachine
 
 log = logging.getLogger("llmops.supervisor")
@@ -153,7 +158,8 @@ class Instance:
     device: str | None = None
     bridge: bool = False
     since: float = field(default_factory=time.time)
-    eta: Eta | None = None
+    eta: Eta | None = None  # what its start should take, by its kind (eta.kind)
+    compile_key: str = ""  # its settings and environment as vLLM's compile cache sees them
     predicted: dict[str, Any] | None = None
     launched_seqs: int = 0  # the max_num_seqs vLLM was started with (its ceiling)
     ready_at: float | None = None
@@ -206,6 +212,8 @@ class Supervisor:
         self.unrecorded = 0  # events and bookkeeping writes the database could not take
         self._tasks: set[asyncio.Task[None]] = set()  # short tasks started from callbacks (an instance's exit)
         self.database_down_since: float | None = None  # the desired revision could not be read since (monotonic)
+        self._traffic: collections.deque[tuple[float, int]] = collections.deque(maxlen=64)  # (when, in flight)
+        self._traffic_lock = threading.Lock()  # read by API threads (a plan), written by the loop
 
     # --- what the API sees and asks ---------------------------------------------------------------------------
 
@@ -269,13 +277,42 @@ class Supervisor:
         return StartupView.model_validate(self.last_start) if self.last_start else None
 
     def past_starts(self, limit: int = 100) -> list[PastStart]:
-        """Successful starts recorded by this engine's ready events, oldest first (SQLite: call off the loop)."""
-        events = self.events.events(kinds=["ready"], limit=limit, newest_first=True)
-        return [s for s in (past_start(e.data) for e in reversed(events)) if s is not None]
+        """Successful starts recorded by this engine's ready events (and its wake-ups from sleep), oldest first
+        (SQLite: call off the loop)."""
+        events = self.events.events(kinds=["ready", "woken"], limit=limit, newest_first=True)
+        model = self.primary.settings.model if self.primary else None
+        starts = (past_start(e.data) if e.kind == "ready" else past_wake(e.data, model) for e in reversed(events))
+        return [s for s in starts if s is not None]
 
-    def eta_for(self, values: dict[str, Any]) -> Eta | None:
-        """How long a start with these values should take, from this engine's earlier starts."""
-        return estimate(compile_key(values), str(values.get("model")), self.past_starts())
+    def eta_for(self, values: dict[str, Any], company: Company = "alone", env: dict[str, str] | None = None) -> Eta:
+        """How long a start with these values should take (``company``: alone, beside an instance that serves, a
+        bridge; ``env``: its environment, else the one it would get), from this engine's earlier starts of its
+        kind."""
+        load, cores = host_load()
+        env = env if env is not None else self.compile_env(company != "alone")
+        return estimate(compile_key(values, env), str(values.get("model")), self.past_starts(), company=company,
+                        build=self.build, load_1m=load, cores=cores)
+
+    def compile_env(self, beside: bool) -> dict[str, str]:
+        """The part of a new instance's environment vLLM's compile cache sees (COMPILE_ENV): on the CPU build one
+        started beside another instance is not pinned to cores (_launch), unless the engine's own environment
+        says how to pin."""
+        bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+        if bind is None and self.build == "cpu" and (beside or self.others_running() > 0):
+            bind = "nobind"
+        return {} if bind is None else {"VLLM_CPU_OMP_THREADS_BIND": bind}
+
+    def eta_table(self) -> EtaTable:
+        """The ETAs of a plan's steps: earlier starts by kind, earlier applies' steps (SQLite: call off the loop)."""
+        applies = self.events.events(kinds=["apply_done"], limit=50, newest_first=True)
+        load, cores = host_load()
+        device = self.planner.device() if self.planner is not None and self.build == "cuda" else None
+        gpus = device.count if device is not None else 0
+        return EtaTable(self.past_starts(), [s for e in reversed(applies) for s in past_steps(e.data)],
+                        build=self.build, in_flight=self.recent_in_flight(), load_1m=load, cores=cores,
+                        neighbours=self.build == "cpu" and self.others_running() > 0, env_for=self.compile_env,
+                        own_device=lambda settings: self.build == "cuda" and settings.replicas >= 2
+                        and gpus >= settings.replicas * settings.tensor_parallel_size)
 
     def plan_for(self, settings: EngineSettings) -> ApplyPlanOut | None:
         """How applying ``settings`` now would keep serving (call from a thread: reads NVML's latest sample and
@@ -287,13 +324,10 @@ class Supervisor:
         if serving and not any(i.bridge for i in serving) and all(soft_change(i, values) for i in serving):
             return soft_plan(serving, settings)
         old = next((i for i in serving if not i.bridge), serving[0] if serving else None)
-        eta = self.eta_for(values)
-        bridge_eta = self.eta_for(old.settings.model_dump()) if old is not None else None
         return self.planner.plan(settings, None if old is None else old.settings,
                                  replicas=len([i for i in serving if not i.bridge]) or (1 if old else 0),
-                                 memory_bytes=self.planner.vllm_memory(),
-                                 eta_new_s=eta.total_s if eta else None,
-                                 eta_bridge_s=bridge_eta.total_s if bridge_eta else None)
+                                 memory_bytes=self.planner.vllm_memory(), eta_new_s=None, eta_bridge_s=None,
+                                 times=self.eta_table(), sleep=self.build == "cuda" and self.config.sleep_mode)
 
     def served_model(self) -> str | None:
         p = self.primary
@@ -434,7 +468,16 @@ class Supervisor:
 
     # --- the loop ----------------------------------------------------------------------------------------------
 
+    def recent_in_flight(self, window_s: float = 10.0) -> int:
+        """The most requests in flight now or at a tick of the last ``window_s`` (between its requests a client
+        has none in flight: one reading of now misses a steady load)."""
+        now = time.monotonic()
+        with self._traffic_lock:
+            self._traffic.append((now, self.admission.in_flight))
+            return max(n for t, n in self._traffic if now - t <= window_s)
+
     async def _reconcile(self) -> None:
+        self.recent_in_flight()
         for inst in list(self.instances):
             if inst.child.exited and not inst.child.stop_requested:
                 await self._crashed(inst, f"vLLM instance {inst.name} exited{_code(inst.child.returncode)} "
@@ -591,24 +634,59 @@ class Supervisor:
                         launched_seqs=launch_max_num_seqs(settings))
         child.on_exit = lambda _: self._spawn_task(self._instance_exited(inst), f"exited-{name}")
         inst.predicted = await asyncio.to_thread(self.planner.predict_now, settings) if self.planner else None
-        inst.eta = await asyncio.to_thread(self.eta_for, settings.model_dump())
+        inst.compile_key = compile_key(settings.model_dump(), env)
+        inst.eta = await asyncio.to_thread(self.eta_for, settings.model_dump(), self._company(device, bridge), env)
         self.instances.append(inst)
         self.starts += 1
         what = "a bridge of revision" if bridge else "revision"
-        await self._event("starting", f"starting vLLM instance {name} with {what} {revision.id}"
+        await self._event("starting", f"starting vLLM instance {name} with {what} {revision.id} ({inst.eta.kind} start)"
                           + (f" on node {node[:12]}" if node else "") + (f" on GPU {device}" if device else "")
                           + (f"; expected ready in {inst.eta.describe()}" if inst.eta else ""),
                           revision_id=revision.id,
                           data={"args": args[1:], "predicted": inst.predicted, "instance": name, "bridge": bridge,
-                                "device": device, "node": node, "eta_s": inst.eta.total_s if inst.eta else None})
+                                "device": device, "node": node, "eta_s": inst.eta.total_s, "kind": inst.eta.kind,
+                                "load_1m": inst.eta.load_1m})
         await child.spawn()
         return inst
 
+    def _company(self, device: str | None, bridge: bool) -> Company:
+        """What a new instance starts beside: a bridge; an instance that serves requests on its device (the CPU
+        build: on the host, another deployment's too: they share its cores; a GPU: the GPU and the host's cores
+        its server needs), which slows a start by what it takes; else alone (an idle instance takes nothing)."""
+        if bridge:
+            return "bridge"
+        if self.build == "cpu" and self.others_running() > 0:
+            return "beside"
+        if self.recent_in_flight() == 0:
+            return "alone"
+        live = [i for i in self.instances if i.serving or i.role == "draining"]
+
+        def gpus(d: str | None) -> set[str] | None:
+            return None if d is None else set(d.split(","))
+
+        mine = gpus(device)
+        shared = [i for i in live if self.build == "cpu" or mine is None or gpus(i.device) is None
+                  or mine & (gpus(i.device) or set())]
+        return "beside" if shared else "alone"
+
+    def _timed(self, action: StepAction, instance: str, seconds: float, in_flight: int,
+               start_kind: Any = None) -> None:
+        """A step of the apply under way as it ran (its time, beside what the plan expected of such a step)."""
+        if self.apply is None or self.apply.outcome != "running":
+            return
+        expected = next((s.eta_s for s in self.apply.plan.step_etas if s.action == action
+                         and (action != "start" or s.start_kind == start_kind)), None)
+        self.apply.timings.append(StepTiming(action=action, instance=instance, seconds=round(seconds, 2),
+                                             start_kind=start_kind, in_flight=in_flight, eta_s=expected))
+
     async def _await_ready(self, inst: Instance, *, abort_on_new_desired: bool = True) -> StartOutcome:
+        in_flight = self.admission.in_flight
         outcome = await self._wait_ready(inst, abort_on_new_desired)
         tracker = inst.child.tracker
         if outcome.ready:
             tracker.ready()
+            self._timed("start", inst.name, tracker.ready_s or outcome.seconds, in_flight,
+                        inst.eta.kind if inst.eta else None)
         else:
             tracker.fail(outcome.reason)
         self.last_start = {"revision": inst.revision.id, **tracker.view(inst.eta)}
@@ -636,8 +714,10 @@ class Supervisor:
                 await self._enter(S.READY, f"revision {inst.revision.id} serves again after wake-up")
             return upstream
         startup: dict[str, Any] = {"phases": inst.child.tracker.durations(),
-                                   "compile_key": compile_key(inst.settings.model_dump()),
-                                   "model": inst.settings.model}
+                                   "compile_key": inst.compile_key or compile_key(inst.settings.model_dump()),
+                                   "model": inst.settings.model, "compile_cache": inst.child.tracker.compile_cache}
+        if inst.eta is not None:  # the kind it was started as, and the host's load then
+            startup.update(kind=inst.eta.kind, load_1m=inst.eta.load_1m, cores=inst.eta.cores)
         eta_text = ""
         if inst.eta is not None:
             error = seconds - inst.eta.total_s
@@ -666,7 +746,9 @@ class Supervisor:
         if self.config.handover_s <= 0 or self.admission.in_flight == 0:  # no traffic: nobody to hand over
             return
         self._step(f"instance {new.name} takes its first requests beside the one it replaces")
+        t0, in_flight = time.monotonic(), self.admission.in_flight
         await self.admission.finished(upstream, min(8, max(1, new.settings.max_num_seqs)), self.config.handover_s)
+        self._timed("handover", new.name, time.monotonic() - t0, in_flight)
 
     def _forget(self, inst: Instance) -> None:
         with contextlib.suppress(ValueError):
@@ -675,6 +757,7 @@ class Supervisor:
     async def _stop(self, inst: Instance, reason: str) -> None:
         """Stop an instance that no longer takes traffic (its requests drained or given up). While others serve,
         its shutdown runs at the lowest CPU priority: it must not slow them."""
+        was = inst.role
         inst.role = "stopping"
         old_pids: set[int] = set()
         local = inst.child.local
@@ -685,6 +768,8 @@ class Supervisor:
             with contextlib.suppress(psutil.Error):
                 old_pids.update(p.pid for p in psutil.Process(inst.child.pid).children(recursive=True))
         seconds = await inst.child.stop(self.config.stop_timeout_s)
+        if was in ("serving", "bridge", "draining"):  # a step of an apply (not a start given up)
+            self._timed("stop", inst.name, seconds, self.admission.in_flight)
         released = True
         if self.planner is not None:
             released = await asyncio.to_thread(self.planner.wait_released, old_pids, 30.0)
@@ -713,7 +798,9 @@ class Supervisor:
         """No new requests to ``inst``; wait for those it has (streams included), up to drain_timeout_s."""
         closed = await self._close(inst)
         inst.role = "draining"
+        t0, in_flight = time.monotonic(), sum(u.outstanding for u in closed)
         left = await self.admission.drain(self.config.drain_timeout_s, closed) if closed else 0
+        self._timed("drain", inst.name, time.monotonic() - t0, in_flight)
         await self._event("drained", f"instance {inst.name}: {left} requests still in flight after "
                           f"{self.config.drain_timeout_s:.0f} s ({reason})" if left else
                           f"drained instance {inst.name}: {reason}", "warning" if left else "info",

@@ -72,6 +72,9 @@ def test_settings_preview_follows_the_form_and_writes_nothing(console_env: Engin
     assert metrics["Concurrency"].endswith("x") and metrics["KV tokens"][0].isdigit()
     assert len(at.dataframe) == 1  # the edits: max_num_seqs only
     assert list(at.dataframe[0].value["field"]) == ["max_num_seqs"]
+    # the apply's ETA is its plan's steps, each timed (the start by the earlier starts of its kind), not one figure
+    eta = next(c.value for c in at.caption if c.value.startswith("By plan "))
+    assert "It should take about" in eta and "start " in eta and " + stop " in eta
     number(at, "cpu_kv_cache_gib (memory for the KV cache)").set_value(0.001).run()
     errors = "\n".join(e.value for e in at.error)
     assert "cpu_kv_cache_gib" in errors
@@ -142,6 +145,22 @@ def test_benchmarks_page_offers_presets_sweeps_and_the_search(console_env: Engin
     assert at.selectbox(key="bm_preset").options == ["Short chat", "Long-prompt RAG", "Batch summarise"]
     assert at.multiselect(key="srch_cands").value == [1, 4, 16]
     assert any(b.label == "Run benchmark" for b in at.button)
+
+
+def test_benchmarks_page_shows_each_levels_seed_and_cache_hits_and_warns_of_a_cache_test(
+        console_env: EngineHandle) -> None:
+    run = console_env.client.start_sweep("rag", [1, 1], num_prompts=2, seed=777)
+    wait_until(lambda: console_env.client.benchmark(run.id).status != "running", 600, every=1,
+               what=f"the end of benchmark {run.id}")
+    at = page("benchmarks", console_env.token)
+    table = at.dataframe[0].value  # the newest run, expanded
+    assert list(table["seed"]) == ["777", "777"]
+    hits = list(table["prefix cache hits"])
+    assert all(h.endswith(" %") for h in hits) and float(hits[1].split()[0]) > 20
+    warnings = [w.value for w in at.warning]
+    assert any(w.startswith("concurrency 1: prompts were served from the prefix cache: the figures are a cache test")
+               for w in warnings)
+    assert "Seed 777 was asked for: every level sent the same prompts." in texts(at)
 
 
 def test_audit_page_answers_who_changed_what(console_env: EngineHandle) -> None:

@@ -88,10 +88,30 @@ def test_benchmark_sweep_is_stored_under_its_revision(engine: EngineHandle) -> N
         assert level.completed == 6 and level.failed == 0 and (level.output_throughput or 0) > 0
         assert (level.p95_e2el_ms or 0) >= (level.p50_e2el_ms or 0) > 0
         assert level.tokens_per_joule is None  # no GPU energy counter here, so no invented figure
+        # fresh prompts: vLLM looked up every prompt token in its prefix cache (its /metrics counters over the
+        # level) and found next to none there; no warning
+        assert level.prefix_cache_queries is not None and level.prefix_cache_queries >= 6 * 100
+        assert level.prefix_cache_hit_pct is not None and level.prefix_cache_hit_pct <= 20 and not level.warnings
+    seeds = [lv.seed for lv in done.results]
+    assert None not in seeds and len(set(seeds)) == 2  # each level its own prompts (they were both seed 0)
     listed = engine.client.benchmarks(revision=status.running_revision)
     assert run.id in [r.id for r in listed]
     compared = engine.client.compare_benchmarks(run.id, run.id)
     assert compared.levels[0].output_throughput.change_pct == 0.0
+
+
+def test_the_same_prompts_again_are_a_cache_test_and_say_so(engine: EngineHandle) -> None:
+    """A seed given on purpose sends the same long prompts at both levels: vLLM serves the second level's from its
+    prefix cache (its own counters say so) and the level is flagged, as fixed seeds went unnoticed before."""
+    engine.client.wait_for({"ready"}, COLD_START_S)
+    run = engine.client.start_sweep("rag", [1, 1], num_prompts=3, seed=4242)
+    done = wait_run(engine, run.id, 600)
+    assert done.status == "done", done.error
+    first, second = done.results
+    assert first.seed == second.seed == 4242
+    assert second.prefix_cache_hit_pct is not None and second.prefix_cache_hit_pct > 80  # whole 1.5k-token prompts
+    assert (first.prefix_cache_hit_pct or 0) < (second.prefix_cache_hit_pct or 0)
+    assert any("prompts were served from the prefix cache: the figures are a cache test" in w for w in second.warnings)
 
 
 def test_guided_search_proposes_a_valid_max_num_seqs_and_restores(engine: EngineHandle) -> None:

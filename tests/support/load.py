@@ -3,12 +3,16 @@
 Each request's outcome is recorded: HTTP status, whether a stream ended with [DONE], an error event or an
 exception, and how long it took. The client timeout is long (requests may wait in the gateway's queue while vLLM
 restarts) but finite, so a hanging request shows up as an exception, not as a stuck test.
+
+Every request has its own text (a random token first), so none is served from vLLM's prefix cache: an apply's
+new instance is measured on prompts it has never seen, as after a real apply.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -85,7 +89,8 @@ class Load:
                     self.outcomes.append(outcome)
 
     def _one(self, http: httpx.Client, client: int, stream: bool) -> Outcome:
-        body = {"model": self.model, "messages": [{"role": "user", "content": f"client {client}: describe a module"}],
+        text = f"{prompt_token()} client {client}: describe a module"
+        body = {"model": self.model, "messages": [{"role": "user", "content": text}],
                 "max_tokens": self.max_tokens, "temperature": 0.7, "stream": stream}
         t0 = time.monotonic()
         out = Outcome(client, stream, None, 0.0)
@@ -111,6 +116,11 @@ class Load:
         out.finished = time.monotonic()
         out.seconds = out.finished - t0
         return out
+
+
+def prompt_token() -> str:
+    """A random word that starts a request's text (8 hex digits: a few microseconds, no shared prefix)."""
+    return secrets.token_hex(4)
 
 
 def summary(outcomes: list[Outcome]) -> dict[str, int]:

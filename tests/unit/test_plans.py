@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from engine.capacity.model import GIB, Device, load_shape
-from engine.capacity.plans import PlanInputs, Running, plan_apply
+from engine.capacity.plans import Company, PlanInputs, Running, StepEta, plan_apply
 from engine.revisions import EngineSettings
+from engine.schemas import ApplyPlanOut, StepAction
 from tests.support.data import DEMO_SHAPE
 
 LLAMA8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
@@ -95,3 +96,89 @@ def test_cpu_build_blue_green_when_the_host_has_room_else_pause(tmp_path: Path) 
                        shape_new=shape)
     plan = plan_apply(tight)
     assert plan.kind == "pause" and "needs" in plan.reason
+
+
+class Times:
+    """StepTimes as the supervisor's table gives them: a start by its company, each other step by its action."""
+
+    def __init__(self, **seconds: float) -> None:
+        self.seconds = seconds
+        self.asked: list[tuple[str, str]] = []
+
+    def start(self, settings: EngineSettings, company: Company) -> StepEta:
+        self.asked.append((company, str(settings.gpu_memory_utilization)))
+        kind = {"alone": "warm", "beside": "beside", "bridge": "bridge"}[company]
+        return StepEta(self.seconds[f"start_{company}"], f"{kind} starts", kind)  # type: ignore[arg-type]
+
+    def step(self, action: StepAction) -> StepEta:
+        return StepEta(self.seconds[action], f"earlier {action}s")
+
+    def note(self) -> str | None:
+        return "the host is loaded now"
+
+
+TIMES = {"start_alone": 25.0, "start_beside": 31.0, "start_bridge": 64.0, "handover": 2.0, "drain": 1.5,
+         "stop": 1.0, "sleep": 17.0}
+
+
+def etas(plan: ApplyPlanOut) -> list[tuple[str, str | None, float | None]]:
+    return [(s.action, s.start_kind, s.eta_s) for s in plan.step_etas]
+
+
+def test_a_blue_green_plan_is_a_start_beside_a_handover_a_drain_and_a_stop(tmp_path: Path) -> None:
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "config.json").write_text(json.dumps(DEMO_SHAPE))
+    shape = load_shape(tmp_path / "demo")
+    demo = EngineSettings.model_validate({"model": str(tmp_path / "demo"), "cpu_kv_cache_gib": 0.5})
+    times = Times(**TIMES)
+    plan = plan_apply(PlanInputs(new=demo, running=Running(demo, 1, int(2 * GIB)),
+                                 device=Device("cpu", 24 * GIB, 20 * GIB), shape_old=shape, shape_new=shape,
+                                 times=times))
+    assert plan.kind == "blue_green"
+    assert etas(plan) == [("start", "beside", 31.0), ("handover", None, 2.0), ("drain", None, 1.5),
+                          ("stop", None, 1.0)]
+    assert plan.expected_s == 35.5 and plan.pause_s == 0
+    assert plan.steps == [s.text for s in plan.step_etas]  # the texts older clients read, the same steps
+    assert plan.eta_note == "the host is loaded now"
+    assert plan.step_etas[0].basis == "beside starts"
+
+
+def test_a_bridge_plan_times_both_starts_by_their_kinds(m8b: Path) -> None:
+    old, new = gpu(m8b), gpu(m8b, max_num_seqs=128)
+    times = Times(**TIMES)
+    inp = inputs(m8b, new, old, used=119.3)
+    inp.times = times
+    plan = plan_apply(inp)
+    assert plan.kind == "bridge" and plan.bridge is not None
+    assert etas(plan) == [("start", "bridge", 64.0), ("handover", None, 2.0), ("drain", None, 1.5),
+                          ("stop", None, 1.0), ("start", "beside", 31.0), ("handover", None, 2.0),
+                          ("drain", None, 1.5), ("stop", None, 1.0)]
+    assert plan.expected_s == 104.0
+    assert plan.dip_s == 1.5 + 1.0 + 31.0 + 2.0  # the bridge alone serves from the old one's drain to the handover
+    assert times.asked[0] == ("bridge", str(plan.bridge.gpu_memory_utilization))  # the bridge's own settings
+
+
+def test_rolling_is_n_times_drain_stop_and_start_and_a_pause_is_drain_stop_start(m8b: Path) -> None:
+    old, new = gpu(m8b, replicas=2, gpu_memory_utilization=0.45), gpu(m8b, replicas=3, gpu_memory_utilization=0.45)
+    inp = inputs(m8b, new, old, used=0.9 * 139.8, replicas=2)
+    inp.times = Times(**TIMES)
+    rolling = plan_apply(inp)
+    assert etas(rolling) == [("drain", None, 1.5), ("stop", None, 1.0), ("start", "beside", 31.0)] * 2 + [
+        ("start", "beside", 31.0)]
+    assert rolling.expected_s == 2 * 33.5 + 31.0
+    greedy = gpu(m8b, gpu_memory_utilization=0.95)
+    paused = inputs(m8b, greedy, greedy, used=0.95 * 139.8)
+    paused.times = Times(**TIMES)
+    plan = plan_apply(paused)
+    assert plan.kind == "pause" and etas(plan) == [("drain", None, 1.5), ("stop", None, 1.0), ("start", "warm", 25.0)]
+    assert plan.pause_s == plan.expected_s == 27.5  # nothing serves from the drain to the new instance's start
+    paused.sleep = True
+    asleep = plan_apply(paused)
+    assert [s.action for s in asleep.step_etas] == ["drain", "sleep", "start"] and asleep.pause_s == 43.5
+
+
+def test_without_step_times_a_plan_keeps_its_start_etas_and_leaves_the_others_unknown(m8b: Path) -> None:
+    plan = plan_apply(inputs(m8b, gpu(m8b, gpu_memory_utilization=0.45), gpu(m8b, gpu_memory_utilization=0.4),
+                             used=0.4 * 139.8))
+    assert plan.kind == "blue_green" and plan.expected_s == 60.0
+    assert [s.eta_s for s in plan.step_etas] == [60.0, None, None, None]

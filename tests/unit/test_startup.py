@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.serving import PastStart, StartTracker, compile_key, estimate, past_start
+from engine.serving.startup import PRIOR_RATIO, PRIOR_WARM_S
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "vllm_logs"
 
@@ -56,10 +57,25 @@ def test_the_view_counts_down_from_the_eta() -> None:
     assert view["remaining_s"] == 3 + 2 + 3 + 10 + 10  # the rest of this phase, then the ones ahead
 
 
+def test_the_log_says_whether_the_compile_cache_was_warm_or_cold() -> None:
+    """vLLM says it: a GPU loads the cached graphs ("Directly load"); the CPU build 0.32 finds them, fails to load
+    them and compiles again on torch's warm cache (10 s against 28 s cold on this host, over the old 5 s line
+    that told a warm start from a cold one by its compile phase)."""
+    assert replay("cpu-startup-demo.log").compile_cache == "cold"
+    warm_cpu = replay("cpu-startup-demo-warm.log")
+    assert warm_cpu.compile_cache == "warm"
+    assert replay("startup-util085-len4096.log").compile_cache == "cold"
+    assert replay("h200-startup-warm-pause.log").compile_cache == "warm"
+    assert replay("startup-util0125-eager.log").compile_cache is None  # enforce_eager: nothing compiled
+
+
 def test_gpu_memory_utilization_is_outside_the_compile_key_and_max_model_len_inside() -> None:
     base = {"model": "m", "max_model_len": 4096, "gpu_memory_utilization": 0.85, "max_num_seqs": 64}
     assert compile_key(base) == compile_key({**base, "gpu_memory_utilization": 0.8})
     assert compile_key(base) != compile_key({**base, "max_model_len": 8192})
+    # vLLM hashes its VLLM_* environment: a CPU instance started unpinned beside another compiles apart
+    assert compile_key(base, {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}) != compile_key(base)
+    assert compile_key(base, {"VLLM_API_KEY": "per-instance", "PATH": "/bin"}) == compile_key(base)
 
 
 def test_eta_takes_warm_starts_for_a_known_key_and_compiling_ones_for_a_new_key() -> None:
@@ -68,12 +84,63 @@ def test_eta_takes_warm_starts_for_a_known_key_and_compiling_ones_for_a_new_key(
     history = [PastStart("a", "m", 60.0, True, cold), PastStart("a", "m", 30.0, False, warm),
                PastStart("b", "m", 64.0, True, cold), PastStart("b", "m", 32.0, False, warm)]
     same = estimate("a", "m", history)
-    assert same is not None and same.basis == "warm" and same.total_s == 30.0
+    assert same.kind == "warm" and same.basis == "kind" and same.total_s == 31.0
     new = estimate("c", "m", history)
-    assert new is not None and new.basis == "recompile" and new.total_s == 62.0
-    assert estimate("c", "m", []) is None
+    assert new.kind == "cold" and new.basis == "kind" and new.total_s == 62.0
     other_model = estimate("x", "other", history)
-    assert other_model is not None and other_model.basis == "recompile"  # no start of that model: all models
+    assert other_model.kind == "cold" and other_model.total_s == 62.0  # no start of that model: all models
+
+
+def test_each_kind_of_start_is_estimated_from_starts_of_its_own_kind() -> None:
+    """The CPU build showed "3 min expected" for a 25 s start: the median mixed slow starts (beside a busy
+    instance, cold) with the warm one it was."""
+    phases = {"process": 8.0, "compile": 1.0, "api": 4.0}
+    history = [PastStart("k", "m", 25.0, False, phases, "warm"), PastStart("k", "m", 180.0, False, phases, "beside"),
+               PastStart("k", "m", 170.0, False, phases, "beside"), PastStart("k", "m", 26.0, False, phases, "warm"),
+               PastStart("k", "m", 190.0, False, phases, "beside")]
+    alone = estimate("k", "m", history, company="alone")
+    assert (alone.kind, alone.total_s, alone.samples) == ("warm", 25.5, 2)
+    beside = estimate("k", "m", history, company="beside")
+    assert (beside.kind, beside.total_s, beside.samples) == ("beside", 180.0, 3)
+    assert "beside an instance that serves" in beside.describe()
+
+
+def test_a_start_expected_warm_that_compiled_counts_as_cold() -> None:
+    cold = PastStart("k", "m", 40.0, True, {"compile": 18.0}, "warm")  # its cache had been wiped
+    assert cold.effective_kind == "cold"
+    assert PastStart("k", "m", 22.0, False, {"compile": 1.0}, "beside_cold").effective_kind == "beside"
+    assert estimate("k", "m", [cold], company="alone").kind == "warm"  # the key was seen: the cache is warm now
+
+
+def test_a_kind_never_started_gets_a_prior_and_says_so() -> None:
+    history = [PastStart("k", "m", 20.0, False, {"process": 10.0}, "warm"),
+               PastStart("k", "m", 22.0, False, {"process": 12.0}, "warm")]
+    beside = estimate("k", "m", history, company="beside")
+    assert beside.basis == "prior" and beside.source == "warm"
+    assert beside.total_s == round(21.0 * PRIOR_RATIO["cpu"]["beside"], 1)
+    assert beside.phases["process"] == round(11.0 * PRIOR_RATIO["cpu"]["beside"], 2)
+    assert "a prior: no earlier starts beside" in beside.describe()
+    assert "a prior" in (beside.note() or "")
+    nothing = estimate("k", "m", [], company="alone", build="cuda")  # a first start: its compile cache is cold
+    assert nothing.basis == "default" and nothing.kind == "cold"
+    assert nothing.total_s == round(PRIOR_WARM_S["cuda"] * PRIOR_RATIO["cuda"]["cold"], 1)
+    assert "no earlier start of this engine" in nothing.describe()
+
+
+def test_a_loaded_host_is_said_in_the_estimate() -> None:
+    history = [PastStart("k", "m", 20.0, False, {}, "warm")]
+    quiet = estimate("k", "m", history, load_1m=1.2, cores=2)
+    assert not quiet.loaded and "loaded" not in quiet.describe() and quiet.note() is None
+    busy = estimate("k", "m", history, load_1m=8.9, cores=2)
+    assert busy.loaded and busy.total_s == quiet.total_s
+    assert "the host is loaded now (load average 8.9 on 2 cores)" in busy.describe()
+    assert "loaded" in (busy.note() or "")
+    # beside a busy instance the load is always high: against starts made at such a load it is no surprise
+    usual = [PastStart("k", "m", 160.0, False, {}, "beside", 19.0, 2), PastStart("k", "m", 150.0, False, {}, "beside",
+                                                                               21.0, 2)]
+    assert not estimate("k", "m", usual, company="beside", load_1m=22.0, cores=2).loaded
+    high = estimate("k", "m", usual, company="beside", load_1m=40.0, cores=2)
+    assert high.loaded and "against 20.0 for the starts this is taken from" in high.describe()
 
 
 def test_past_starts_come_from_ready_events_and_old_events_are_skipped() -> None:
@@ -81,3 +148,10 @@ def test_past_starts_come_from_ready_events_and_old_events_are_skipped() -> None
     start = past_start({"startup_s": 40.0, "startup": {"phases": {"compile": 12.0, "process": 5},
                                                        "compile_key": "k", "model": "m"}})
     assert start == PastStart("k", "m", 40.0, True, {"compile": 12.0, "process": 5.0})
+    assert start.effective_kind == "cold"  # recorded before kinds: alone, and it compiled
+    bridge = past_start({"startup_s": 64.1, "bridge": True, "startup": {"phases": {}, "model": "m"}})
+    assert bridge is not None and bridge.kind == "bridge"
+    kinded = past_start({"startup_s": 31.0, "startup": {"phases": {"compile": 11.0}, "model": "m", "kind": "beside",
+                                                        "load_1m": 3.5, "cores": 2, "compile_cache": "warm"}})
+    assert kinded is not None and (kinded.kind, kinded.load_1m, kinded.cores) == ("beside", 3.5, 2)
+    assert not kinded.compiled and kinded.effective_kind == "beside"  # the log said warm: 11 s is a warm compile

@@ -36,7 +36,8 @@ def presets() -> dict[str, Preset]:
 async def sweep(body: SweepRequest, request: Request, benchmarks: BenchmarksDep, note: NoteDep) -> BenchmarkRunOut:
     """Run vLLM's serving benchmark on the running revision at each concurrency."""
     run = await benchmarks.start("sweep", body.preset, {"concurrency": body.concurrency,
-                                                       "num_prompts": body.num_prompts}, actor(request))
+                                                       "num_prompts": body.num_prompts, "seed": body.seed},
+                                 actor(request))
     note.target, note.after = f"benchmark {run.id}", {"preset": body.preset, "concurrency": body.concurrency}
     return run_out(run)
 
@@ -49,7 +50,8 @@ async def search(body: SearchRequest, request: Request, benchmarks: BenchmarksDe
     original settings and proposes the best value that meets the P95 target."""
     run = await benchmarks.start("search", body.preset, {"target_p95_s": body.target_p95_s,
                                                         "candidates": body.candidates,
-                                                        "num_prompts": body.num_prompts}, actor(request))
+                                                        "num_prompts": body.num_prompts, "seed": body.seed},
+                                 actor(request))
     note.target, note.after = f"benchmark {run.id}", {"preset": body.preset, "candidates": body.candidates,
                                                       "target_p95_s": body.target_p95_s}
     return run_out(run)

@@ -64,10 +64,12 @@ def capacity(request: Request, revisions: RevisionsDep, writer: WriterDep, plann
         changes[key] = raw if key == "extra_args" else (None if raw[-1].lower() in ("", "none", "null") else raw[-1])
     settings = writer.validate(merge_values(base.values, changes))
     result = planner.check(settings).as_dict()
-    eta = supervisor.eta_for(settings.model_dump())
-    restart = None if eta is None else RestartEta(seconds=eta.total_s, basis=eta.basis, samples=eta.samples,
-                                                  text=eta.describe())
     plan = supervisor.plan_for(settings) if result["ok"] else None
+    # the new revision's start, of the kind its apply would run: beside what serves, unless it pauses
+    alone = supervisor.primary is None or (plan is not None and plan.kind in ("pause", "start"))
+    eta = supervisor.eta_for(settings.model_dump(), "alone" if alone else "beside")
+    restart = RestartEta(seconds=eta.total_s, basis=eta.basis, samples=eta.samples, text=eta.describe(),
+                         kind=eta.kind, note=eta.note())
     return CapacityOut.model_validate({"base_revision": base.id, "values": settings.model_dump(), **result,
                                        "restart_eta": restart, "plan": plan,
                                        "elapsed_ms": round(1e3 * (time.perf_counter() - t0), 2)})
