@@ -119,7 +119,8 @@ def create_app(config: AppConfig) -> FastAPI:
     if revisions.ensure_initial(EngineSettings.model_construct(**initial_settings(config.data_dir.resolve()))
                                 .model_dump()):
         events.add("settings_changed", "revision 1: initial settings (the demo model)", revision_id=1)
-    auth = Auth(db, config.session_ttl_s, config.login_max_failures, config.login_lockout_s)
+    auth = Auth(db, config.session_ttl_s, config.login_max_failures, config.login_lockout_s,
+                config.login_hash_workers, config.login_hash_queue)
     audit = AuditLog(db)
     loopback = is_loopback(config.host)
     gateway_keys = config.gateway_keys == "on" or (config.gateway_keys == "auto" and not loopback)

@@ -74,6 +74,13 @@ class AppConfig(BaseSettings):
     session_ttl_s: float = Field(12 * 3600, gt=0, description="How long a console sign-in lasts.")
     login_max_failures: int = Field(5, ge=1, description="Failed sign-ins in a row that lock a user out.")
     login_lockout_s: float = Field(900, ge=0, description="How long a locked-out user waits.")
+    login_hash_workers: int = Field(2, ge=1, le=64, description="Password hashes (argon2: 64 MiB and up to 4 "
+                                    "threads each) computed at once, on threads of their own at a lower CPU priority "
+                                    "than the event loop: sign-ins never take the threads that serve /healthz, "
+                                    "/readyz and the API.")
+    login_hash_queue: int = Field(16, ge=0, le=10_000, description="Sign-ins that may wait for a hashing thread; "
+                                  "past it a sign-in is refused with 429 and Retry-After (a flood of sign-ins costs "
+                                  "at most login_hash_workers hashes of memory).")
     gateway_keys: Literal["auto", "on", "off"] = Field(
         "auto", description="Require API keys on /v1: auto = only when listening beyond loopback.")
     hf_token: SecretStr | None = Field(None, description="Hugging Face token for gated models; given to vLLM "

@@ -13,6 +13,7 @@ from engine.access.auth import (
     allows,
     digest,
 )
+from engine.access.hashing import HashBusyError, HashPool
 from engine.access.keys import GatewayKeys, KeyRefusedError, bearer
 from engine.access.ratelimit import RateLimiter
 from engine.schemas import ROLES, Role
@@ -27,6 +28,8 @@ __all__ = [
     "AuthError",
     "BadCredentialsError",
     "GatewayKeys",
+    "HashBusyError",
+    "HashPool",
     "KeyRefusedError",
     "LockedError",
     "Principal",

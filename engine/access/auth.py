@@ -19,6 +19,7 @@ from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from sqlmodel import Session, col, select
 
+from engine.access.hashing import HashPool
 from engine.db import ApiToken, Database, User
 from engine.errors import EngineError
 from engine.schemas import ROLES
@@ -61,8 +62,9 @@ def digest(token: str) -> str:
 
 class Auth:
     def __init__(self, db: Database, session_ttl_s: float = 12 * 3600, max_failures: int = 5,
-                 lockout_s: float = 900) -> None:
+                 lockout_s: float = 900, hash_workers: int = 2, hash_queue: int = 16) -> None:
         self.db = db
+        self.pool = HashPool(hash_workers, hash_queue)  # every argon2 hash runs there, never on the API's threads
         self.session_ttl_s = session_ttl_s
         self.max_failures = max_failures
         self.lockout_s = lockout_s
@@ -94,13 +96,20 @@ class Auth:
         with self.db.session() as s:
             if s.exec(select(User.id).where(User.username == username)).first() is not None:
                 raise AuthError(f"user {username!r} exists")
-            user = User(username=username, password_hash=self.hasher.hash(password), role=role)
+        password_hash = self.pool.call(self.hasher.hash, password)
+        with self.db.session() as s:
+            if s.exec(select(User.id).where(User.username == username)).first() is not None:
+                raise AuthError(f"user {username!r} exists")  # made while the password was hashed
+            user = User(username=username, password_hash=password_hash, role=role)
             s.add(user)
             s.flush()
             return user
 
     def update_user(self, username: str, *, role: str | None = None, password: str | None = None,
                     disabled: bool | None = None) -> User:
+        if password is not None and len(password) < 10:
+            raise AuthError("password: at least 10 characters")
+        password_hash = self.pool.call(self.hasher.hash, password) if password is not None else None
         with self.db.session() as s:
             user = s.exec(select(User).where(User.username == username)).first()
             if user is None:
@@ -109,10 +118,8 @@ class Auth:
                 if role not in ROLES:
                     raise AuthError(f"role: one of {', '.join(ROLES)}")
                 user.role = role
-            if password is not None:
-                if len(password) < 10:
-                    raise AuthError("password: at least 10 characters")
-                user.password_hash = self.hasher.hash(password)
+            if password_hash is not None:
+                user.password_hash = password_hash
                 user.failed_attempts, user.locked_until = 0, None
             if disabled is not None:
                 user.disabled = disabled
@@ -151,6 +158,10 @@ class Auth:
             self._unknown[username] = (failures, until)
             while len(self._unknown) > UNKNOWN_KEPT:
                 self._unknown.pop(next(iter(self._unknown)))
+
+    async def login_async(self, username: str, password: str) -> tuple[str, ApiToken, User]:
+        """``login`` on a hashing thread: HashBusyError at once when too many sign-ins wait already."""
+        return await self.pool.run(self.login, username, password)
 
     def login(self, username: str, password: str) -> tuple[str, ApiToken, User]:
         """A new session token for the user, or BadCredentialsError / LockedError. Whether the user exists, is

@@ -22,16 +22,22 @@ from engine.prompts import PromptStore
 from engine.revisions import RevisionStore, SettingsWriter
 from engine.serving import Supervisor
 
+# Every dependency here is async: FastAPI runs a sync one on the shared thread pool, and /healthz and /readyz must
+# not wait for a thread of it (a flood that holds every thread would delay them).
 
-def services(request: Request) -> Services:
+def _services(request: Request) -> Services:
     svc: Services = request.app.state.services
     return svc
 
 
+async def services(request: Request) -> Services:
+    return _services(request)
+
+
 def _part(name: str) -> Callable[[Request], Any]:
     """A dependency that hands a route one service of the container (overridable in tests)."""
-    def part(request: Request) -> Any:
-        return getattr(services(request), name)
+    async def part(request: Request) -> Any:
+        return getattr(_services(request), name)
     part.__name__ = name
     return part
 
@@ -59,7 +65,7 @@ class Require:
 
     role: Role | None
 
-    def __call__(self, request: Request) -> Principal | None:
+    async def __call__(self, request: Request) -> Principal | None:
         principal: Principal | None = getattr(request.state, "principal", None)
         if self.role is not None and principal is None:  # only a route the gate did not see can get here
             raise HTTPException(401, detail="a valid bearer token is needed")
@@ -72,12 +78,16 @@ class Audited:
 
     action: str
 
-    def __call__(self, request: Request) -> AuditNote:
-        note: AuditNote | None = getattr(request.state, "audit", None)
-        if note is None:
-            note = AuditNote()
-            request.state.audit = note
-        return note
+    async def __call__(self, request: Request) -> AuditNote:
+        return _note(request)
+
+
+def _note(request: Request) -> AuditNote:
+    note: AuditNote | None = getattr(request.state, "audit", None)
+    if note is None:
+        note = AuditNote()
+        request.state.audit = note
+    return note
 
 
 def access(role: Role | None, action: str | None = None) -> list[Any]:
@@ -96,7 +106,7 @@ def route_meta(route: APIRoute) -> tuple[bool, Role | None, str | None]:
     return declared, role, action
 
 
-def principal_of(request: Request) -> Principal:
+async def principal_of(request: Request) -> Principal:
     principal: Principal | None = getattr(request.state, "principal", None)
     if principal is None:
         raise HTTPException(401, detail="a valid bearer token is needed")
@@ -109,9 +119,9 @@ def actor(request: Request) -> str:
     return principal.name if principal is not None else "api"
 
 
-def audit_note(request: Request) -> AuditNote:
+async def audit_note(request: Request) -> AuditNote:
     """The note of this request's audit record (the route's ``Audited`` dependency made it)."""
-    return Audited("")(request)
+    return _note(request)
 
 
 PrincipalDep = Annotated[Principal, Depends(principal_of)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 
-from engine.access import AuthError, BadCredentialsError, LockedError, allows
+from engine.access import AuthError, BadCredentialsError, HashBusyError, LockedError, allows
 from engine.api.deps import AuthDep, NoteDep, PrincipalDep, access
 from engine.api.gate import bearer_of
 from engine.db import ApiToken, User
@@ -38,12 +38,16 @@ def token_out(t: ApiToken) -> TokenOut:
 
 
 @router.post("/api/auth/login", response_model=SessionOut, dependencies=access(None, "auth.login"),
-             responses={401: {"description": "unknown user or wrong password"}, 423: {"description": "locked"}})
-def login(body: LoginRequest, auth: AuthDep, note: NoteDep) -> SessionOut:
-    """A session token for the console (expires; repeated failures lock the user out for a while)."""
+             responses={401: {"description": "unknown user or wrong password"}, 423: {"description": "locked"},
+                        429: {"description": "too many sign-ins at once: try again after Retry-After seconds"}})
+async def login(body: LoginRequest, auth: AuthDep, note: NoteDep) -> SessionOut:
+    """A session token for the console (expires; repeated failures lock the user out for a while). Its password
+    check runs on the engine's few hashing threads; when they and their queue are full: 429 with Retry-After."""
     note.target, note.after = f"user {body.username}", {"username": body.username, "password": "[redacted]"}
     try:
-        token, row, user = auth.login(body.username, body.password)
+        token, row, user = await auth.login_async(body.username, body.password)
+    except HashBusyError as exc:
+        raise HTTPException(429, detail=str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
     except LockedError as exc:
         raise HTTPException(423, detail=str(exc)) from None
     except BadCredentialsError as exc:
