@@ -16,6 +16,7 @@ from engine.schemas import (
     ROLES,
     ActionOut,
     AuditOut,
+    AuditTallyOut,
     BenchmarkRunOut,
     CapacityOut,
     CompareOut,
@@ -36,6 +37,7 @@ from engine.schemas import (
     StatusOut,
     TokenCreatedOut,
     TokenOut,
+    UserDeletedOut,
     UserOut,
 )
 
@@ -226,6 +228,10 @@ class EngineClient:
     def update_user(self, username: str, **changes: Any) -> UserOut:
         return self._get(UserOut, "PATCH", f"/api/users/{username}", json=changes)
 
+    def delete_user(self, username: str) -> UserDeletedOut:
+        """Delete a user: their sessions, API tokens and gateway keys are revoked with them."""
+        return self._get(UserDeletedOut, "DELETE", f"/api/users/{username}")
+
     def tokens(self) -> list[TokenOut]:
         return self._list(TokenOut, "GET", "/api/tokens")
 
@@ -240,6 +246,11 @@ class EngineClient:
 
     def audit(self, **filters: Any) -> list[AuditOut]:
         return self._list(AuditOut, "GET", "/api/audit", params={k: v for k, v in filters.items() if v is not None})
+
+    def audit_tallies(self, **filters: Any) -> list[AuditTallyOut]:
+        """Refused requests without a valid credential, counted per minute, source, action, target and result."""
+        return self._list(AuditTallyOut, "GET", "/api/audit/tallies",
+                          params={k: v for k, v in filters.items() if v is not None})
 
     def audit_export(self, fmt: str, **filters: Any) -> bytes:
         params = {"format": fmt, **{k: v for k, v in filters.items() if v is not None}}

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from starlette.types import Receive, Scope, Send
 
-from engine.access import AuditLog, AuditMiddleware, Auth, GatewayKeys, RateLimiter
+from engine.access import AuditLog, AuditMiddleware, AuditTallies, Auth, GatewayKeys, RateLimiter, ensure_console_key
 from engine.api import AccessGate, Services, mount
 from engine.api.guard import BodyGuard, Limits
 from engine.api.slow import header_timeout_protocol
@@ -122,6 +122,8 @@ def create_app(config: AppConfig) -> FastAPI:
     auth = Auth(db, config.session_ttl_s, config.login_max_failures, config.login_lockout_s,
                 config.login_hash_workers, config.login_hash_queue)
     audit = AuditLog(db)
+    tallies = AuditTallies(db, config.audit_tally_keys_per_minute, config.audit_tally_max_rows)
+    console_key = ensure_console_key(config.console_key_path)
     loopback = is_loopback(config.host)
     gateway_keys = config.gateway_keys == "on" or (config.gateway_keys == "auto" and not loopback)
     if not loopback and (config.gateway_keys == "off" or not (auth.has_users() or config.admin_password)):
@@ -175,7 +177,7 @@ def create_app(config: AppConfig) -> FastAPI:
     limits = RateLimiter()
     keys = GatewayKeys(auth, limits, gateway_keys)
     services = Services(config=config, db=db, revisions=revisions, writer=writer, events=events, prompts=prompts,
-                        auth=auth, audit=audit, limits=limits, supervisor=supervisor, planner=planner,
+                        auth=auth, audit=audit, tallies=tallies, limits=limits, supervisor=supervisor, planner=planner,
                         sampler=sampler, telemetry=telemetry, alerts=alerts, serving=serving,
                         serving_history=serving_history, ledger=ledger, benchmarks=benchmarks, gateway=gateway,
                         registry=registry, public_url=config.public_url or f"http://{local}:{config.port}",
@@ -190,6 +192,7 @@ def create_app(config: AppConfig) -> FastAPI:
         await supervisor.start()
         serving.start()
         ledger.start()
+        tallies.start()
         try:
             yield
         finally:
@@ -200,6 +203,7 @@ def create_app(config: AppConfig) -> FastAPI:
             await ledger.close()
             await gateway.aclose()
             await events.emit("engine_stopped", "engine stopped")
+            await tallies.close()
             db.close()
 
     app = EngineApp(title="llmops engine", version="0.1.0", lifespan=lifespan)
@@ -213,7 +217,7 @@ def create_app(config: AppConfig) -> FastAPI:
                                                 config.body_timeout_s))
     app.add_middleware(AccessGate, api=app, auth=auth, keys=keys,  # roles before bodies: inside the audit
                        writable=lambda: free_space_problem(config.data_dir, config.min_free_disk_bytes))
-    app.add_middleware(AuditMiddleware, log=audit)
+    app.add_middleware(AuditMiddleware, log=audit, tallies=tallies, console_key=console_key)
     return app
 
 

@@ -101,12 +101,31 @@ class AppConfig(BaseSettings):
                                     "it the connection is closed (slowloris).")
     min_free_disk_bytes: int = Field(64 << 20, ge=0, description="Free space the data dir's disk must have for a "
                                      "change to be accepted; below it changes are refused with 507, nothing done.")
+    audit_tally_keys_per_minute: int = Field(200, ge=1, le=100_000, description="Refused requests without a "
+                                             "valid credential are counted per minute, source, action, target and "
+                                             "result (not a row each): the most such keys one minute keeps; the rest "
+                                             "are counted under source \"(others)\".")
+    audit_tally_max_rows: int = Field(100_000, ge=100, description="Rows of those counts kept in all; past it the "
+                                      "oldest minutes are dropped (the audit trail itself is never trimmed).")
+    trusted_proxies: list[str] = Field(default_factory=list, description="Addresses or networks (CIDR) of reverse "
+                                       "proxies in front of the engine whose X-Forwarded-For and X-Forwarded-Proto "
+                                       "it believes. Default none: the audit's source is the connection's peer, "
+                                       "which no local user can forge by sending a header.")
+    console_key_file: Path | None = Field(None, description="The secret with which the console tells the engine "
+                                          "a browser's address, so sign-ins through it are audited with the "
+                                          "browser's address, not the console's. Default DATA_DIR/run/console.key, "
+                                          "made by the engine (0600); `llmops up` and `llmops console` hand its path "
+                                          "to the console (LLMOPS_CONSOLE_KEY_FILE).")
     log_max_bytes: int = Field(10_000_000, gt=0, description="Size at which vLLM's log file rotates.")
     log_backups: int = Field(5, ge=0, description="Rotated vLLM log files kept.")
 
     @property
     def db_path(self) -> Path:
         return self.data_dir / "llmops.db"
+
+    @property
+    def console_key_path(self) -> Path:
+        return self.console_key_file or self.data_dir / "run" / "console.key"
 
     @property
     def logs_dir(self) -> Path:

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
-from engine.access.audit import AuditLog, AuditMiddleware, AuditNote, bound, generic_action, redact, to_csv
+from engine.access.audit import (
+    CONSOLE_CLIENT_HEADER,
+    CONSOLE_KEY_HEADER,
+    AuditLog,
+    AuditMiddleware,
+    AuditNote,
+    AuditTallies,
+    bound,
+    ensure_console_key,
+    generic_action,
+    redact,
+    source_of,
+    to_csv,
+)
 from engine.access.auth import (
     TOKEN_PREFIX,
     Auth,
     AuthError,
     BadCredentialsError,
+    LastAdminError,
     LockedError,
     Principal,
+    UnknownUserError,
     allows,
     digest,
 )
@@ -19,11 +34,14 @@ from engine.access.ratelimit import RateLimiter
 from engine.schemas import ROLES, Role
 
 __all__ = [
+    "CONSOLE_CLIENT_HEADER",
+    "CONSOLE_KEY_HEADER",
     "ROLES",
     "TOKEN_PREFIX",
     "AuditLog",
     "AuditMiddleware",
     "AuditNote",
+    "AuditTallies",
     "Auth",
     "AuthError",
     "BadCredentialsError",
@@ -31,15 +49,19 @@ __all__ = [
     "HashBusyError",
     "HashPool",
     "KeyRefusedError",
+    "LastAdminError",
     "LockedError",
     "Principal",
     "RateLimiter",
     "Role",
+    "UnknownUserError",
     "allows",
     "bearer",
     "bound",
     "digest",
+    "ensure_console_key",
     "generic_action",
     "redact",
+    "source_of",
     "to_csv",
 ]

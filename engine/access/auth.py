@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from engine.access.hashing import HashPool
 from engine.db import ApiToken, Database, User
@@ -41,6 +41,14 @@ class BadCredentialsError(AuthError):
     pass
 
 
+class UnknownUserError(AuthError):
+    pass
+
+
+class LastAdminError(AuthError):
+    """The change would leave no enabled admin."""
+
+
 class LockedError(AuthError):
     def __init__(self, until: float) -> None:
         self.until = until
@@ -54,6 +62,7 @@ class Principal:
     kind: str
     token_id: int | None = None
     rate_limit_per_min: int | None = None
+    user_id: int | None = None  # the user who owns the token (None: made on the engine's machine by the CLI)
 
 
 def digest(token: str) -> str:
@@ -100,23 +109,33 @@ class Auth:
         with self.db.session() as s:
             if s.exec(select(User.id).where(User.username == username)).first() is not None:
                 raise AuthError(f"user {username!r} exists")  # made while the password was hashed
-            user = User(username=username, password_hash=password_hash, role=role)
+            # a new id above any a token names as its owner: a deleted user's revoked tokens never seem another's
+            taken = max(s.exec(select(func.max(User.id))).one() or 0,
+                        s.exec(select(func.max(ApiToken.user_id))).one() or 0)
+            user = User(id=taken + 1, username=username, password_hash=password_hash, role=role)
             s.add(user)
             s.flush()
             return user
 
     def update_user(self, username: str, *, role: str | None = None, password: str | None = None,
-                    disabled: bool | None = None) -> User:
+                    disabled: bool | None = None) -> tuple[User, int]:
+        """Change a user; returns the user and how many of their tokens and keys were revoked. Disabling or
+        demoting a user revokes every token and key they own (made by them, or by a token of theirs); a new
+        password ends their sessions. The last enabled admin can be neither disabled nor demoted."""
         if password is not None and len(password) < 10:
             raise AuthError("password: at least 10 characters")
+        if role is not None and role not in ROLES:
+            raise AuthError(f"role: one of {', '.join(ROLES)}")
         password_hash = self.pool.call(self.hasher.hash, password) if password is not None else None
         with self.db.session() as s:
             user = s.exec(select(User).where(User.username == username)).first()
             if user is None:
-                raise AuthError(f"no user {username!r}")
+                raise UnknownUserError(f"no user {username!r}")
+            demoted = role is not None and not allows(role, user.role)
+            if (demoted or (disabled and not user.disabled)) and self._last_admin(s, user):
+                raise LastAdminError(f"{username} is the last enabled admin: make another user admin first "
+                                     "(nobody could manage users and tokens otherwise)")
             if role is not None:
-                if role not in ROLES:
-                    raise AuthError(f"role: one of {', '.join(ROLES)}")
                 user.role = role
             if password_hash is not None:
                 user.password_hash = password_hash
@@ -124,13 +143,50 @@ class Auth:
             if disabled is not None:
                 user.disabled = disabled
             s.add(user)
-            self.changes += 1
-            if disabled or role is not None or password is not None:  # their sessions end
-                for tok in s.exec(select(ApiToken).where(ApiToken.user_id == user.id, ApiToken.kind == "session",
-                                                         col(ApiToken.revoked_at).is_(None))).all():
-                    tok.revoked_at = time.time()
-                    s.add(tok)
-            return user
+            revoked = 0
+            if disabled or demoted:  # what they hold stops at once: sessions, API tokens, gateway keys
+                revoked = self._revoke_owned(s, user, kinds=None)
+            elif role is not None or password is not None:  # their sessions end
+                revoked = self._revoke_owned(s, user, kinds=("session",))
+        self.changes += 1  # after the commit: a cache refilled before it would keep the old answer
+        return user, revoked
+
+    def delete_user(self, username: str) -> tuple[User, int]:
+        """Delete a user and revoke every session, token and key they own; returns the user as it was and how
+        many were revoked. The last enabled admin cannot be deleted. Their audit records stay."""
+        with self.db.session() as s:
+            user = s.exec(select(User).where(User.username == username)).first()
+            if user is None:
+                raise UnknownUserError(f"no user {username!r}")
+            if not user.disabled and self._last_admin(s, user):
+                raise LastAdminError(f"{username} is the last enabled admin: make another user admin first "
+                                     "(nobody could manage users and tokens otherwise)")
+            revoked = self._revoke_owned(s, user, kinds=None)
+            s.delete(user)
+        self.changes += 1
+        return user, revoked
+
+    @staticmethod
+    def _last_admin(s: Session, user: User) -> bool:
+        """Whether ``user`` is the only enabled admin (inside the caller's transaction, which holds the write
+        lock: two admins cannot demote each other at once)."""
+        if user.role != "admin" or user.disabled:
+            return False
+        others = s.exec(select(User.id).where(User.role == "admin", col(User.disabled).is_(False),
+                                              User.id != user.id).limit(1)).first()
+        return others is None
+
+    @staticmethod
+    def _revoke_owned(s: Session, user: User, kinds: tuple[str, ...] | None) -> int:
+        q = select(ApiToken).where(ApiToken.user_id == user.id, col(ApiToken.revoked_at).is_(None))
+        if kinds is not None:
+            q = q.where(col(ApiToken.kind).in_(kinds))
+        now = time.time()
+        rows = s.exec(q).all()
+        for tok in rows:
+            tok.revoked_at = now
+            s.add(tok)
+        return len([t for t in rows if t.kind != "session"])
 
     def ensure_admin(self, password: str | None) -> str | None:
         """On an empty user table create ``admin``; return the generated password (None if given or existing)."""
@@ -228,12 +284,18 @@ class Auth:
         return token, row
 
     def create_token(self, name: str, role: str, kind: str = "api", created_by: str = "",
-                     ttl_s: float | None = None, rate_limit_per_min: int | None = None) -> tuple[str, ApiToken]:
-        """A new token; the returned string is its only copy."""
+                     ttl_s: float | None = None, rate_limit_per_min: int | None = None,
+                     owner_id: int | None = None) -> tuple[str, ApiToken]:
+        """A new token; the returned string is its only copy. ``owner_id``: the user it belongs to (the one who
+        made it, or the owner of the token that made it): disabling, demoting or deleting them revokes it."""
         if kind not in ("api", "gateway"):
             raise AuthError("kind: api or gateway")
         with self.db.session() as s:
-            return self._new_token(s, name=name, role=role, kind=kind, user_id=None, created_by=created_by,
+            if owner_id is not None:
+                owner = s.get(User, owner_id)
+                if owner is None or owner.disabled:  # disabled while their request was on its way
+                    raise AuthError("the token's owner is disabled or deleted")
+            return self._new_token(s, name=name, role=role, kind=kind, user_id=owner_id, created_by=created_by,
                                    ttl_s=ttl_s, rate_limit_per_min=rate_limit_per_min)
 
     def tokens(self) -> Sequence[ApiToken]:
@@ -267,12 +329,15 @@ class Auth:
             row = s.exec(select(ApiToken).where(ApiToken.digest == digest(token))).first()
             if row is None or row.revoked_at or (row.expires_at and row.expires_at < now):
                 return None
-            name = row.name
+            name, role = row.name, row.role
             if row.user_id is not None:
                 user = s.get(User, row.user_id)
                 if user is None or user.disabled:
                     return None
-                name = user.username
+                if row.kind == "session":
+                    name = user.username
+                if not allows(user.role, role):
+                    role = user.role  # never more than its owner may do now
         assert row.id is not None
         if now - self._last_used.get(row.id, 0) > 60:  # record use at most once a minute
             self._last_used[row.id] = now
@@ -281,5 +346,5 @@ class Auth:
                 if fresh is not None:
                     fresh.last_used_at = now
                     s.add(fresh)
-        return Principal(name=name, role=row.role, kind=row.kind, token_id=row.id,
-                         rate_limit_per_min=row.rate_limit_per_min)
+        return Principal(name=name, role=role, kind=row.kind, token_id=row.id,
+                         rate_limit_per_min=row.rate_limit_per_min, user_id=row.user_id)

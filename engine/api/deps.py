@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.routing import APIRoute
@@ -74,9 +74,12 @@ class Require:
 
 @dataclass(frozen=True)
 class Audited:
-    """The audit action of a mutating route; the handler fills the note the record is made from."""
+    """The audit action of a mutating route; the handler fills the note the record is made from.
+    ``when_disk_low``: the route still works when the data dir's disk is nearly full (signing in and out: someone
+    must be able to sign in and look; changes are refused with 507)."""
 
     action: str
+    when_disk_low: bool = False
 
     async def __call__(self, request: Request) -> AuditNote:
         return _note(request)
@@ -90,20 +93,27 @@ def _note(request: Request) -> AuditNote:
     return note
 
 
-def access(role: Role | None, action: str | None = None) -> list[Any]:
+def access(role: Role | None, action: str | None = None, *, when_disk_low: bool = False) -> list[Any]:
     """A route's declaration: ``dependencies=access("operator", "settings.write")``."""
-    return [Depends(Require(role))] + ([Depends(Audited(action))] if action else [])
+    return [Depends(Require(role))] + ([Depends(Audited(action, when_disk_low))] if action else [])
 
 
-def route_meta(route: APIRoute) -> tuple[bool, Role | None, str | None]:
-    """(declares a role, the role, the audit action) of a route, read from its dependencies."""
-    declared, role, action = False, None, None
+class RouteMeta(NamedTuple):
+    declared: bool  # the route declares its role (None included)
+    role: Role | None
+    action: str | None  # its audit action
+    when_disk_low: bool  # it works when the disk is nearly full
+
+
+def route_meta(route: APIRoute) -> RouteMeta:
+    """What a route declares, read from its dependencies."""
+    declared, role, action, low = False, None, None, False
     for dep in route.dependant.dependencies:
         if isinstance(dep.call, Require):
             declared, role = True, dep.call.role
         elif isinstance(dep.call, Audited):
-            action = dep.call.action
-    return declared, role, action
+            action, low = dep.call.action, dep.call.when_disk_low
+    return RouteMeta(declared, role, action, low)
 
 
 async def principal_of(request: Request) -> Principal:

@@ -15,9 +15,11 @@ from engine.db.tables import (
     TELEMETRY_RAW,
     ApiToken,
     AuditRecord,
+    AuditTally,
     BenchmarkRun,
     CalibrationRow,
     Event,
+    LoginFailure,
     RequestLog,
     Revision,
     RevisionStatus,
@@ -27,7 +29,7 @@ from engine.db.tables import (
 
 __all__ = [
     "ACTIVE", "SERVING_FINISH_REASONS", "SERVING_METRICS", "SERVING_MINUTE", "SERVING_RAW", "TELEMETRY_METRICS",
-    "TELEMETRY_MINUTE", "TELEMETRY_RAW", "ApiToken", "AuditRecord", "BenchmarkRun", "CalibrationRow", "Database",
-    "Event", "RequestLog", "Revision", "RevisionStatus", "SavedPrompt", "User", "add_missing_columns",
-    "make_engine", "open_database",
+    "TELEMETRY_MINUTE", "TELEMETRY_RAW", "ApiToken", "AuditRecord", "AuditTally", "BenchmarkRun", "CalibrationRow",
+    "Database", "Event", "LoginFailure", "RequestLog", "Revision", "RevisionStatus", "SavedPrompt", "User",
+    "add_missing_columns", "make_engine", "open_database",
 ]

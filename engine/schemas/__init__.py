@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from engine.schemas.access import (
     AuditOut,
+    AuditTallyOut,
     LoginRequest,
     MeOut,
     SessionOut,
@@ -14,6 +15,7 @@ from engine.schemas.access import (
     TokenCreatedOut,
     TokenIn,
     TokenOut,
+    UserDeletedOut,
     UserIn,
     UserOut,
     UserPatch,
@@ -76,6 +78,7 @@ __all__ = [
     "ApplyPlanOut",
     "ApplyProgress",
     "AuditOut",
+    "AuditTallyOut",
     "BalanceOut",
     "Band",
     "BenchmarkLevel",
@@ -140,6 +143,7 @@ __all__ = [
     "TokenCreatedOut",
     "TokenIn",
     "TokenOut",
+    "UserDeletedOut",
     "UserIn",
     "UserOut",
     "UserPatch",

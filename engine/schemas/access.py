@@ -63,6 +63,12 @@ class UserOut(BaseModel):
     locked_until: float | None
 
 
+class UserDeletedOut(BaseModel):
+    username: str
+    role: Role
+    tokens_revoked: int = Field(description="API tokens and gateway keys of theirs revoked with them")
+
+
 class TokenIn(BaseModel):
     model_config = ConfigDict(strict=True)
 
@@ -85,6 +91,8 @@ class TokenOut(BaseModel):
     revoked_at: float | None
     last_used_at: float | None
     rate_limit_per_min: int | None
+    owner: str | None = Field(None, description="the user it belongs to: disabling, demoting or deleting them "
+                              "revokes it (None: made with `llmops token create` on the engine's machine)")
 
 
 class TokenCreatedOut(TokenOut):
@@ -103,3 +111,16 @@ class AuditOut(BaseModel):
     source: str
     result: int
     detail: str
+
+
+class AuditTallyOut(BaseModel):
+    """Refused requests without a valid credential, counted: how many of one kind came from one source in one
+    minute (instead of a row each in the audit trail)."""
+
+    minute: float = Field(description="the minute's start, Unix seconds")
+    source: str = Field(description='the client address, or "(others)" past the minute\'s bound of keys')
+    action: str
+    target: str = Field(description="what it named: for a sign-in, the user name it tried")
+    result: int = Field(description="the HTTP status it was answered with")
+    count: int
+    last_ts: float = Field(description="when the last of them came, Unix seconds")

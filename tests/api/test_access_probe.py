@@ -4,6 +4,7 @@ hold. On a real SQLite file with vLLM not started (autostart off); the concurren
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +13,9 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
+from engine.access import Auth
 from engine.app import create_app
 from engine.config import AppConfig
 from tests.support.engine import ADMIN_PASSWORD
@@ -85,3 +88,201 @@ def test_health_and_readiness_never_wait_for_the_shared_thread_pool(data_dir: Pa
         assert http.get("/readyz", timeout=10).status_code == 503
         gate.released.set()
         assert {f.result().status_code for f in held} == {401}
+
+
+# --- 2. disabling a user does not revoke what they made ----------------------------------------------------------
+
+@pytest.fixture
+def keyed(data_dir: Path) -> Iterator[tuple[TestClient, dict[str, str], Any]]:
+    """An engine with gateway keys on, and a root admin token made on its machine (as `llmops token create`)."""
+    app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD,
+                               gateway_keys="on"))
+    root = {"authorization": f"Bearer {app.state.services.auth.create_token('root', 'admin')[0]}"}
+    with TestClient(app) as client:
+        yield client, root, app
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+def what_ana_made(client: TestClient, root: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Ana, an admin, signs in and makes an API token, a gateway key and, with that token, another token."""
+    assert client.post("/api/users", json={"username": "ana", "password": "ana-password-1", "role": "admin"},
+                       headers=root).status_code == 201
+    session = bearer(client.post("/api/auth/login", json={"username": "ana", "password": "ana-password-1"})
+                     .json()["token"])
+    api = bearer(client.post("/api/tokens", json={"name": "ana-ci", "role": "admin"}, headers=session)
+                 .json()["token"])
+    key = bearer(client.post("/api/tokens", json={"name": "ana-app", "role": "prompter", "kind": "gateway"},
+                             headers=session).json()["token"])
+    child = bearer(client.post("/api/tokens", json={"name": "ana-ci-child", "role": "operator"}, headers=api)
+                   .json()["token"])
+    assert client.post("/v1/completions", json={"model": "demo", "prompt": "x"}, headers=key).status_code == 503
+    return {"session": session, "api": api, "key": key, "child": child}
+
+
+NEW_ADMIN = {"username": "mallory", "password": "mallory-password", "role": "admin"}
+
+
+@pytest.mark.parametrize("change", ["disable", "demote", "delete"])
+def test_disabling_demoting_or_deleting_a_user_revokes_their_tokens_and_keys_at_once(
+        keyed: tuple[TestClient, dict[str, str], Any], change: str) -> None:
+    """A disabled admin's API token created a new admin, and their gateway key still served /v1."""
+    client, root, _ = keyed
+    made = what_ana_made(client, root)
+    resp = (client.delete("/api/users/ana", headers=root) if change == "delete" else
+            client.patch("/api/users/ana", json={"disabled": True} if change == "disable" else {"role": "viewer"},
+                         headers=root))
+    assert resp.status_code == 200, resp.text
+    for which in ("session", "api", "child"):
+        assert client.post("/api/users", json=NEW_ADMIN, headers=made[which]).status_code == 401, which
+    assert client.post("/v1/completions", json={"model": "demo", "prompt": "x"},
+                       headers=made["key"]).status_code == 401
+    assert "mallory" not in [u["username"] for u in client.get("/api/users", headers=root).json()]
+    listed = {t["name"]: t for t in client.get("/api/tokens", headers=root).json()}
+    assert all(listed[n]["revoked_at"] for n in ("ana-ci", "ana-app", "ana-ci-child"))
+    assert listed["ana-ci-child"]["owner"] == ("ana" if change != "delete" else listed["ana-ci-child"]["owner"])
+    if change != "delete":  # enabled or promoted again: what was revoked stays revoked
+        client.patch("/api/users/ana", json={"disabled": False, "role": "admin"}, headers=root)
+        assert client.get("/api/auth/me", headers=made["api"]).status_code == 401
+
+
+def test_a_change_made_by_another_process_reaches_v1_within_the_key_cache(
+        keyed: tuple[TestClient, dict[str, str], Any]) -> None:
+    """Disabled through the engine's database by another process (the CLI): /v1 refuses within cache_s (5 s)."""
+    client, root, app = keyed
+    made = what_ana_made(client, root)
+    Auth(app.state.services.db).update_user("ana", disabled=True)  # another process: this engine is not told
+
+    def refused() -> bool:
+        return client.post("/v1/completions", json={"model": "demo", "prompt": "x"},
+                           headers=made["key"]).status_code == 401
+
+    wait_until(refused, 15, what="the gateway key refused after its owner was disabled elsewhere")
+
+
+@pytest.mark.parametrize("change", ["disable", "demote", "delete"])
+def test_the_last_enabled_admin_cannot_be_disabled_demoted_or_deleted(
+        keyed: tuple[TestClient, dict[str, str], Any], change: str) -> None:
+    client, root, _ = keyed
+
+    def attempt() -> Any:
+        if change == "delete":
+            return client.delete("/api/users/admin", headers=root)
+        return client.patch("/api/users/admin", json={"disabled": True} if change == "disable" else
+                            {"role": "operator"}, headers=root)
+
+    resp = attempt()
+    assert resp.status_code == 409 and "last enabled admin" in resp.json()["detail"], resp.text
+    users = client.get("/api/users", headers=root).json()
+    assert [(u["username"], u["role"], u["disabled"]) for u in users] == [("admin", "admin", False)]
+    assert client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).status_code == 200
+    client.post("/api/users", json={"username": "second", "password": "second-password", "role": "admin"},
+                headers=root)
+    assert attempt().status_code == 200  # with another enabled admin it may
+
+
+def test_deleting_a_user_is_audited_and_frees_the_name(keyed: tuple[TestClient, dict[str, str], Any]) -> None:
+    client, root, _ = keyed
+    what_ana_made(client, root)
+    deleted = client.delete("/api/users/ana", headers=root)
+    assert deleted.json() == {"username": "ana", "role": "admin", "tokens_revoked": 3}
+    assert client.delete("/api/users/ana", headers=root).status_code == 404
+    assert client.post("/api/auth/login", json={"username": "ana", "password": "ana-password-1"}).status_code == 401
+    record = client.get("/api/audit", params={"action": "users.delete", "result": 200}, headers=root).json()[0]
+    assert (record["actor"], record["target"], record["result"]) == ("root", "user ana", 200)
+    assert record["before"] == {"role": "admin", "disabled": False}
+    assert record["after"] == {"deleted": True, "tokens_revoked": 3}
+    assert client.post("/api/users", json={"username": "ana", "password": "new-ana-password", "role": "viewer"},
+                       headers=root).status_code == 201
+    old = [t for t in client.get("/api/tokens", headers=root).json() if t["name"].startswith("ana-")]
+    assert old and all(t["owner"] != "ana" for t in old)  # the new ana does not seem to own the old ana's tokens
+
+
+# --- 3. the audit grows without bound from anonymous requests ---------------------------------------------------
+
+def audit_count(data_dir: Path) -> int:
+    conn = sqlite3.connect(data_dir / "llmops.db")
+    try:
+        return int(conn.execute("SELECT count(*) FROM audit").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_anonymous_refused_requests_are_counted_per_minute_not_a_row_each(
+        keyed: tuple[TestClient, dict[str, str], Any], data_dir: Path) -> None:
+    """~400 rows/s from one client, undeletable: now one count per minute, source, action, target and result,
+    while every authenticated change stays a row of its own."""
+    client, root, app = keyed
+    before = audit_count(data_dir)
+    for _ in range(150):
+        assert client.put("/api/settings", json={"base_revision": 1, "values": {}}).status_code == 401
+        assert client.post("/api/no-such-route", json={}).status_code == 404
+        assert client.put("/api/settings", json={"base_revision": 1, "values": {}},
+                          headers=bearer("llmops_forged")).status_code == 401
+    for _ in range(20):
+        assert client.post("/api/auth/login", content=b"{").status_code == 422
+    assert audit_count(data_dir) == before  # not one row
+    viewer = bearer(app.state.services.auth.create_token("viewer", "viewer")[0])
+    assert client.put("/api/settings", json={"base_revision": 1, "values": {}}, headers=viewer).status_code == 403
+    assert client.put("/api/settings", json={"base_revision": 1, "values": {"max_num_seqs": 4}},
+                      headers=root).status_code == 201
+    assert audit_count(data_dir) == before + 2  # an authenticated caller's every change, refused or not, is a row
+    counted = client.get("/api/audit/tallies", headers=root).json()
+    assert {(t["source"], t["action"], t["result"], t["count"]) for t in counted} == {
+        ("testclient", "settings.write", 401, 300), ("testclient", "post /api/no-such-route", 404, 150),
+        ("testclient", "auth.login", 422, 20)}
+    assert client.get("/api/audit/tallies", params={"result": 404}, headers=root).json()[0]["count"] == 150
+
+
+def test_a_minute_keeps_a_bounded_number_of_keys_and_the_table_a_bounded_number_of_rows(data_dir: Path) -> None:
+    from engine.access import AuditTallies
+    from engine.db import open_database
+
+    db = open_database(data_dir / "llmops.db")
+    tallies = AuditTallies(db, keys_per_minute=5, max_rows=100)
+    now = 1_800_000_000.0
+    for i in range(40):  # forty sources in one minute: five keep their own count, the rest are "(others)"
+        tallies.count(source=f"10.0.0.{i}", action="settings.write", target="", result=401, now=now)
+    tallies.flush()
+    rows = tallies.query(since=now, until=now + 60)
+    assert len(rows) == 6 and sum(r.count for r in rows) == 40
+    assert [(r.source, r.count) for r in rows if r.source == "(others)"] == [("(others)", 35)]
+    tallies._trimmed_at = 0.0
+    for minute in range(200):  # two hundred minutes of one key each: the oldest go past max_rows
+        tallies.count(source="10.1.1.1", action="x", target="", result=404, now=now + 60 * (minute + 1))
+    tallies.flush()
+    kept = tallies.query(limit=10_000)
+    assert len(kept) == 100 and min(r.minute for r in kept) > now
+    db.close()
+
+
+def test_sign_in_and_out_work_when_the_disk_is_low_and_changes_keep_their_507(data_dir: Path) -> None:
+    """Below min_free_disk_bytes nobody could sign in; now one can, read, and sign out, and writes get 507."""
+    app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD,
+                               min_free_disk_bytes=1 << 60))  # no disk is this free: as if it were full
+    with TestClient(app) as client:
+        login = client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD})
+        assert login.status_code == 200, login.text
+        session = bearer(login.json()["token"])
+        assert client.get("/api/status", headers=session).status_code == 200
+        refused = client.put("/api/settings", json={"base_revision": 1, "values": {"max_num_seqs": 3}},
+                             headers=session)
+        assert refused.status_code == 507 and "free some space" in refused.json()["detail"]
+        assert client.post("/api/auth/logout", headers=session).status_code == 200
+        assert client.get("/api/status", headers=session).status_code == 401
+
+
+# --- 4. lows ---------------------------------------------------------------------------------------------------
+
+def test_a_failed_anonymous_sign_in_is_not_recorded_under_the_name_it_claimed(
+        keyed: tuple[TestClient, dict[str, str], Any]) -> None:
+    client, root, _ = keyed
+    assert client.post("/api/auth/login", json={"username": "admin", "password": "wrong-password"}
+                       ).status_code == 401
+    assert client.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).status_code == 200
+    rows = client.get("/api/audit", params={"action": "auth.login"}, headers=root).json()
+    assert [(r["actor"], r["result"]) for r in rows] == [("admin", 200)]  # only the sign-in that was admin's
+    counted = client.get("/api/audit/tallies", params={"action": "auth.login"}, headers=root).json()
+    assert [(t["target"], t["result"], t["count"]) for t in counted] == [("user admin", 401, 1)]
