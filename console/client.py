@@ -145,12 +145,13 @@ def _error_text(resp: httpx.Response) -> str:
 
 
 class EngineClient:
-    def __init__(self, base_url: str | None = None, *, timeout: float = 10.0, token: str | None = None) -> None:
+    def __init__(self, base_url: str | None = None, *, timeout: float = 10.0, token: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         """``token``: a bearer token (a console sign-in's, or one from `llmops token create`); default
-        LLMOPS_TOKEN."""
+        LLMOPS_TOKEN. ``headers``: sent with every request (the console's server passes a browser's address)."""
         self.base_url = (base_url or os.environ.get("LLMOPS_ENGINE_URL") or DEFAULT_ENGINE_URL).rstrip("/")
         self.token = token if token is not None else os.environ.get("LLMOPS_TOKEN")
-        headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
+        headers = {**(headers or {}), **({"authorization": f"Bearer {self.token}"} if self.token else {})}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
     def close(self) -> None:

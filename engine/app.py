@@ -32,6 +32,7 @@ from engine.events import EventLog
 from engine.gateway import Admission, BodyLimits, DataPath, Gateway, Ledger
 from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
 from engine.metrics import HISTORY_METRICS, EngineCollector, RequestMetrics, SeriesStore, ServingMonitor
+from engine.private import make_private
 from engine.prompts import PromptStore
 from engine.revisions import EngineSettings, RevisionStore, SettingsWriter, initial_settings
 from engine.serving import Supervisor, VllmFlags, redact_secrets
@@ -70,21 +71,6 @@ class EngineApp(FastAPI):
             await self.data_path(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
-
-
-PRIVATE_DIRS = ("", "logs", "run")  # the data dir and its folders of secrets and logs: the engine's user only
-
-
-def make_private(data_dir: Path) -> None:
-    """Data dir and its logs and run folders 0700, the database and logs 0600: the database holds password hashes
-    and token digests, the logs what vLLM printed (an older engine left them 0644)."""
-    for name in PRIVATE_DIRS:
-        folder = data_dir / name
-        folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(folder, 0o700)
-        for path in folder.iterdir() if name else data_dir.glob("llmops.db*"):
-            if path.is_file() and not path.is_symlink():
-                os.chmod(path, 0o600)
 
 
 def raise_priority(nice: int) -> str | None:
@@ -240,6 +226,15 @@ def serve(config: AppConfig) -> None:
         # Printed once to the terminal, never logged: the only copy of the first admin's password.
         print(f"\n  Created the console user 'admin' with password: {app.state.generated_admin_password}\n"
               "  (shown once; change it on the console's Access page)\n", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info", access_log=config.access_log,
-                timeout_graceful_shutdown=int(config.drain_timeout_s) or None, loop="uvloop",
-                http=header_timeout_protocol(config.header_timeout_s))
+    uvicorn.Server(server_config(app, config)).run()
+
+
+def server_config(app: FastAPI, config: AppConfig) -> uvicorn.Config:
+    """How uvicorn serves the engine. Forwarded headers (X-Forwarded-For, -Proto) are believed only from
+    ``trusted_proxies``: uvicorn's default believes them from any loopback peer, so any local user could write
+    the audit's source address."""
+    return uvicorn.Config(app, host=config.host, port=config.port, log_level="info", access_log=config.access_log,
+                          timeout_graceful_shutdown=int(config.drain_timeout_s) or None, loop="uvloop",
+                          http=header_timeout_protocol(config.header_timeout_s),
+                          proxy_headers=bool(config.trusted_proxies),
+                          forwarded_allow_ips=list(config.trusted_proxies) or [])

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from engine.access.audit import (
-    CONSOLE_CLIENT_HEADER,
-    CONSOLE_KEY_HEADER,
     AuditLog,
     AuditMiddleware,
     AuditNote,
@@ -23,10 +21,13 @@ from engine.access.auth import (
     BadCredentialsError,
     LastAdminError,
     LockedError,
+    OwnerGoneError,
     Principal,
     UnknownUserError,
     allows,
     digest,
+    skeleton,
+    token_state,
 )
 from engine.access.hashing import HashBusyError, HashPool
 from engine.access.keys import GatewayKeys, KeyRefusedError, bearer
@@ -34,8 +35,6 @@ from engine.access.ratelimit import RateLimiter
 from engine.schemas import ROLES, Role
 
 __all__ = [
-    "CONSOLE_CLIENT_HEADER",
-    "CONSOLE_KEY_HEADER",
     "ROLES",
     "TOKEN_PREFIX",
     "AuditLog",
@@ -51,6 +50,7 @@ __all__ = [
     "KeyRefusedError",
     "LastAdminError",
     "LockedError",
+    "OwnerGoneError",
     "Principal",
     "RateLimiter",
     "Role",
@@ -62,6 +62,8 @@ __all__ = [
     "ensure_console_key",
     "generic_action",
     "redact",
+    "skeleton",
     "source_of",
     "to_csv",
+    "token_state",
 ]

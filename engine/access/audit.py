@@ -43,6 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.aio import cancel_and_wait
 from engine.db import AuditRecord, AuditTally, Database
+from engine.schemas import CONSOLE_CLIENT_HEADER, CONSOLE_KEY_HEADER
 
 # a key that names a secret (password, hf_token, api_key, …), not one that merely contains the word
 # (max_num_batched_tokens, max_tokens and password_changed are kept)
@@ -98,10 +99,6 @@ def redact(value: Any) -> Any:
 def generic_action(method: str, path: str) -> str:
     """The name of a mutating request that matched no route's declared action (a 404, a 405)."""
     return f"{method.lower()} {path[:200]}"
-
-
-CONSOLE_KEY_HEADER = "x-llmops-console-key"  # the console's key (DATA_DIR/run/console.key) …
-CONSOLE_CLIENT_HEADER = "x-llmops-client"  # … vouches for the browser's address it sends beside it
 
 
 def ensure_console_key(path: Path) -> str:
@@ -295,14 +292,23 @@ class AuditLog:
             return s.exec(q.order_by(col(AuditRecord.id).desc()).offset(offset).limit(limit)).all()
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet reads a cell starting so as a formula
+
+
+def cell(value: object) -> object:
+    """A CSV cell a spreadsheet shows as text: one starting like a formula gets a leading ' (OWASP's advice)."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
+
+
 def to_csv(rows: Sequence[AuditRecord]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(["id", "time_utc", "actor", "role", "action", "target", "before", "after", "source", "result",
                      "detail"])
     for r in rows:
-        writer.writerow([r.id, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.ts)), r.actor, r.role, r.action,
-                         r.target, json.dumps(r.before), json.dumps(r.after), r.source, r.result, r.detail])
+        writer.writerow([cell(v) for v in (
+            r.id, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.ts)), r.actor, r.role, r.action, r.target,
+            json.dumps(r.before), json.dumps(r.after), r.source, r.result, r.detail)])
     return out.getvalue()
 
 

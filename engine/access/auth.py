@@ -10,23 +10,44 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlmodel import Session, col, func, select
+from sqlmodel import Session, col, delete, func, select
 
 from engine.access.hashing import HashPool
-from engine.db import ApiToken, Database, User
+from engine.db import ApiToken, Database, LoginFailure, User
 from engine.errors import EngineError
-from engine.schemas import ROLES
+from engine.schemas import ROLES, TokenState, check_name
 
 TOKEN_PREFIX = "llmops_"
 USERNAME = re.compile(r"[A-Za-z0-9_.@+][A-Za-z0-9_.@+-]{0,63}")  # fullmatch: "admin\n" is not "admin"
-UNKNOWN_KEPT = 10_000  # unknown user names whose failed sign-ins are counted (in memory, oldest dropped)
+UNKNOWN_KEPT = 10_000  # unknown user names whose failed sign-ins are counted (table login_failure)
+
+
+# Characters that read alike in the fonts names are shown in (UTS #39's confusables, ASCII part), compared after
+# case folding: "adm1n", "admln" and "ADMIN" all read as "admin".
+LOOKALIKE = (("rn", "m"), ("vv", "w"), ("cl", "d"), ("0", "o"), ("1", "l"), ("i", "l"), ("|", "l"))
+
+
+def skeleton(name: str) -> str:
+    """What a name looks like: two names with one skeleton are easily taken for each other."""
+    text = name.casefold()
+    for seen, like in LOOKALIKE:
+        text = text.replace(seen, like)
+    return text
+
+
+def token_state(row: ApiToken, now: float | None = None) -> TokenState:
+    """active, expired or revoked."""
+    if row.revoked_at:
+        return "revoked"
+    if row.expires_at and row.expires_at < (time.time() if now is None else now):
+        return "expired"
+    return "active"
 
 
 def allows(role: str, needed: str) -> bool:
@@ -43,6 +64,10 @@ class BadCredentialsError(AuthError):
 
 class UnknownUserError(AuthError):
     pass
+
+
+class OwnerGoneError(AuthError):
+    """The user a new token would belong to is disabled or deleted."""
 
 
 class LastAdminError(AuthError):
@@ -79,9 +104,8 @@ class Auth:
         self.lockout_s = lockout_s
         self.hasher = PasswordHasher()
         self._last_used: dict[int, float] = {}
-        # A name that is no user fails and locks like one that is: same answer, same time, same lockout.
-        self._unknown: dict[str, tuple[int, float]] = {}  # name -> (failures, locked until)
-        self._unknown_lock = threading.Lock()
+        # A name that is no user fails and locks like one that is: same answer, same time, same lockout, and
+        # the same after a restart (its failures are in the database, table login_failure, bounded).
         self._dummy_hash = self.hasher.hash(secrets.token_urlsafe(16))
         self.changes = 0  # counts revocations and user changes: caches of authenticate() start over
 
@@ -103,12 +127,10 @@ class Auth:
         if len(password) < 10:
             raise AuthError("password: at least 10 characters")
         with self.db.session() as s:
-            if s.exec(select(User.id).where(User.username == username)).first() is not None:
-                raise AuthError(f"user {username!r} exists")
+            self._name_free(s, username)
         password_hash = self.pool.call(self.hasher.hash, password)
         with self.db.session() as s:
-            if s.exec(select(User.id).where(User.username == username)).first() is not None:
-                raise AuthError(f"user {username!r} exists")  # made while the password was hashed
+            self._name_free(s, username)  # taken while the password was hashed?
             # a new id above any a token names as its owner: a deleted user's revoked tokens never seem another's
             taken = max(s.exec(select(func.max(User.id))).one() or 0,
                         s.exec(select(func.max(ApiToken.user_id))).one() or 0)
@@ -116,6 +138,17 @@ class Auth:
             s.add(user)
             s.flush()
             return user
+
+    @staticmethod
+    def _name_free(s: Session, username: str) -> None:
+        """Refuse a name that is, ignoring case, or looks like, an existing user's (``Admin`` beside ``admin``,
+        ``adm1n``): the console, the audit and a person reading them must not take one user for another."""
+        for (existing,) in s.execute(select(User.username)).all():
+            if existing.casefold() == username.casefold():
+                raise AuthError(f"user {existing!r} exists (user names are the same whatever their case)")
+            if skeleton(existing) == skeleton(username):
+                raise AuthError(f"username: {username!r} looks like the existing user {existing!r}; choose a name "
+                                "that cannot be taken for it")
 
     def update_user(self, username: str, *, role: str | None = None, password: str | None = None,
                     disabled: bool | None = None) -> tuple[User, int]:
@@ -202,18 +235,31 @@ class Auth:
         except (VerificationError, InvalidHashError):
             return False
 
+    def _unknown_locked_until(self, username: str) -> float:
+        with self.db.session() as s:
+            row = s.get(LoginFailure, username)
+            return row.locked_until if row is not None else 0.0
+
     def _unknown_failure(self, username: str, now: float) -> None:
-        """Count a failed sign-in of a name that is no user, with the lockout a user would get."""
-        with self._unknown_lock:
-            failures, until = self._unknown.pop(username, (0, 0.0))
-            if until and until <= now:
-                failures, until = 0, 0.0
-            failures += 1
-            if failures >= self.max_failures:
-                failures, until = 0, now + self.lockout_s
-            self._unknown[username] = (failures, until)
-            while len(self._unknown) > UNKNOWN_KEPT:
-                self._unknown.pop(next(iter(self._unknown)))
+        """Count a failed sign-in of a name that is no user, with the lockout a user would get, in the database
+        (a restart must not tell users from non-users); at most UNKNOWN_KEPT names, unlocked and oldest dropped
+        first."""
+        with self.db.session() as s:
+            row = s.get(LoginFailure, username)
+            if row is None:
+                row = LoginFailure(name=username)
+                excess = s.exec(select(func.count()).select_from(LoginFailure)).one() + 1 - UNKNOWN_KEPT
+                if excess > 0:
+                    drop = select(LoginFailure.name).order_by(col(LoginFailure.locked_until),
+                                                              col(LoginFailure.updated_at)).limit(excess)
+                    s.execute(delete(LoginFailure).where(col(LoginFailure.name).in_(drop)))
+            if row.locked_until and row.locked_until <= now:
+                row.failures, row.locked_until = 0, 0.0
+            row.failures += 1
+            if row.failures >= self.max_failures:
+                row.failures, row.locked_until = 0, now + self.lockout_s
+            row.updated_at = now
+            s.add(row)
 
     async def login_async(self, username: str, password: str) -> tuple[str, ApiToken, User]:
         """``login`` on a hashing thread: HashBusyError at once when too many sign-ins wait already."""
@@ -228,8 +274,7 @@ class Auth:
             found = s.exec(select(User).where(User.username == username)).first()
         if found is None or found.disabled:
             self._verify(self._dummy_hash, password)
-            with self._unknown_lock:
-                until = self._unknown.get(username, (0, 0.0))[1]
+            until = self._unknown_locked_until(username)
             if until > now:
                 raise LockedError(until)
             self._unknown_failure(username, now)
@@ -290,11 +335,15 @@ class Auth:
         made it, or the owner of the token that made it): disabling, demoting or deleting them revokes it."""
         if kind not in ("api", "gateway"):
             raise AuthError("kind: api or gateway")
+        try:
+            check_name(name)
+        except ValueError as exc:
+            raise AuthError(f"name: {exc}") from None
         with self.db.session() as s:
             if owner_id is not None:
                 owner = s.get(User, owner_id)
                 if owner is None or owner.disabled:  # disabled while their request was on its way
-                    raise AuthError("the token's owner is disabled or deleted")
+                    raise OwnerGoneError("the token's owner is disabled or deleted")
             return self._new_token(s, name=name, role=role, kind=kind, user_id=owner_id, created_by=created_by,
                                    ttl_s=ttl_s, rate_limit_per_min=rate_limit_per_min)
 

@@ -15,6 +15,7 @@ from engine.schemas.access import (
     TokenCreatedOut,
     TokenIn,
     TokenOut,
+    TokenState,
     UserDeletedOut,
     UserIn,
     UserOut,
@@ -34,7 +35,19 @@ from engine.schemas.benchmarks import (
     SearchRequest,
     SweepRequest,
 )
-from engine.schemas.common import MAX_ID, ROLES, Build, EngineState, FitValue, OkOut, Role
+from engine.schemas.common import (
+    CONSOLE_CLIENT_HEADER,
+    CONSOLE_KEY_HEADER,
+    MAX_ID,
+    ROLES,
+    Build,
+    EngineState,
+    FitValue,
+    OkOut,
+    Role,
+    check_name,
+    shown,
+)
 from engine.schemas.engine import (
     ActionOut,
     ApplyProgress,
@@ -71,6 +84,8 @@ from engine.schemas.settings import (
 )
 
 __all__ = [
+    "CONSOLE_CLIENT_HEADER",
+    "CONSOLE_KEY_HEADER",
     "MAX_ID",
     "ROLES",
     "ActionOut",
@@ -143,8 +158,11 @@ __all__ = [
     "TokenCreatedOut",
     "TokenIn",
     "TokenOut",
+    "TokenState",
     "UserDeletedOut",
     "UserIn",
     "UserOut",
     "UserPatch",
+    "check_name",
+    "shown",
 ]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
-from engine.schemas.common import Role
+from engine.schemas.common import Role, check_name
+
+TokenState = Literal["active", "expired", "revoked"]
 
 
 class LoginRequest(BaseModel):
@@ -72,7 +74,7 @@ class UserDeletedOut(BaseModel):
 class TokenIn(BaseModel):
     model_config = ConfigDict(strict=True)
 
-    name: str = Field(min_length=1, max_length=100)
+    name: Annotated[str, AfterValidator(check_name)] = Field(min_length=1, max_length=100)
     role: Role = "viewer"
     kind: Literal["api", "gateway"] = "api"
     expires_days: float | None = Field(None, gt=0, le=3650)
@@ -93,6 +95,7 @@ class TokenOut(BaseModel):
     rate_limit_per_min: int | None
     owner: str | None = Field(None, description="the user it belongs to: disabling, demoting or deleting them "
                               "revokes it (None: made with `llmops token create` on the engine's machine)")
+    state: TokenState = Field("active", description="active, expired (past expires_at) or revoked")
 
 
 class TokenCreatedOut(TokenOut):

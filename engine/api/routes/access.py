@@ -11,8 +11,10 @@ from engine.access import (
     HashBusyError,
     LastAdminError,
     LockedError,
+    OwnerGoneError,
     UnknownUserError,
     allows,
+    token_state,
 )
 from engine.api.deps import AuthDep, NoteDep, PrincipalDep, access
 from engine.api.gate import bearer_of
@@ -44,6 +46,7 @@ def user_out(u: User) -> UserOut:
 
 def token_out(t: ApiToken, owners: dict[int, str] | None = None) -> TokenOut:
     out = TokenOut.model_validate(t, from_attributes=True)
+    out.state = token_state(t)
     if t.user_id is not None:
         out.owner = (owners or {}).get(t.user_id, f"deleted user {t.user_id}")
     return out
@@ -169,7 +172,7 @@ def create_token(body: TokenIn, auth: AuthDep, principal: PrincipalDep, note: No
         token, row = auth.create_token(body.name, body.role, body.kind, principal.name,
                                        ttl_s=body.expires_days * 86400 if body.expires_days else None,
                                        rate_limit_per_min=body.rate_limit_per_min, owner_id=principal.user_id)
-    except AuthError as exc:
+    except OwnerGoneError as exc:
         raise HTTPException(401, detail=str(exc)) from None
     note.target, note.after = f"token {row.id} {row.name}", {"role": row.role, "kind": row.kind, "prefix": row.prefix}
     owners = {u.id: u.username for u in auth.users() if u.id == row.user_id and u.id is not None}
