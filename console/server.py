@@ -198,6 +198,9 @@ async def signin(request: Request) -> Response:
 async def signout(request: Request) -> Response:
     """POST only, from a page of this console (the sidebar's *Sign out*): the session ends at the engine and the
     cookie goes, whether or not the engine still knew the session."""
+    if request.method != "POST":  # answered here: Streamlit's own routes would serve the app for a GET
+        return Response("Sign out with the console's Sign out button (POST /signout).", status_code=405,
+                        headers={"Allow": "POST"})
     if not _same_origin(request):
         return _page("/", error="Sign-out refused: it was not sent from this console's own page.", status=403)
     if token := request.cookies.get(COOKIE):
@@ -237,5 +240,5 @@ class RequireSignIn:
         await self.app(scope, receive, send)
 
 
-ROUTES = [Route("/signin", signin, methods=["GET", "POST"]), Route("/signout", signout, methods=["POST"])]
+ROUTES = [Route("/signin", signin, methods=["GET", "POST"]), Route("/signout", signout, methods=["GET", "POST"])]
 app = st.App(Path(__file__).resolve().parent / "app.py", routes=ROUTES, middleware=[Middleware(RequireSignIn)])

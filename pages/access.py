@@ -118,8 +118,9 @@ st.dataframe([{"id": t.id, "name": t.name, "starts with": t.prefix + "…", "rol
                "kind": t.kind, "owner": t.owner or "—", "created by": t.created_by,
                "created": fmt.clock(t.created_at),
                "expires": fmt.clock(t.expires_at) if t.expires_at else "never",
-               "rate limit/min": t.rate_limit_per_min, "revoked": fmt.clock(t.revoked_at) if t.revoked_at
-               else ""} for t in tokens], hide_index=True, width="stretch")
+               "rate limit/min": t.rate_limit_per_min, "state": t.state,
+               "revoked": fmt.clock(t.revoked_at) if t.revoked_at else ""} for t in tokens],
+             hide_index=True, width="stretch")
 c1, c2 = st.columns(2)
 with c1.form("new_token"):
     st.markdown("**New token**")
