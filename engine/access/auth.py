@@ -284,7 +284,9 @@ class Auth:
             raise LockedError(found.locked_until)
         locked_until: float | None = None
         with self.db.session() as s:
-            user = s.exec(select(User).where(User.username == username)).one()
+            user = s.exec(select(User).where(User.username == username)).first()
+            if user is None or user.disabled:  # deleted or disabled while the password was checked
+                raise BadCredentialsError("unknown user or wrong password")
             if user.locked_until and user.locked_until > now:  # a parallel attempt locked it while we verified
                 locked_until = user.locked_until
             elif not ok:  # counted and committed before refusing
