@@ -401,3 +401,20 @@ def test_forwarded_headers_are_believed_only_from_configured_proxies(tmp_path: P
             assert httpx.post(f"{engine.url}/api/auth/login", headers=forged,
                               json={"username": "admin", "password": ADMIN_PASSWORD}).status_code == 200
             assert [r.source for r in engine.client.audit(action="auth.login")] == [expected]
+
+
+def test_a_sign_in_whose_user_is_deleted_while_its_password_is_checked_is_refused(data_dir: Path) -> None:
+    from engine.access import BadCredentialsError
+
+    app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD))
+    auth = app.state.services.auth
+    auth.create_user("leaving", "leaving-password", "viewer")
+    verify = auth._verify
+
+    def meanwhile(hash_: str, password: str) -> bool:
+        auth.delete_user("leaving")  # an admin deletes them while argon2 runs
+        return bool(verify(hash_, password))
+
+    auth._verify = meanwhile
+    with pytest.raises(BadCredentialsError):
+        auth.login("leaving", "leaving-password")
