@@ -23,7 +23,7 @@ import streamlit as st  # noqa: E402
 
 from console.client import ROLES, ApiError, ClientError, EngineClient  # noqa: E402
 from console.session import COOKIE  # noqa: E402
-from console.widgets import client, go_to, sign_in_url, sign_out  # noqa: E402
+from console.widgets import client, go_to, post_to, sign_in_url, sign_out  # noqa: E402
 from engine.schemas import MeOut  # noqa: E402
 
 # A local icon: a material one is fetched from fonts.gstatic.com, and the console fetches nothing from the internet.
@@ -133,7 +133,7 @@ with st.sidebar:
     if st.button("Sign out", icon=":material/logout:"):
         if st.context.cookies.get(COOKIE):  # the console's server revokes the session and clears the cookie
             sign_out()
-            go_to("/signout", "Signing out…")
+            post_to("/signout", "/signin?why=out", "Signing out…")
             st.stop()
         with contextlib.suppress(ClientError):  # already expired or revoked, or the engine is down
             client().logout()

@@ -17,6 +17,7 @@ from engine.schemas import (
     ROLES,
     ActionOut,
     AuditOut,
+    AuditTallyOut,
     BenchmarkRunOut,
     CapacityOut,
     CompareOut,
@@ -42,6 +43,7 @@ from engine.schemas import (
     StatusOut,
     TokenCreatedOut,
     TokenOut,
+    UserDeletedOut,
     UserOut,
 )
 
@@ -156,13 +158,13 @@ PER_DEPLOYMENT = ("/api/status", "/api/engine/", "/api/gateway", "/api/settings"
 
 class EngineClient:
     def __init__(self, base_url: str | None = None, *, timeout: float = 10.0, token: str | None = None,
-                 deployment: str | int | None = None) -> None:
+                 deployment: str | int | None = None, headers: dict[str, str] | None = None) -> None:
         """``token``: a bearer token (a console sign-in's, or one from `llmops token create`); default
         LLMOPS_TOKEN. ``deployment``: the deployment (name or id) the per-deployment calls act on (None: the
-        default one)."""
+        default one). ``headers``: sent with every request (the console's server passes a browser's address)."""
         self.base_url = (base_url or os.environ.get("LLMOPS_ENGINE_URL") or DEFAULT_ENGINE_URL).rstrip("/")
         self.token = token if token is not None else os.environ.get("LLMOPS_TOKEN")
-        headers = {"authorization": f"Bearer {self.token}"} if self.token else {}
+        headers = {**(headers or {}), **({"authorization": f"Bearer {self.token}"} if self.token else {})}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
         self._owns_http = True
         self.deployment = deployment
@@ -266,6 +268,10 @@ class EngineClient:
     def update_user(self, username: str, **changes: Any) -> UserOut:
         return self._get(UserOut, "PATCH", f"/api/users/{username}", json=changes)
 
+    def delete_user(self, username: str) -> UserDeletedOut:
+        """Delete a user: their sessions, API tokens and gateway keys are revoked with them."""
+        return self._get(UserDeletedOut, "DELETE", f"/api/users/{username}")
+
     def tokens(self) -> list[TokenOut]:
         return self._list(TokenOut, "GET", "/api/tokens")
 
@@ -280,6 +286,11 @@ class EngineClient:
 
     def audit(self, **filters: Any) -> list[AuditOut]:
         return self._list(AuditOut, "GET", "/api/audit", params={k: v for k, v in filters.items() if v is not None})
+
+    def audit_tallies(self, **filters: Any) -> list[AuditTallyOut]:
+        """Refused requests without a valid credential, counted per minute, source, action, target and result."""
+        return self._list(AuditTallyOut, "GET", "/api/audit/tallies",
+                          params={k: v for k, v in filters.items() if v is not None})
 
     def audit_export(self, fmt: str, **filters: Any) -> bytes:
         params = {"format": fmt, **{k: v for k, v in filters.items() if v is not None}}

@@ -6,6 +6,11 @@ page script can read it. Each Streamlit session reads it from the request (``st.
 stays the authority (it checks the token on every call, and a sign-out, expiry or revocation ends it there).
 A page request without a valid session is sent to ``/signin?next=<the page>``, and comes back to it.
 
+A sign-in or sign-out is refused unless it was posted by a page of this console (Origin, else Referer: another site
+must not sign a browser in as its own user, login CSRF); ``/signout`` takes POST only. The engine is told the
+browser's address with the console's key (LLMOPS_CONSOLE_KEY_FILE, which `llmops up` and `llmops console` hand
+over), so its audit shows who signed in from where, not the console's address.
+
 Run: ``python -m console.serve`` (``llmops console`` does: uvicorn with engine/edge.py's bounded, timed heads and
 Host check in front); ``streamlit run console/server.py`` or another ASGI server on ``console.server:app`` lack them.
 """
@@ -18,7 +23,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from urllib.parse import parse_qs, quote, urlencode
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `streamlit run` puts console/ on the path, not the project root
@@ -34,15 +39,53 @@ from starlette.types import ASGIApp, Receive, Scope, Send  # noqa: E402
 
 from console.client import ApiError, ClientError, EngineClient  # noqa: E402
 from console.session import COOKIE, safe_next  # noqa: E402
+from engine.schemas import CONSOLE_CLIENT_HEADER, CONSOLE_KEY_HEADER  # noqa: E402
 
 # Paths Streamlit serves for itself (assets, websocket, its own auth) and ours: never sent to the sign-in.
 OPEN_PREFIXES = ("/_stcore/", "/static/", "/component/", "/media/", "/app/static/", "/auth/", "/oauth2callback",
                  "/signin", "/signout", "/favicon")
 FORM_LIMIT = 8192  # bytes of a sign-in form
+FORM_FIELDS = 8  # fields a sign-in form may have (it has three)
 
 
-def _engine(token: str | None = None) -> EngineClient:
-    return EngineClient(os.environ.get("LLMOPS_ENGINE_URL"), timeout=10.0, token=token or "")
+def _browser(request: Request) -> dict[str, str]:
+    """Headers that tell the engine this browser's address, vouched for by the console's key (none without it)."""
+    key_file = os.environ.get("LLMOPS_CONSOLE_KEY_FILE")
+    if not key_file or request.client is None:
+        return {}
+    try:
+        key = Path(key_file).read_text().strip()
+    except OSError:  # the engine runs elsewhere, or as another user: its audit shows the console's address
+        return {}
+    return {CONSOLE_KEY_HEADER: key, CONSOLE_CLIENT_HEADER: request.client.host} if key else {}
+
+
+def _engine(token: str | None = None, request: Request | None = None) -> EngineClient:
+    return EngineClient(os.environ.get("LLMOPS_ENGINE_URL"), timeout=10.0, token=token or "",
+                        headers=_browser(request) if request is not None else None)
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether a POST came from a page of this console: its Origin (else its Referer) names this host, and the
+    browser does not say it came from another site. Neither header: refused (every browser sends one)."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None and site != "same-origin":
+        return False
+    # this console as the browser addressed it (a proxy in front may pass that on as X-Forwarded-Host; another
+    # site's form cannot add a header, so believing it opens nothing)
+    hosts = {h.strip().lower() for h in (request.headers.get("host", ""),
+                                         *request.headers.get("x-forwarded-host", "").split(",")) if h.strip()}
+    for name in ("origin", "referer"):
+        value = request.headers.get(name)
+        if value:
+            return value != "null" and urlsplit(value).netloc.lower() in hosts
+    return False
+
+
+def _revoke(token: str, request: Request) -> None:
+    """End a session at the engine; an expired or revoked one, or an engine that is down, leaves nothing to do."""
+    with contextlib.suppress(ClientError), _engine(token, request) as engine:
+        engine.logout()
 
 
 def _valid(token: str) -> bool | None:
@@ -118,19 +161,28 @@ async def signin(request: Request) -> Response:
     if request.method == "GET":
         note = {"out": "You are signed out.", "expired": "Your sign-in has expired or was revoked: sign in again."}
         response: Response = _page(next_url, note=note.get(request.query_params.get("why") or ""))
-        if COOKIE in request.cookies:
+        if token := request.cookies.get(COOKIE):  # a new sign-in starts here: the old session ends at the engine
+            await run_in_threadpool(_revoke, token, request)
             response.delete_cookie(COOKIE, path="/")
         return response
+    if not _same_origin(request):
+        return _page(next_url, error="Sign-in refused: the form was not sent from this console's own page (another "
+                     "site cannot sign you in). Open the console's address and sign in there.", status=403)
     body = b""
     async for chunk in request.stream():
         body += chunk
         if len(body) > FORM_LIMIT:
             return _page(next_url, error="The sign-in form was too large.", status=413)
-    form = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace"), max_num_fields=8).items()}
+    try:
+        fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=FORM_FIELDS)
+    except ValueError:  # more fields than the form has
+        return _page(next_url, error="The sign-in form held more fields than it has: reload the page and sign in "
+                     "again.", status=400)
+    form = {k: v[0] for k, v in fields.items()}
     username, password = form.get("username", "")[:64], form.get("password", "")[:1024]
     next_url = safe_next(form.get("next"))
     try:
-        session = await run_in_threadpool(lambda: _engine().login(username, password))
+        session = await run_in_threadpool(lambda: _engine(request=request).login(username, password))
     except ApiError as exc:
         message = ("Locked out for a while after repeated failures." if exc.status == 423
                    else "Unknown user or wrong password." if exc.status in (401, 422) else str(exc))
@@ -145,13 +197,15 @@ async def signin(request: Request) -> Response:
 
 
 async def signout(request: Request) -> Response:
-    token = request.cookies.get(COOKIE)
-    if token:
-        def _logout() -> None:
-            with contextlib.suppress(ClientError), _engine(token) as engine:  # expired, revoked, or engine down:
-                engine.logout()  # the cookie goes either way
-
-        await run_in_threadpool(_logout)
+    """POST only, from a page of this console (the sidebar's *Sign out*): the session ends at the engine and the
+    cookie goes, whether or not the engine still knew the session."""
+    if request.method != "POST":  # answered here: Streamlit's own routes would serve the app for a GET
+        return Response("Sign out with the console's Sign out button (POST /signout).", status_code=405,
+                        headers={"Allow": "POST"})
+    if not _same_origin(request):
+        return _page("/", error="Sign-out refused: it was not sent from this console's own page.", status=403)
+    if token := request.cookies.get(COOKIE):
+        await run_in_threadpool(_revoke, token, request)
     response = RedirectResponse("/signin?" + urlencode({"why": "out"}), status_code=303)
     response.delete_cookie(COOKIE, path="/")
     return response
@@ -187,7 +241,5 @@ class RequireSignIn:
         await self.app(scope, receive, send)
 
 
-app = st.App(Path(__file__).resolve().parent / "app.py",
-             routes=[Route("/signin", signin, methods=["GET", "POST"]),
-                     Route("/signout", signout, methods=["GET", "POST"])],
-             middleware=[Middleware(RequireSignIn)])
+ROUTES = [Route("/signin", signin, methods=["GET", "POST"]), Route("/signout", signout, methods=["GET", "POST"])]
+app = st.App(Path(__file__).resolve().parent / "app.py", routes=ROUTES, middleware=[Middleware(RequireSignIn)])

@@ -47,6 +47,14 @@ def go_to(url: str, message: str) -> None:
     st.html(f"<script>window.location.assign({json.dumps(url)});</script>", unsafe_allow_javascript=True)
 
 
+def post_to(url: str, then: str, message: str) -> None:
+    """POST to a route of the console's server (the sign-out takes no GET: a link or an image on another page must
+    not sign anyone out), then go to ``then``. Both are built by the console, never taken from input."""
+    st.markdown(f"{message} [Continue]({then})")
+    st.html(f"<script>fetch({json.dumps(url)}, {{method: 'POST', credentials: 'same-origin'}})"
+            f".finally(() => window.location.assign({json.dumps(then)}));</script>", unsafe_allow_javascript=True)
+
+
 def unreachable(exc: ClientError) -> NoReturn:
     if isinstance(exc, UnauthorizedError):
         sign_out()

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import Receive, Scope, Send
 
-from engine.access import AuditLog, AuditMiddleware, Auth, GatewayKeys, RateLimiter
+from engine.access import AuditLog, AuditMiddleware, AuditTallies, Auth, GatewayKeys, RateLimiter, ensure_console_key
 from engine.api import AccessGate, Services, mount
 from engine.api.guard import BodyGuard, Limits
 from engine.benchmarks import Benchmarks
@@ -35,6 +35,7 @@ from engine.events import EventLog
 from engine.gateway import BodyLimits, DataPath, Gateway, Ledger
 from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
 from engine.metrics import HISTORY_METRICS, EngineCollector, RequestMetrics, SeriesStore, ServingMonitor
+from engine.private import make_private
 from engine.prompts import PromptStore
 from engine.revisions import EngineSettings, RevisionStore, initial_settings
 from engine.serving import PrivateRotatingFileHandler, VllmFlags, redact_secrets, vllm_distribution
@@ -80,21 +81,6 @@ class EngineApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
-PRIVATE_DIRS = ("", "logs", "run")  # the data dir and its folders of secrets and logs: the engine's user only
-
-
-def make_private(data_dir: Path) -> None:
-    """Data dir and its logs and run folders 0700, the database and logs 0600: the database holds password hashes
-    and token digests, the logs what vLLM printed (an older engine left them 0644)."""
-    for name in PRIVATE_DIRS:
-        folder = data_dir / name
-        folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(folder, 0o700)
-        for path in folder.iterdir() if name else data_dir.glob("llmops.db*"):
-            if path.is_file() and not path.is_symlink():
-                os.chmod(path, 0o600)
-
-
 def raise_priority(nice: int) -> str | None:
     """Ask for the engine's CPU priority (engine_nice); what went wrong, if it was refused."""
     try:
@@ -133,8 +119,11 @@ def create_app(config: AppConfig) -> FastAPI:
     if revisions.ensure_initial(initial):
         events.of(DEFAULT_DEPLOYMENT).add("settings_changed", "revision 1: initial settings (the demo model)",
                                           revision_id=revisions.head_revision_id())
-    auth = Auth(db, config.session_ttl_s, config.login_max_failures, config.login_lockout_s)
+    auth = Auth(db, config.session_ttl_s, config.login_max_failures, config.login_lockout_s,
+                config.login_hash_workers, config.login_hash_queue)
     audit = AuditLog(db)
+    tallies = AuditTallies(db, config.audit_tally_keys_per_minute, config.audit_tally_max_rows)
+    console_key = ensure_console_key(config.console_key_path)
     loopback = is_loopback(config.host)
     gateway_keys = config.gateway_keys == "on" or (config.gateway_keys == "auto" and not loopback)
     if not loopback and (config.gateway_keys == "off" or not (auth.has_users() or config.admin_password)):
@@ -196,7 +185,8 @@ def create_app(config: AppConfig) -> FastAPI:
     limits = RateLimiter()
     keys = GatewayKeys(auth, limits, gateway_keys)
     services = Services(config=config, db=db, events=events, prompts=prompts, auth=auth, audit=audit,
-                        limits=limits, fleet=fleet, deployments=deployments, planner=planner, sampler=sampler,
+                        tallies=tallies, limits=limits, fleet=fleet, deployments=deployments, planner=planner,
+                        sampler=sampler,
                         telemetry=telemetry, alerts=alerts, serving_history=serving_history, ledger=ledger,
                         gateway=gateway, registry=registry,
                         public_url=config.public_url or f"http://{local}:{config.port}", gateway_keys=gateway_keys,
@@ -210,6 +200,7 @@ def create_app(config: AppConfig) -> FastAPI:
         await asyncio.to_thread(sampler.start)  # its first sample (NVML) is there before anyone asks
         await fleet.start()
         ledger.start()
+        tallies.start()
         try:
             yield
         finally:
@@ -224,6 +215,11 @@ def create_app(config: AppConfig) -> FastAPI:
                 await events.emit("engine_stopped", "engine stopped")
             except SQLAlchemyError as exc:
                 logging.getLogger("llmops.engine").error("could not record the engine's stop: %s", exc)
+            try:
+                await tallies.close()
+            except SQLAlchemyError as exc:
+                logging.getLogger("llmops.engine").error("the audit's last counts of refused requests are lost: %s",
+                                                         exc)
             db.close()
 
     # No /docs or /redoc (their pages load from a CDN); the schema is a signed-in route (engine/api/routes/docs.py).
@@ -241,7 +237,7 @@ def create_app(config: AppConfig) -> FastAPI:
                                                 config.body_timeout_s), budget=budget)
     app.add_middleware(AccessGate, api=app, auth=auth, keys=keys,  # roles before bodies: inside the audit
                        writable=lambda: free_space_problem(config.data_dir, config.min_free_disk_bytes))
-    app.add_middleware(AuditMiddleware, log=audit)
+    app.add_middleware(AuditMiddleware, log=audit, tallies=tallies, console_key=console_key)
     return app
 
 
@@ -268,6 +264,15 @@ def serve(config: AppConfig) -> None:
         # Printed once to the terminal, never logged: the only copy of the first admin's password.
         print(f"\n  Created the console user 'admin' with password: {app.state.generated_admin_password}\n"
               "  (shown once; change it on the console's Access page)\n", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info", access_log=config.access_log,
-                timeout_graceful_shutdown=int(config.drain_timeout_s) or None, loop="uvloop",
-                http=edge_protocol(head_limits(config)))
+    uvicorn.Server(server_config(app, config)).run()
+
+
+def server_config(app: FastAPI, config: AppConfig) -> uvicorn.Config:
+    """How uvicorn serves the engine. Forwarded headers (X-Forwarded-For, -Proto) are believed only from
+    ``trusted_proxies``: uvicorn's default believes them from any loopback peer, so any local user could write
+    the audit's source address."""
+    return uvicorn.Config(app, host=config.host, port=config.port, log_level="info", access_log=config.access_log,
+                          timeout_graceful_shutdown=int(config.drain_timeout_s) or None, loop="uvloop",
+                          http=edge_protocol(head_limits(config)),
+                          proxy_headers=bool(config.trusted_proxies),
+                          forwarded_allow_ips=list(config.trusted_proxies) or [])

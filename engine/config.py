@@ -80,6 +80,13 @@ class AppConfig(BaseSettings):
     session_ttl_s: float = Field(12 * 3600, gt=0, description="How long a console sign-in lasts.")
     login_max_failures: int = Field(5, ge=1, description="Failed sign-ins in a row that lock a user out.")
     login_lockout_s: float = Field(900, ge=0, description="How long a locked-out user waits.")
+    login_hash_workers: int = Field(2, ge=1, le=64, description="Password hashes (argon2: 64 MiB and up to 4 "
+                                    "threads each) computed at once, on threads of their own at a lower CPU priority "
+                                    "than the event loop: sign-ins never take the threads that serve /healthz, "
+                                    "/readyz and the API.")
+    login_hash_queue: int = Field(16, ge=0, le=10_000, description="Sign-ins that may wait for a hashing thread; "
+                                  "past it a sign-in is refused with 429 and Retry-After (a flood of sign-ins costs "
+                                  "at most login_hash_workers hashes of memory).")
     gateway_keys: Literal["auto", "on", "off"] = Field(
         "auto", description="Require API keys on /v1: auto = only when listening beyond loopback.")
     hf_token: SecretStr | None = Field(None, description="Hugging Face token for gated models; given to vLLM "
@@ -120,6 +127,21 @@ class AppConfig(BaseSettings):
                                     "Ray driver, each instance an actor pinned to a node, each node's GPUs sampled "
                                     "there. Unset (the default): instances are child processes of the engine and Ray "
                                     "is not imported.")
+    audit_tally_keys_per_minute: int = Field(200, ge=1, le=100_000, description="Refused requests without a "
+                                             "valid credential are counted per minute, source, action, target and "
+                                             "result (not a row each): the most such keys one minute keeps; the rest "
+                                             "are counted under source \"(others)\".")
+    audit_tally_max_rows: int = Field(100_000, ge=100, description="Rows of those counts kept in all; past it the "
+                                      "oldest minutes are dropped (the audit trail itself is never trimmed).")
+    trusted_proxies: list[str] = Field(default_factory=list, description="Addresses or networks (CIDR) of reverse "
+                                       "proxies in front of the engine whose X-Forwarded-For and X-Forwarded-Proto "
+                                       "it believes. Default none: the audit's source is the connection's peer, "
+                                       "which no local user can forge by sending a header.")
+    console_key_file: Path | None = Field(None, description="The secret with which the console tells the engine "
+                                          "a browser's address, so sign-ins through it are audited with the "
+                                          "browser's address, not the console's. Default DATA_DIR/run/console.key, "
+                                          "made by the engine (0600); `llmops up` and `llmops console` hand its path "
+                                          "to the console (LLMOPS_CONSOLE_KEY_FILE).")
     log_max_bytes: int = Field(10_000_000, gt=0, description="Size at which vLLM's log file rotates.")
     log_backups: int = Field(5, ge=0, description="Rotated vLLM log files kept.")
 
@@ -140,6 +162,10 @@ class AppConfig(BaseSettings):
     def database(self) -> Path | str:
         """What the engine opens (engine.db.open_database): the database_url, else the SQLite file's path."""
         return self.database_url.get_secret_value() if self.database_url else self.db_path
+
+    @property
+    def console_key_path(self) -> Path:
+        return self.console_key_file or self.data_dir / "run" / "console.key"
 
     @property
     def logs_dir(self) -> Path:

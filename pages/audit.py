@@ -20,7 +20,8 @@ SIGN_INS = ("auth.login", "auth.logout", "auth.sso")
 VERBS = {"engine.start": "asked to start vLLM", "engine.stop": "asked to stop vLLM",
          "engine.restart": "asked to restart vLLM", "prompts.save": "saved a prompt",
          "prompts.delete": "deleted saved prompt", "benchmarks.sweep": "started a benchmark sweep",
-         "benchmarks.search": "started a guided search", "benchmarks.cancel": "cancelled benchmark"}
+         "benchmarks.search": "started a guided search", "benchmarks.cancel": "cancelled benchmark",
+         "users.delete": "deleted"}
 
 
 def _changes(r: AuditOut) -> str:
@@ -102,6 +103,18 @@ c1.download_button("Export CSV", lambda: engine.audit_export("csv", **filters), 
                    mime="text/csv")
 c2.download_button("Export JSON", lambda: engine.audit_export("json", **filters), file_name="audit.json",
                    mime="application/json")
+
+with st.expander("Refused requests without a valid credential (counted, not listed one by one)"):
+    try:
+        counted = client().audit_tallies(since=since, until=until, limit=500)
+    except ClientError as exc:
+        unreachable(exc)
+    st.caption(f"{sum(t.count for t in counted):,} refused in this selection (failed sign-ins, calls without a "
+               "token or with a bad one, unknown routes), per minute and source." if counted else
+               "None in this selection.")
+    if counted:
+        st.dataframe([{"minute": fmt.clock(t.minute), "from": t.source, "action": t.action, "target": t.target,
+                       "result": t.result, "count": t.count} for t in counted], hide_index=True, width="stretch")
 
 st.subheader("What happened next")
 writes = [r for r in rows if r.action in ("settings.write", "settings.rollback") and r.target]

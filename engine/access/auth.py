@@ -10,22 +10,44 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, delete, func, select
 
-from engine.db import ApiToken, Database, User
+from engine.access.hashing import HashPool
+from engine.db import ApiToken, Database, LoginFailure, User
 from engine.errors import EngineError
-from engine.schemas import ROLES
+from engine.schemas import ROLES, TokenState, check_name
 
 TOKEN_PREFIX = "llmops_"
 USERNAME = re.compile(r"[A-Za-z0-9_.@+][A-Za-z0-9_.@+-]{0,63}")  # fullmatch: "admin\n" is not "admin"
-UNKNOWN_KEPT = 10_000  # unknown user names whose failed sign-ins are counted (in memory, oldest dropped)
+UNKNOWN_KEPT = 10_000  # unknown user names whose failed sign-ins are counted (table login_failure)
+
+
+# Characters that read alike in the fonts names are shown in (UTS #39's confusables, ASCII part), compared after
+# case folding: "adm1n", "admln" and "ADMIN" all read as "admin".
+LOOKALIKE = (("rn", "m"), ("vv", "w"), ("cl", "d"), ("0", "o"), ("1", "l"), ("i", "l"), ("|", "l"))
+
+
+def skeleton(name: str) -> str:
+    """What a name looks like: two names with one skeleton are easily taken for each other."""
+    text = name.casefold()
+    for seen, like in LOOKALIKE:
+        text = text.replace(seen, like)
+    return text
+
+
+def token_state(row: ApiToken, now: float | None = None) -> TokenState:
+    """active, expired or revoked."""
+    if row.revoked_at:
+        return "revoked"
+    if row.expires_at and row.expires_at < (time.time() if now is None else now):
+        return "expired"
+    return "active"
 
 
 def allows(role: str, needed: str) -> bool:
@@ -38,6 +60,18 @@ class AuthError(EngineError):
 
 class BadCredentialsError(AuthError):
     pass
+
+
+class UnknownUserError(AuthError):
+    pass
+
+
+class OwnerGoneError(AuthError):
+    """The user a new token would belong to is disabled or deleted."""
+
+
+class LastAdminError(AuthError):
+    """The change would leave no enabled admin."""
 
 
 class LockedError(AuthError):
@@ -53,6 +87,7 @@ class Principal:
     kind: str
     token_id: int | None = None
     rate_limit_per_min: int | None = None
+    user_id: int | None = None  # the user who owns the token (None: made on the engine's machine by the CLI)
 
 
 def digest(token: str) -> str:
@@ -61,16 +96,16 @@ def digest(token: str) -> str:
 
 class Auth:
     def __init__(self, db: Database, session_ttl_s: float = 12 * 3600, max_failures: int = 5,
-                 lockout_s: float = 900) -> None:
+                 lockout_s: float = 900, hash_workers: int = 2, hash_queue: int = 16) -> None:
         self.db = db
+        self.pool = HashPool(hash_workers, hash_queue)  # every argon2 hash runs there, never on the API's threads
         self.session_ttl_s = session_ttl_s
         self.max_failures = max_failures
         self.lockout_s = lockout_s
         self.hasher = PasswordHasher()
         self._last_used: dict[int, float] = {}
-        # A name that is no user fails and locks like one that is: same answer, same time, same lockout.
-        self._unknown: dict[str, tuple[int, float]] = {}  # name -> (failures, locked until)
-        self._unknown_lock = threading.Lock()
+        # A name that is no user fails and locks like one that is: same answer, same time, same lockout, and
+        # the same after a restart (its failures are in the database, table login_failure, bounded).
         self._dummy_hash = self.hasher.hash(secrets.token_urlsafe(16))
         self.changes = 0  # counts revocations and user changes: caches of authenticate() start over
 
@@ -92,38 +127,99 @@ class Auth:
         if len(password) < 10:
             raise AuthError("password: at least 10 characters")
         with self.db.session() as s:
-            if s.exec(select(User.id).where(User.username == username)).first() is not None:
-                raise AuthError(f"user {username!r} exists")
-            user = User(username=username, password_hash=self.hasher.hash(password), role=role)
+            self._name_free(s, username)
+        password_hash = self.pool.call(self.hasher.hash, password)
+        with self.db.session() as s:
+            self._name_free(s, username)  # taken while the password was hashed?
+            # a new id above any a token names as its owner: a deleted user's revoked tokens never seem another's
+            taken = max(s.exec(select(func.max(User.id))).one() or 0,
+                        s.exec(select(func.max(ApiToken.user_id))).one() or 0)
+            user = User(id=taken + 1, username=username, password_hash=password_hash, role=role)
             s.add(user)
             s.flush()
             return user
 
+    @staticmethod
+    def _name_free(s: Session, username: str) -> None:
+        """Refuse a name that is, ignoring case, or looks like, an existing user's (``Admin`` beside ``admin``,
+        ``adm1n``): the console, the audit and a person reading them must not take one user for another."""
+        for (existing,) in s.execute(select(User.username)).all():
+            if existing.casefold() == username.casefold():
+                raise AuthError(f"user {existing!r} exists (user names are the same whatever their case)")
+            if skeleton(existing) == skeleton(username):
+                raise AuthError(f"username: {username!r} looks like the existing user {existing!r}; choose a name "
+                                "that cannot be taken for it")
+
     def update_user(self, username: str, *, role: str | None = None, password: str | None = None,
-                    disabled: bool | None = None) -> User:
+                    disabled: bool | None = None) -> tuple[User, int]:
+        """Change a user; returns the user and how many of their tokens and keys were revoked. Disabling or
+        demoting a user revokes every token and key they own (made by them, or by a token of theirs); a new
+        password ends their sessions. The last enabled admin can be neither disabled nor demoted."""
+        if password is not None and len(password) < 10:
+            raise AuthError("password: at least 10 characters")
+        if role is not None and role not in ROLES:
+            raise AuthError(f"role: one of {', '.join(ROLES)}")
+        password_hash = self.pool.call(self.hasher.hash, password) if password is not None else None
         with self.db.session() as s:
             user = s.exec(select(User).where(User.username == username)).first()
             if user is None:
-                raise AuthError(f"no user {username!r}")
+                raise UnknownUserError(f"no user {username!r}")
+            demoted = role is not None and not allows(role, user.role)
+            if (demoted or (disabled and not user.disabled)) and self._last_admin(s, user):
+                raise LastAdminError(f"{username} is the last enabled admin: make another user admin first "
+                                     "(nobody could manage users and tokens otherwise)")
             if role is not None:
-                if role not in ROLES:
-                    raise AuthError(f"role: one of {', '.join(ROLES)}")
                 user.role = role
-            if password is not None:
-                if len(password) < 10:
-                    raise AuthError("password: at least 10 characters")
-                user.password_hash = self.hasher.hash(password)
+            if password_hash is not None:
+                user.password_hash = password_hash
                 user.failed_attempts, user.locked_until = 0, None
             if disabled is not None:
                 user.disabled = disabled
             s.add(user)
-            self.changes += 1
-            if disabled or role is not None or password is not None:  # their sessions end
-                for tok in s.exec(select(ApiToken).where(ApiToken.user_id == user.id, ApiToken.kind == "session",
-                                                         col(ApiToken.revoked_at).is_(None))).all():
-                    tok.revoked_at = time.time()
-                    s.add(tok)
-            return user
+            revoked = 0
+            if disabled or demoted:  # what they hold stops at once: sessions, API tokens, gateway keys
+                revoked = self._revoke_owned(s, user, kinds=None)
+            elif role is not None or password is not None:  # their sessions end
+                revoked = self._revoke_owned(s, user, kinds=("session",))
+        self.changes += 1  # after the commit: a cache refilled before it would keep the old answer
+        return user, revoked
+
+    def delete_user(self, username: str) -> tuple[User, int]:
+        """Delete a user and revoke every session, token and key they own; returns the user as it was and how
+        many were revoked. The last enabled admin cannot be deleted. Their audit records stay."""
+        with self.db.session() as s:
+            user = s.exec(select(User).where(User.username == username)).first()
+            if user is None:
+                raise UnknownUserError(f"no user {username!r}")
+            if not user.disabled and self._last_admin(s, user):
+                raise LastAdminError(f"{username} is the last enabled admin: make another user admin first "
+                                     "(nobody could manage users and tokens otherwise)")
+            revoked = self._revoke_owned(s, user, kinds=None)
+            s.delete(user)
+        self.changes += 1
+        return user, revoked
+
+    @staticmethod
+    def _last_admin(s: Session, user: User) -> bool:
+        """Whether ``user`` is the only enabled admin (inside the caller's transaction, which holds the write
+        lock: two admins cannot demote each other at once)."""
+        if user.role != "admin" or user.disabled:
+            return False
+        others = s.exec(select(User.id).where(User.role == "admin", col(User.disabled).is_(False),
+                                              User.id != user.id).limit(1)).first()
+        return others is None
+
+    @staticmethod
+    def _revoke_owned(s: Session, user: User, kinds: tuple[str, ...] | None) -> int:
+        q = select(ApiToken).where(ApiToken.user_id == user.id, col(ApiToken.revoked_at).is_(None))
+        if kinds is not None:
+            q = q.where(col(ApiToken.kind).in_(kinds))
+        now = time.time()
+        rows = s.exec(q).all()
+        for tok in rows:
+            tok.revoked_at = now
+            s.add(tok)
+        return len([t for t in rows if t.kind != "session"])
 
     def ensure_admin(self, password: str | None) -> str | None:
         """On an empty user table create ``admin``; return the generated password (None if given or existing)."""
@@ -139,18 +235,35 @@ class Auth:
         except (VerificationError, InvalidHashError):
             return False
 
+    def _unknown_locked_until(self, username: str) -> float:
+        with self.db.session() as s:
+            row = s.get(LoginFailure, username)
+            return row.locked_until if row is not None else 0.0
+
     def _unknown_failure(self, username: str, now: float) -> None:
-        """Count a failed sign-in of a name that is no user, with the lockout a user would get."""
-        with self._unknown_lock:
-            failures, until = self._unknown.pop(username, (0, 0.0))
-            if until and until <= now:
-                failures, until = 0, 0.0
-            failures += 1
-            if failures >= self.max_failures:
-                failures, until = 0, now + self.lockout_s
-            self._unknown[username] = (failures, until)
-            while len(self._unknown) > UNKNOWN_KEPT:
-                self._unknown.pop(next(iter(self._unknown)))
+        """Count a failed sign-in of a name that is no user, with the lockout a user would get, in the database
+        (a restart must not tell users from non-users); at most UNKNOWN_KEPT names, unlocked and oldest dropped
+        first."""
+        with self.db.session() as s:
+            row = s.get(LoginFailure, username)
+            if row is None:
+                row = LoginFailure(name=username)
+                excess = s.exec(select(func.count()).select_from(LoginFailure)).one() + 1 - UNKNOWN_KEPT
+                if excess > 0:
+                    drop = select(LoginFailure.name).order_by(col(LoginFailure.locked_until),
+                                                              col(LoginFailure.updated_at)).limit(excess)
+                    s.execute(delete(LoginFailure).where(col(LoginFailure.name).in_(drop)))
+            if row.locked_until and row.locked_until <= now:
+                row.failures, row.locked_until = 0, 0.0
+            row.failures += 1
+            if row.failures >= self.max_failures:
+                row.failures, row.locked_until = 0, now + self.lockout_s
+            row.updated_at = now
+            s.add(row)
+
+    async def login_async(self, username: str, password: str) -> tuple[str, ApiToken, User]:
+        """``login`` on a hashing thread: HashBusyError at once when too many sign-ins wait already."""
+        return await self.pool.run(self.login, username, password)
 
     def login(self, username: str, password: str) -> tuple[str, ApiToken, User]:
         """A new session token for the user, or BadCredentialsError / LockedError. Whether the user exists, is
@@ -161,8 +274,7 @@ class Auth:
             found = s.exec(select(User).where(User.username == username)).first()
         if found is None or found.disabled:
             self._verify(self._dummy_hash, password)
-            with self._unknown_lock:
-                until = self._unknown.get(username, (0, 0.0))[1]
+            until = self._unknown_locked_until(username)
             if until > now:
                 raise LockedError(until)
             self._unknown_failure(username, now)
@@ -172,7 +284,9 @@ class Auth:
             raise LockedError(found.locked_until)
         locked_until: float | None = None
         with self.db.session() as s:
-            user = s.exec(select(User).where(User.username == username)).one()
+            user = s.exec(select(User).where(User.username == username)).first()
+            if user is None or user.disabled:  # deleted or disabled while the password was checked
+                raise BadCredentialsError("unknown user or wrong password")
             if user.locked_until and user.locked_until > now:  # a parallel attempt locked it while we verified
                 locked_until = user.locked_until
             elif not ok:  # counted and committed before refusing
@@ -217,12 +331,22 @@ class Auth:
         return token, row
 
     def create_token(self, name: str, role: str, kind: str = "api", created_by: str = "",
-                     ttl_s: float | None = None, rate_limit_per_min: int | None = None) -> tuple[str, ApiToken]:
-        """A new token; the returned string is its only copy."""
+                     ttl_s: float | None = None, rate_limit_per_min: int | None = None,
+                     owner_id: int | None = None) -> tuple[str, ApiToken]:
+        """A new token; the returned string is its only copy. ``owner_id``: the user it belongs to (the one who
+        made it, or the owner of the token that made it): disabling, demoting or deleting them revokes it."""
         if kind not in ("api", "gateway"):
             raise AuthError("kind: api or gateway")
+        try:
+            check_name(name)
+        except ValueError as exc:
+            raise AuthError(f"name: {exc}") from None
         with self.db.session() as s:
-            return self._new_token(s, name=name, role=role, kind=kind, user_id=None, created_by=created_by,
+            if owner_id is not None:
+                owner = s.get(User, owner_id)
+                if owner is None or owner.disabled:  # disabled while their request was on its way
+                    raise OwnerGoneError("the token's owner is disabled or deleted")
+            return self._new_token(s, name=name, role=role, kind=kind, user_id=owner_id, created_by=created_by,
                                    ttl_s=ttl_s, rate_limit_per_min=rate_limit_per_min)
 
     def tokens(self) -> Sequence[ApiToken]:
@@ -256,12 +380,15 @@ class Auth:
             row = s.exec(select(ApiToken).where(ApiToken.digest == digest(token))).first()
             if row is None or row.revoked_at or (row.expires_at and row.expires_at < now):
                 return None
-            name = row.name
+            name, role = row.name, row.role
             if row.user_id is not None:
                 user = s.get(User, row.user_id)
                 if user is None or user.disabled:
                     return None
-                name = user.username
+                if row.kind == "session":
+                    name = user.username
+                if not allows(user.role, role):
+                    role = user.role  # never more than its owner may do now
         assert row.id is not None
         if now - self._last_used.get(row.id, 0) > 60:  # record use at most once a minute
             self._last_used[row.id] = now
@@ -270,5 +397,5 @@ class Auth:
                 if fresh is not None:
                     fresh.last_used_at = now
                     s.add(fresh)
-        return Principal(name=name, role=row.role, kind=row.kind, token_id=row.id,
-                         rate_limit_per_min=row.rate_limit_per_min)
+        return Principal(name=name, role=role, kind=row.kind, token_id=row.id,
+                         rate_limit_per_min=row.rate_limit_per_min, user_id=row.user_id)

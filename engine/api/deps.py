@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.routing import APIRoute
@@ -23,38 +23,49 @@ from engine.prompts import PromptStore
 from engine.revisions import RevisionStore, SettingsWriter
 from engine.serving import Supervisor
 
+# Every dependency here is async: FastAPI runs a sync one on the shared thread pool, and /healthz and /readyz must
+# not wait for a thread of it (a flood that holds every thread would delay them).
 
-def services(request: Request) -> Services:
+def _services(request: Request) -> Services:
     svc: Services = request.app.state.services
     return svc
 
 
+async def services(request: Request) -> Services:
+    return _services(request)
+
+
 def _part(name: str) -> Callable[[Request], Any]:
     """A dependency that hands a route one service of the container (overridable in tests)."""
-    def part(request: Request) -> Any:
-        return getattr(services(request), name)
+    async def part(request: Request) -> Any:
+        return getattr(_services(request), name)
     part.__name__ = name
     return part
 
 
-def runtime(request: Request) -> Runtime:
-    """The deployment a request acts on: ``/api/deployments/{deployment}/…`` names it, today's ``/api/…`` routes
-    act on the default one. Its name goes into the request's audit record."""
+def _runtime(request: Request) -> Runtime:
     name = request.path_params.get("deployment")
     try:
-        found = services(request).fleet.get(name)
+        found = _services(request).fleet.get(name)
     except DeploymentNotFoundError as exc:
         raise HTTPException(404, detail=str(exc)) from None
     request.state.deployment = found.name
     return found
 
 
+async def runtime(request: Request) -> Runtime:
+    """The deployment a request acts on: ``/api/deployments/{deployment}/…`` names it, today's ``/api/…`` routes
+    act on the default one. Its name goes into the request's audit record."""
+    return _runtime(request)
+
+
 def _of_runtime(name: str) -> Callable[[Request], Any]:
     """A dependency that hands a route one part of the request's deployment (its supervisor, revisions, …)."""
-    def part(request: Request) -> Any:
-        value = getattr(runtime(request), name)
+    async def part(request: Request) -> Any:
+        found = _runtime(request)
+        value = getattr(found, name)
         if value is None:
-            raise HTTPException(503, detail=f"deployment {runtime(request).name} has no {name} yet: try again")
+            raise HTTPException(503, detail=f"deployment {found.name} has no {name} yet: try again")
         return value
     part.__name__ = name
     return part
@@ -86,7 +97,7 @@ class Require:
 
     role: Role | None
 
-    def __call__(self, request: Request) -> Principal | None:
+    async def __call__(self, request: Request) -> Principal | None:
         principal: Principal | None = getattr(request.state, "principal", None)
         if self.role is not None and principal is None:  # only a route the gate did not see can get here
             raise HTTPException(401, detail="a valid bearer token is needed")
@@ -95,35 +106,49 @@ class Require:
 
 @dataclass(frozen=True)
 class Audited:
-    """The audit action of a mutating route; the handler fills the note the record is made from."""
+    """The audit action of a mutating route; the handler fills the note the record is made from.
+    ``when_disk_low``: the route still works when the data dir's disk is nearly full (signing in and out: someone
+    must be able to sign in and look; changes are refused with 507)."""
 
     action: str
+    when_disk_low: bool = False
 
-    def __call__(self, request: Request) -> AuditNote:
-        note: AuditNote | None = getattr(request.state, "audit", None)
-        if note is None:
-            note = AuditNote()
-            request.state.audit = note
-        return note
+    async def __call__(self, request: Request) -> AuditNote:
+        return _note(request)
 
 
-def access(role: Role | None, action: str | None = None) -> list[Any]:
+def _note(request: Request) -> AuditNote:
+    note: AuditNote | None = getattr(request.state, "audit", None)
+    if note is None:
+        note = AuditNote()
+        request.state.audit = note
+    return note
+
+
+def access(role: Role | None, action: str | None = None, *, when_disk_low: bool = False) -> list[Any]:
     """A route's declaration: ``dependencies=access("operator", "settings.write")``."""
-    return [Depends(Require(role))] + ([Depends(Audited(action))] if action else [])
+    return [Depends(Require(role))] + ([Depends(Audited(action, when_disk_low))] if action else [])
 
 
-def route_meta(route: APIRoute) -> tuple[bool, Role | None, str | None]:
-    """(declares a role, the role, the audit action) of a route, read from its dependencies."""
-    declared, role, action = False, None, None
+class RouteMeta(NamedTuple):
+    declared: bool  # the route declares its role (None included)
+    role: Role | None
+    action: str | None  # its audit action
+    when_disk_low: bool  # it works when the disk is nearly full
+
+
+def route_meta(route: APIRoute) -> RouteMeta:
+    """What a route declares, read from its dependencies."""
+    declared, role, action, low = False, None, None, False
     for dep in route.dependant.dependencies:
         if isinstance(dep.call, Require):
             declared, role = True, dep.call.role
         elif isinstance(dep.call, Audited):
-            action = dep.call.action
-    return declared, role, action
+            action, low = dep.call.action, dep.call.when_disk_low
+    return RouteMeta(declared, role, action, low)
 
 
-def principal_of(request: Request) -> Principal:
+async def principal_of(request: Request) -> Principal:
     principal: Principal | None = getattr(request.state, "principal", None)
     if principal is None:
         raise HTTPException(401, detail="a valid bearer token is needed")
@@ -136,9 +161,9 @@ def actor(request: Request) -> str:
     return principal.name if principal is not None else "api"
 
 
-def audit_note(request: Request) -> AuditNote:
+async def audit_note(request: Request) -> AuditNote:
     """The note of this request's audit record (the route's ``Audited`` dependency made it)."""
-    return Audited("")(request)
+    return _note(request)
 
 
 PrincipalDep = Annotated[Principal, Depends(principal_of)]

@@ -17,7 +17,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.access import Auth, GatewayKeys, KeyRefusedError, Principal, allows
-from engine.api.deps import route_meta
+from engine.api.deps import RouteMeta, route_meta
 from engine.db import RETRY_AFTER_S, UNAVAILABLE, unavailable_message
 
 
@@ -38,6 +38,9 @@ async def send_json(send: Send, status: int, body: dict[str, Any], headers: list
     await send({"type": "http.response.body", "body": data})
 
 
+NONE = RouteMeta(False, None, None, False)
+
+
 class AccessGate:
     def __init__(self, app: ASGIApp, api: FastAPI, auth: Auth, keys: GatewayKeys,
                  writable: Callable[[], str | None] = lambda: None) -> None:
@@ -46,21 +49,17 @@ class AccessGate:
         self.auth = auth
         self.keys = keys
         self.writable = writable  # None, or why the database cannot take a change now
-        self._meta: dict[int, tuple[str | None, str | None]] | None = None
+        self._meta: dict[int, RouteMeta] | None = None
 
-    def _route(self, scope: Scope) -> tuple[str | None, str | None] | None:
-        """The matching route's (role, audit action), or None when no route matches fully."""
+    def _route(self, scope: Scope) -> RouteMeta:
+        """What the matching route declares (nothing when no route matches fully)."""
         if self._meta is None:
-            self._meta = {}
-            for route in self.api.routes:
-                if isinstance(route, APIRoute):
-                    _, role, action = route_meta(route)
-                    self._meta[id(route)] = (role, action)
+            self._meta = {id(r): route_meta(r) for r in self.api.routes if isinstance(r, APIRoute)}
         for route in self.api.routes:
             match, _ = route.matches(scope)
             if match == Match.FULL:
-                return self._meta.get(id(route), (None, None))
-        return None
+                return self._meta.get(id(route), NONE)
+        return NONE
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,7 +67,7 @@ class AccessGate:
             return
         meta = self._route(scope)
         state = scope.setdefault("state", {})
-        needed, state["audit_action"] = meta or (None, None)
+        needed, state["audit_action"] = meta.role, meta.action
         if scope["path"].startswith("/v1/"):  # the engine's own /v1 routes: the gateway's key, before the body
             try:
                 state["principal"] = await self.keys.check(scope.get("headers") or [])
@@ -95,7 +94,7 @@ class AccessGate:
                 await send_json(send, 403, {"detail": f"role {principal.role} may not {scope['method']} "
                                             f"{scope['path']}: it needs {needed}"})
                 return
-        if state["audit_action"] and (why := await run_in_threadpool(self.writable)):
+        if meta.action and not meta.when_disk_low and (why := await run_in_threadpool(self.writable)):
             # a change the database could not record is refused before it is made, not made and answered 500
             await send_json(send, 507, {"detail": f"nothing was done: {why}"})
             return

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from engine.access import AuditLog, Auth, RateLimiter
+from engine.access import AuditLog, AuditTallies, Auth, RateLimiter
 from engine.capacity import Planner
 from engine.config import AppConfig
 from engine.db import Database
@@ -31,6 +31,7 @@ class Services:
     prompts: PromptStore
     auth: Auth
     audit: AuditLog
+    tallies: AuditTallies
     limits: RateLimiter
     fleet: Fleet
     deployments: DeploymentStore

@@ -11,13 +11,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from console.client import ClientError, EngineClient
 from engine.config import AppConfig
 from engine.errors import DatabaseError
 from engine.revisions import FIELD_NAMES, field_help
-from engine.schemas import ApplyPlanOut, CapacityOut, RevisionOut, StatusOut
+from engine.schemas import ApplyPlanOut, CapacityOut, RevisionOut, StatusOut, shown
+
+if TYPE_CHECKING:
+    from engine.db import Database
 
 
 def _config(args: argparse.Namespace) -> AppConfig:
@@ -25,13 +28,44 @@ def _config(args: argparse.Namespace) -> AppConfig:
     return AppConfig(**overrides)
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    """The bearer token: --token-file, --token (with a warning: every user of this machine sees a command line),
+    LLMOPS_TOKEN, else the local DATA_DIR/run/cli.token."""
+    if (file := getattr(args, "token_file", None)) is not None:
+        path = Path(file)
+        try:
+            if path.stat().st_mode & 0o077:
+                print(f"warning: {path} can be read by other users of this machine: chmod 600 it", file=sys.stderr)
+            return path.read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"error: cannot read the token file {path}: {exc.strerror}") from None
+    if token := getattr(args, "token", None):
+        print("warning: --token is visible to every user of this machine (ps, /proc): use LLMOPS_TOKEN or "
+              "--token-file instead", file=sys.stderr)
+        return str(token)
+    if token := os.environ.get("LLMOPS_TOKEN"):
+        return token
+    path = _cli_token_path(AppConfig(**({"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})))
+    return path.read_text().strip() if path.exists() else None
+
+
 def _client(args: argparse.Namespace) -> EngineClient:
     url = args.engine_url or (f"http://127.0.0.1:{args.port}" if getattr(args, "port", None) else None)
-    token = getattr(args, "token", None) or os.environ.get("LLMOPS_TOKEN")
-    if not token:
-        path = _cli_token_path(AppConfig(**({"data_dir": args.data_dir} if getattr(args, "data_dir", None) else {})))
-        token = path.read_text().strip() if path.exists() else None
-    return EngineClient(url or AppConfig().engine_url, token=token, deployment=getattr(args, "deployment", None))
+    return EngineClient(url or AppConfig().engine_url, token=_token(args) or "",
+                        deployment=getattr(args, "deployment", None))
+
+
+def _open_db(config: AppConfig) -> Database:
+    """The engine's database, opened by the CLI as the engine opens it: the data dir 0700, its files 0600 (on a
+    fresh data dir the CLI left them 0644 and 0755)."""
+    from engine.db import open_database
+    from engine.private import make_private
+
+    os.umask(0o077)
+    make_private(config.data_dir)
+    db = open_database(config.database)
+    make_private(config.data_dir)  # the database's files now exist
+    return db
 
 
 def _cli_token_path(config: AppConfig) -> Path:
@@ -46,11 +80,10 @@ def _operator() -> str:
 
 def ensure_cli_token(config: AppConfig) -> Path:
     from engine.access import AuditLog, Auth
-    from engine.db import open_database
 
     path = _cli_token_path(config)
     if not path.exists():
-        db = open_database(config.database)
+        db = _open_db(config)
         token, row = Auth(db).create_token("local-cli", "admin", created_by="llmops up")
         AuditLog(db).record(actor=_operator(), action="tokens.create", target=f"token {row.id} {row.name}",
                             after={"role": row.role, "kind": row.kind, "prefix": row.prefix}, source="llmops up")
@@ -63,33 +96,35 @@ def ensure_cli_token(config: AppConfig) -> Path:
 
 def cmd_token(args: argparse.Namespace) -> int:
     """Tokens are managed on the engine's own database: this is how the first one is made."""
-    from engine.access import AuditLog, Auth, AuthError
-    from engine.db import open_database
+    from engine.access import AuditLog, Auth, AuthError, token_state
 
-    db = open_database(_config(args).database)
+    db = _open_db(_config(args))
     auth, audit = Auth(db), AuditLog(db)
     if args.action == "create":
-        token, row = auth.create_token(args.name, args.role, args.kind, created_by=_operator(),
-                                       ttl_s=args.expires_days * 86400 if args.expires_days else None,
-                                       rate_limit_per_min=args.rate_limit)
+        try:
+            token, row = auth.create_token(args.name, args.role, args.kind, created_by=_operator(),
+                                           ttl_s=args.expires_days * 86400 if args.expires_days else None,
+                                           rate_limit_per_min=args.rate_limit)
+        except AuthError as exc:
+            print(f"error: {shown(str(exc))}", file=sys.stderr)
+            return 2
         audit.record(actor=_operator(), action="tokens.create", target=f"token {row.id} {row.name}",
                      after={"role": row.role, "kind": row.kind, "prefix": row.prefix}, source="llmops token")
         print(token)  # its only copy
-        print(f"token {row.id} ({row.name}, {row.role}, {row.kind}) created; store it now: it is not shown again",
-              file=sys.stderr)
+        print(f"token {row.id} ({shown(row.name)}, {row.role}, {row.kind}) created; store it now: it is not shown "
+              "again", file=sys.stderr)
     elif args.action == "revoke":
         try:
             row = auth.revoke(token_id=int(args.which)) if args.which.isdigit() else auth.revoke(name=args.which)
         except AuthError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {shown(str(exc))}", file=sys.stderr)
             return 1
         audit.record(actor=_operator(), action="tokens.revoke", target=f"token {row.id} {row.name}",
                      after={"revoked": True}, source="llmops token")
-        print(f"token {row.id} ({row.name}) revoked")
-    else:
+        print(f"token {row.id} ({shown(row.name)}) revoked")
+    else:  # names are escaped: one made before names were checked may hold a newline or an ANSI sequence
         for t in auth.tokens():
-            state = "revoked" if t.revoked_at else "active"
-            print(f"{t.id:>4}  {t.prefix}…  {t.name:<20} {t.role:<9} {t.kind:<8} {state}")
+            print(f"{t.id:>4}  {t.prefix}…  {shown(t.name):<20} {t.role:<9} {t.kind:<8} {token_state(t)}")
     return 0
 
 
@@ -155,30 +190,37 @@ def cmd_engine(args: argparse.Namespace) -> int:
     return 0
 
 
-def _console_command(port: int, engine_url: str, host: str = "127.0.0.1") -> tuple[list[str], dict[str, str]]:
+def _console_command(port: int, engine_url: str, host: str = "127.0.0.1",
+                     key_file: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """The console's process: console/serve.py (uvicorn with the engine's bounded, timed heads and Host check in
-    front of console/server.py's app), not `streamlit run`, whose server reads heads of any size."""
+    front of console/server.py's app), not `streamlit run`, whose server reads heads of any size. ``key_file``:
+    the engine's console key (DATA_DIR/run/console.key), with which the console passes a browser's address to
+    the engine for the audit."""
     spec = importlib.util.find_spec("console.serve")  # located, not imported: the console is its own process
     if spec is None or spec.origin is None:
         raise SystemExit("the console package is not installed beside the engine (console/serve.py not found)")
     root = str(Path(spec.origin).resolve().parent.parent)  # where this process found it, found there again
     path = os.pathsep.join(dict.fromkeys([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
     cmd = [sys.executable, "-m", "console.serve", "--port", str(port), "--host", host]
-    return cmd, {**os.environ, "LLMOPS_ENGINE_URL": engine_url, "PYTHONPATH": path}
+    env = {**os.environ, "LLMOPS_ENGINE_URL": engine_url, "PYTHONPATH": path}
+    if key_file is not None:
+        env["LLMOPS_CONSOLE_KEY_FILE"] = str(key_file.resolve())
+    return cmd, env
 
 
 def cmd_console(args: argparse.Namespace) -> int:
     config = _config(args)
-    cmd, env = _console_command(config.console_port, args.engine_url or config.engine_url, config.console_host)
+    key = config.console_key_path  # there when the engine runs on this machine and data dir
+    cmd, env = _console_command(config.console_port, args.engine_url or config.engine_url, config.console_host,
+                                key if key.exists() else None)
     os.execve(cmd[0], cmd, env)
 
 
 def ensure_admin(config: AppConfig) -> str | None:
     """Create the console's first user, admin, on an empty database; return its generated password (else None)."""
     from engine.access import AuditLog, Auth
-    from engine.db import open_database
 
-    db = open_database(config.database)
+    db = _open_db(config)
     auth = Auth(db)
     if auth.has_users():
         return None
@@ -202,14 +244,18 @@ def _banner(engine_url: str, console_url: str, password: str | None, state: str)
 def cmd_up(args: argparse.Namespace) -> int:
     """Engine and console as child processes; Ctrl-C stops both (the engine stops vLLM). The URLs and a generated
     admin password are printed last, once the engine answers and again once vLLM is ready, so they stay on screen."""
+    from engine.access import ensure_console_key
+
     config = _config(args)
     engine_url = f"http://127.0.0.1:{config.port}"
     console_url = f"http://127.0.0.1:{config.console_port}"
     ensure_cli_token(config)
     password = ensure_admin(config)  # before the engine starts: it would print a password of its own
+    ensure_console_key(config.console_key_path)  # before the console starts: it is handed the key's path
     engine_cmd = [sys.executable, "-m", "engine.cli", "engine", "--host", config.host, "--port", str(config.port),
                   "--data-dir", str(config.data_dir)]
-    console_cmd, console_env = _console_command(config.console_port, engine_url, config.console_host)
+    console_cmd, console_env = _console_command(config.console_port, engine_url, config.console_host,
+                                                config.console_key_path)
     procs = [subprocess.Popen(engine_cmd), subprocess.Popen(console_cmd, env=console_env,
                                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     stop = False
@@ -266,8 +312,8 @@ def cmd_demo_model(args: argparse.Namespace) -> int:
 
 def _print_revision(rev: RevisionOut) -> None:
     print(f"revision {rev.revision} ({rev.status}{': ' + rev.status_reason if rev.status_reason else ''}) "
-          f"by {rev.author} at {rev.created_at:%Y-%m-%d %H:%M:%S} UTC"
-          + (f" — {rev.note}" if rev.note else ""))
+          f"by {shown(rev.author)} at {rev.created_at:%Y-%m-%d %H:%M:%S} UTC"
+          + (f" — {shown(rev.note)}" if rev.note else ""))
     values = rev.values.model_dump()
     width = max(len(k) for k in values)
     for key, value in values.items():
@@ -335,8 +381,8 @@ def cmd_settings(args: argparse.Namespace) -> int:
         elif args.action == "history":
             for rev in client.history(args.limit):
                 changed = rev.note or ""
-                print(f"{rev.revision:>5}  {rev.status:<10} {rev.created_at:%Y-%m-%d %H:%M:%S}  {rev.author:<12} "
-                      f"{changed}")
+                print(f"{rev.revision:>5}  {rev.status:<10} {rev.created_at:%Y-%m-%d %H:%M:%S}  "
+                      f"{shown(rev.author):<12} {shown(changed)}")
         elif args.action == "rollback":
             _print_revision(client.rollback(args.revision, args.note or "", force=args.force))
         elif args.action in ("set", "check"):
@@ -427,8 +473,10 @@ def build_parser() -> argparse.ArgumentParser:
     def client_opts(p: argparse.ArgumentParser) -> None:
         p.add_argument("--engine-url", default=None, help=_help("engine_url"))
         p.add_argument("--port", type=int, default=None, help="Engine port on 127.0.0.1 (instead of --engine-url).")
-        p.add_argument("--token", default=None, help="Bearer token (default: LLMOPS_TOKEN, else the local "
-                       "DATA_DIR/run/cli.token that `llmops up` writes).")
+        p.add_argument("--token-file", default=None, metavar="PATH", help="File holding the bearer token (mode "
+                       "0600). Default: LLMOPS_TOKEN, else the local DATA_DIR/run/cli.token that `llmops up` writes.")
+        p.add_argument("--token", default=None, help="Bearer token on the command line: every user of this machine "
+                       "can read it (ps); prefer LLMOPS_TOKEN or --token-file.")
         p.add_argument("--data-dir", dest="data_dir", type=Path, default=None, help=_help("data_dir"))
         p.add_argument("--deployment", "-d", default=None, metavar="NAME",
                        help="The deployment to act on (name or id; default: the default deployment).")
@@ -440,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     server_opts(p, "host", "port", "data_dir")
     p.set_defaults(func=cmd_engine)
     p = sub.add_parser("console", help="Run the Streamlit console.")
-    server_opts(p, "console_port", "console_host", "engine_url")
+    server_opts(p, "console_port", "console_host", "engine_url", "data_dir")
     p.set_defaults(func=cmd_console)
     p = sub.add_parser("demo-model", help="Train the tiny demo model (about 2 minutes on 2 cores, offline).")
     p.add_argument("--out", default=None, help="Folder to write (default: DATA_DIR/models/demo).")

@@ -12,7 +12,7 @@ import time
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, Float, Index, Integer, String, Table
+from sqlalchemy import JSON, BigInteger, Column, Float, Index, Integer, String, Table, UniqueConstraint
 from sqlmodel import Field, SQLModel
 from sqlmodel.sql.sqltypes import AutoString
 
@@ -134,6 +134,37 @@ class AuditRecord(SQLModel, table=True):
     result: int = 0  # the HTTP status, or 0 for the engine's own actions
     detail: str = ""
     deployment: str | None = None  # the deployment acted on, by name (the audit outlives a deleted one)
+
+
+class AuditTally(SQLModel, table=True):
+    """Refused anonymous requests, counted per minute, source, action, target and result instead of one audit row
+    each (an anonymous client could otherwise write rows as fast as it can send requests). Bounded: a minute holds
+    at most a configured number of keys (the rest are counted under source "(others)"), and the oldest minutes are
+    dropped past a total. Counts grow, so this table is not append-only; the audit trail is."""
+
+    __tablename__ = "audit_tally"
+    __table_args__ = (UniqueConstraint("minute", "source", "action", "target", "result", name="uq_audit_tally_key"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    minute: float = Field(index=True)  # Unix seconds of the minute's start
+    source: str = ""
+    action: str = ""
+    target: str = ""
+    result: int = 0
+    count: int = 0
+    last_ts: float = 0.0
+
+
+class LoginFailure(SQLModel, table=True):
+    """Failed sign-ins of names that are no user (or a disabled one), so that they lock out like a user's and stay
+    locked across a restart: a name's answers never tell whether it is a user. Bounded (oldest dropped)."""
+
+    __tablename__ = "login_failure"
+
+    name: str = Field(primary_key=True)
+    failures: int = 0
+    locked_until: float = 0.0
+    updated_at: float = Field(default_factory=time.time, index=True)
 
 
 class CalibrationRow(SQLModel, table=True):

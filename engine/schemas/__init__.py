@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from engine.schemas.access import (
     AuditOut,
+    AuditTallyOut,
     LoginRequest,
     MeOut,
     SessionOut,
@@ -14,6 +15,8 @@ from engine.schemas.access import (
     TokenCreatedOut,
     TokenIn,
     TokenOut,
+    TokenState,
+    UserDeletedOut,
     UserIn,
     UserOut,
     UserPatch,
@@ -32,7 +35,19 @@ from engine.schemas.benchmarks import (
     SearchRequest,
     SweepRequest,
 )
-from engine.schemas.common import MAX_ID, ROLES, Build, EngineState, FitValue, OkOut, Role
+from engine.schemas.common import (
+    CONSOLE_CLIENT_HEADER,
+    CONSOLE_KEY_HEADER,
+    MAX_ID,
+    ROLES,
+    Build,
+    EngineState,
+    FitValue,
+    OkOut,
+    Role,
+    check_name,
+    shown,
+)
 from engine.schemas.deployments import (
     AvailableModel,
     CreatedDeploymentOut,
@@ -86,6 +101,8 @@ from engine.schemas.settings import (
 )
 
 __all__ = [
+    "CONSOLE_CLIENT_HEADER",
+    "CONSOLE_KEY_HEADER",
     "MAX_ID",
     "ROLES",
     "ActionOut",
@@ -93,6 +110,7 @@ __all__ = [
     "ApplyPlanOut",
     "ApplyProgress",
     "AuditOut",
+    "AuditTallyOut",
     "AvailableModel",
     "BalanceOut",
     "Band",
@@ -172,7 +190,11 @@ __all__ = [
     "TokenCreatedOut",
     "TokenIn",
     "TokenOut",
+    "TokenState",
+    "UserDeletedOut",
     "UserIn",
     "UserOut",
     "UserPatch",
+    "check_name",
+    "shown",
 ]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
-from engine.schemas.common import Role
+from engine.schemas.common import Role, check_name
+
+TokenState = Literal["active", "expired", "revoked"]
 
 
 class LoginRequest(BaseModel):
@@ -63,10 +65,16 @@ class UserOut(BaseModel):
     locked_until: float | None
 
 
+class UserDeletedOut(BaseModel):
+    username: str
+    role: Role
+    tokens_revoked: int = Field(description="API tokens and gateway keys of theirs revoked with them")
+
+
 class TokenIn(BaseModel):
     model_config = ConfigDict(strict=True)
 
-    name: str = Field(min_length=1, max_length=100)
+    name: Annotated[str, AfterValidator(check_name)] = Field(min_length=1, max_length=100)
     role: Role = "viewer"
     kind: Literal["api", "gateway"] = "api"
     expires_days: float | None = Field(None, gt=0, le=3650)
@@ -85,6 +93,9 @@ class TokenOut(BaseModel):
     revoked_at: float | None
     last_used_at: float | None
     rate_limit_per_min: int | None
+    owner: str | None = Field(None, description="the user it belongs to: disabling, demoting or deleting them "
+                              "revokes it (None: made with `llmops token create` on the engine's machine)")
+    state: TokenState = Field("active", description="active, expired (past expires_at) or revoked")
 
 
 class TokenCreatedOut(TokenOut):
@@ -104,3 +115,16 @@ class AuditOut(BaseModel):
     result: int
     detail: str
     deployment: str | None = Field(None, description="the deployment acted on (None: not one deployment's)")
+
+
+class AuditTallyOut(BaseModel):
+    """Refused requests without a valid credential, counted: how many of one kind came from one source in one
+    minute (instead of a row each in the audit trail)."""
+
+    minute: float = Field(description="the minute's start, Unix seconds")
+    source: str = Field(description='the client address, or "(others)" past the minute\'s bound of keys')
+    action: str
+    target: str = Field(description="what it named: for a sign-in, the user name it tried")
+    result: int = Field(description="the HTTP status it was answered with")
+    count: int
+    last_ts: float = Field(description="when the last of them came, Unix seconds")

@@ -73,9 +73,9 @@ def test_a_deeply_nested_login_is_refused_and_the_audit_stays_readable(
     assert resp.status_code in (413, 422)  # past 16 KB the auth routes take no body at all
     if resp.status_code == 422:
         assert "nested deeper than 64" in resp.json()["detail"][0]["msg"]
-    rows = audit_rows(client, tokens)
-    login = next(r for r in rows if r["action"] == "auth.login")
-    assert login["result"] == resp.status_code and login["actor"] == "anonymous"
+    audit_rows(client, tokens)  # still readable
+    counted = client.get("/api/audit/tallies", params={"action": "auth.login"}, headers=h(tokens, "admin")).json()
+    assert [(t["result"], t["count"]) for t in counted] == [(resp.status_code, 1)]  # refused: counted (issue 17)
 
 
 def test_an_audit_row_written_before_records_were_bounded_is_still_listed(
@@ -92,8 +92,9 @@ def test_an_audit_row_written_before_records_were_bounded_is_still_listed(
 
 # --- medium: requests that left no audit row, unauthenticated audit growth -------------------------------------
 
-def test_every_sign_in_leaves_one_small_row_whatever_it_sent(app: tuple[TestClient, dict[str, str]],
-                                                             data_dir: Path) -> None:
+def test_every_sign_in_leaves_one_small_row_or_count_whatever_it_sent(app: tuple[TestClient, dict[str, str]],
+                                                                      data_dir: Path) -> None:
+    """A sign-in is one small row; a failed one is counted (issue 17: refused anonymous requests are tallied)."""
     client, tokens = app
     pad = "x" * 15_000  # under the auth routes' 16 KB limit
     for password in ("wrong-password", ADMIN_PASSWORD):
@@ -102,9 +103,11 @@ def test_every_sign_in_leaves_one_small_row_whatever_it_sent(app: tuple[TestClie
     for _ in range(30):
         client.post("/api/auth/login", json={"username": "nobody", "password": "p", "pad": pad})
     rows = [r for r in audit_rows(client, tokens) if r["action"] == "auth.login"]
-    assert len(rows) == 32
-    assert all(len(json.dumps(r)) < 2000 for r in rows)  # what happened, not what was sent
-    assert pad not in json.dumps(rows)
+    counted = client.get("/api/audit/tallies", params={"action": "auth.login"}, headers=h(tokens, "admin")).json()
+    assert [(r["actor"], r["result"]) for r in rows] == [("admin", 200)]
+    assert sum(t["count"] for t in counted) == 31
+    assert all(len(json.dumps(r)) < 2000 for r in rows + counted)  # what happened, not what was sent
+    assert pad not in json.dumps(rows + counted)
 
 
 def test_a_prompt_with_a_deep_body_is_refused_and_recorded(app: tuple[TestClient, dict[str, str]]) -> None:

@@ -37,7 +37,8 @@ def console_url(engine: EngineHandle) -> Iterator[str]:
     port = free_port()
     log = open(engine.data_dir / "console.log", "wb")  # noqa: SIM115 - lives as long as the console
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "console", "--console-port", str(port),
-                             "--engine-url", engine.url], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+                             "--engine-url", engine.url, "--data-dir", str(engine.data_dir)],  # its console key
+                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:

@@ -69,3 +69,18 @@ def get(port: int, path: str = "/healthz", host: str = "127.0.0.1", timeout: flo
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
         answer = read_until_closed(sock, timeout)
     return status_of(answer), answer
+
+
+@contextmanager
+def serve(app: Any, **config: Any) -> Iterator[str]:
+    """``app`` served by uvicorn (``config``: more of uvicorn.Config) until the block ends; its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, 30, what="uvicorn")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)

@@ -5,7 +5,17 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 
-from engine.access import AuthError, BadCredentialsError, LockedError, allows
+from engine.access import (
+    AuthError,
+    BadCredentialsError,
+    HashBusyError,
+    LastAdminError,
+    LockedError,
+    OwnerGoneError,
+    UnknownUserError,
+    allows,
+    token_state,
+)
 from engine.api.deps import AuthDep, NoteDep, PrincipalDep, access
 from engine.api.gate import bearer_of
 from engine.db import ApiToken, User
@@ -20,6 +30,7 @@ from engine.schemas import (
     TokenCreatedOut,
     TokenIn,
     TokenOut,
+    UserDeletedOut,
     UserIn,
     UserOut,
     UserPatch,
@@ -33,17 +44,34 @@ def user_out(u: User) -> UserOut:
     return UserOut.model_validate(u, from_attributes=True)
 
 
-def token_out(t: ApiToken) -> TokenOut:
-    return TokenOut.model_validate(t, from_attributes=True)
+def token_out(t: ApiToken, owners: dict[int, str] | None = None) -> TokenOut:
+    out = TokenOut.model_validate(t, from_attributes=True)
+    out.state = token_state(t)
+    if t.user_id is not None:
+        out.owner = (owners or {}).get(t.user_id, f"deleted user {t.user_id}")
+    return out
 
 
-@router.post("/api/auth/login", response_model=SessionOut, dependencies=access(None, "auth.login"),
-             responses={401: {"description": "unknown user or wrong password"}, 423: {"description": "locked"}})
-def login(body: LoginRequest, auth: AuthDep, note: NoteDep) -> SessionOut:
-    """A session token for the console (expires; repeated failures lock the user out for a while)."""
+def _refused(exc: AuthError) -> HTTPException:
+    """A user change refused: 404 for no such user, 409 for the last admin, else 422 naming the field."""
+    if isinstance(exc, UnknownUserError):
+        return HTTPException(404, detail=str(exc))
+    if isinstance(exc, LastAdminError):
+        return HTTPException(409, detail=str(exc))
+    return HTTPException(422, detail=[{"loc": ["body"], "msg": str(exc), "type": "value_error"}])
+
+
+@router.post("/api/auth/login", response_model=SessionOut, dependencies=access(None, "auth.login", when_disk_low=True),
+             responses={401: {"description": "unknown user or wrong password"}, 423: {"description": "locked"},
+                        429: {"description": "too many sign-ins at once: try again after Retry-After seconds"}})
+async def login(body: LoginRequest, auth: AuthDep, note: NoteDep) -> SessionOut:
+    """A session token for the console (expires; repeated failures lock the user out for a while). Its password
+    check runs on the engine's few hashing threads; when they and their queue are full: 429 with Retry-After."""
     note.target, note.after = f"user {body.username}", {"username": body.username, "password": "[redacted]"}
     try:
-        token, row, user = auth.login(body.username, body.password)
+        token, row, user = await auth.login_async(body.username, body.password)
+    except HashBusyError as exc:
+        raise HTTPException(429, detail=str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
     except LockedError as exc:
         raise HTTPException(423, detail=str(exc)) from None
     except BadCredentialsError as exc:
@@ -52,7 +80,7 @@ def login(body: LoginRequest, auth: AuthDep, note: NoteDep) -> SessionOut:
     return SessionOut(token=token, username=user.username, role=user.role, expires_at=row.expires_at)
 
 
-@router.post("/api/auth/sso", response_model=SessionOut, dependencies=access("admin", "auth.sso"))
+@router.post("/api/auth/sso", response_model=SessionOut, dependencies=access("admin", "auth.sso", when_disk_low=True))
 def sso(body: SsoRequest, auth: AuthDep, note: NoteDep) -> SessionOut:
     """For the console's service token (admin) after single sign-on: a session for an existing user."""
     try:
@@ -63,7 +91,7 @@ def sso(body: SsoRequest, auth: AuthDep, note: NoteDep) -> SessionOut:
     return SessionOut(token=token, username=user.username, role=user.role, expires_at=row.expires_at)
 
 
-@router.post("/api/auth/logout", response_model=OkOut, dependencies=access("viewer", "auth.logout"))
+@router.post("/api/auth/logout", response_model=OkOut, dependencies=access("viewer", "auth.logout", when_disk_low=True))
 def logout(request: Request, auth: AuthDep) -> OkOut:
     """End this token's session."""
     token = bearer_of(request.scope)
@@ -94,36 +122,61 @@ def create_user(body: UserIn, auth: AuthDep, note: NoteDep) -> UserOut:
     return user_out(user)
 
 
-@router.patch("/api/users/{username}", response_model=UserOut, dependencies=access("admin", "users.update"))
+@router.patch("/api/users/{username}", response_model=UserOut, dependencies=access("admin", "users.update"),
+              responses={409: {"description": "the last enabled admin cannot be disabled or demoted"}})
 def update_user(body: UserPatch, auth: AuthDep, note: NoteDep, username: str = USERNAME_PATH) -> UserOut:
+    """Change a user's role, password or access. Disabling or demoting them revokes every token and gateway key
+    they own at once (on /v1 within the key cache's 5 s when done by another process); a new password ends
+    their sessions."""
+    note.target = f"user {username}"
     before = next((u for u in auth.users() if u.username == username), None)
     if before is None:
         raise HTTPException(404, detail=f"no user {username!r}")
     try:
-        user = auth.update_user(username, role=body.role, password=body.password, disabled=body.disabled)
+        user, revoked = auth.update_user(username, role=body.role, password=body.password, disabled=body.disabled)
     except AuthError as exc:
-        raise HTTPException(422, detail=[{"loc": ["body"], "msg": str(exc), "type": "value_error"}]) from None
-    note.target = f"user {username}"
+        raise _refused(exc) from None
     note.before = {"role": before.role, "disabled": before.disabled}
-    note.after = {"role": user.role, "disabled": user.disabled, "password_changed": body.password is not None}
+    note.after = {"role": user.role, "disabled": user.disabled, "password_changed": body.password is not None,
+                  "tokens_revoked": revoked}
     return user_out(user)
+
+
+@router.delete("/api/users/{username}", response_model=UserDeletedOut, dependencies=access("admin", "users.delete"),
+               responses={409: {"description": "the last enabled admin cannot be deleted"}})
+def delete_user(auth: AuthDep, note: NoteDep, username: str = USERNAME_PATH) -> UserDeletedOut:
+    """Delete a user: their sign-in, sessions, API tokens and gateway keys end at once; their audit records stay."""
+    note.target = f"user {username}"
+    try:
+        user, revoked = auth.delete_user(username)
+    except AuthError as exc:
+        raise _refused(exc) from None
+    note.before = {"role": user.role, "disabled": user.disabled}
+    note.after = {"deleted": True, "tokens_revoked": revoked}
+    return UserDeletedOut(username=user.username, role=user.role, tokens_revoked=revoked)
 
 
 @router.get("/api/tokens", response_model=list[TokenOut], dependencies=access("admin"))
 def tokens(auth: AuthDep) -> list[TokenOut]:
     """API tokens and gateway keys (never their values; console sessions are not listed)."""
-    return [token_out(t) for t in auth.tokens()]
+    owners = {u.id: u.username for u in auth.users() if u.id is not None}
+    return [token_out(t, owners) for t in auth.tokens()]
 
 
 @router.post("/api/tokens", status_code=201, response_model=TokenCreatedOut,
              dependencies=access("admin", "tokens.create"))
 def create_token(body: TokenIn, auth: AuthDep, principal: PrincipalDep, note: NoteDep) -> TokenCreatedOut:
-    """A new token: the answer holds its only copy."""
-    token, row = auth.create_token(body.name, body.role, body.kind, principal.name,
-                                   ttl_s=body.expires_days * 86400 if body.expires_days else None,
-                                   rate_limit_per_min=body.rate_limit_per_min)
+    """A new token: the answer holds its only copy. It belongs to the user who asked (or to the owner of the
+    token that asked): disabling, demoting or deleting them revokes it."""
+    try:
+        token, row = auth.create_token(body.name, body.role, body.kind, principal.name,
+                                       ttl_s=body.expires_days * 86400 if body.expires_days else None,
+                                       rate_limit_per_min=body.rate_limit_per_min, owner_id=principal.user_id)
+    except OwnerGoneError as exc:
+        raise HTTPException(401, detail=str(exc)) from None
     note.target, note.after = f"token {row.id} {row.name}", {"role": row.role, "kind": row.kind, "prefix": row.prefix}
-    return TokenCreatedOut(**token_out(row).model_dump(), token=token)
+    owners = {u.id: u.username for u in auth.users() if u.id == row.user_id and u.id is not None}
+    return TokenCreatedOut(**token_out(row, owners).model_dump(), token=token)
 
 
 @router.delete("/api/tokens/{token_id}", response_model=TokenOut, dependencies=access("admin", "tokens.revoke"))

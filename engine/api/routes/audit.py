@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Response
 from engine.access import AuditLog, bound, to_csv
 from engine.api.deps import ServicesDep, access
 from engine.db import AuditRecord
-from engine.schemas import MAX_ID, AuditOut
+from engine.schemas import MAX_ID, AuditOut, AuditTallyOut
 
 router = APIRouter(tags=["access"])
 
@@ -64,3 +64,16 @@ def audit_export(svc: ServicesDep, format: Literal["csv", "json"] = "csv", actor
                         headers={"Content-Disposition": 'attachment; filename="audit.json"'})
     return Response(to_csv(rows), media_type="text/csv",
                     headers={"Content-Disposition": 'attachment; filename="audit.csv"'})
+
+
+@router.get("/api/audit/tallies", response_model=list[AuditTallyOut], dependencies=access("operator"))
+def audit_tallies(svc: ServicesDep, since: float | None = Query(None, ge=0, le=1e11),
+                  until: float | None = Query(None, ge=0, le=1e11),
+                  source: Annotated[str | None, Query(max_length=100, description="client address (exact)")] = None,
+                  action: Action = None, target: Target = None, result: int | None = Query(None, ge=0, le=999),
+                  limit: int = Query(500, ge=1, le=10_000)) -> list[AuditTallyOut]:
+    """Refused requests without a valid credential (failed sign-ins, calls without a token, unknown routes…),
+    counted per minute, source, action, target and result; newest minute first."""
+    rows = svc.tallies.query(since=since, until=until, source=source, action=action, target=target, result=result,
+                             limit=limit)
+    return [AuditTallyOut.model_validate(r, from_attributes=True) for r in rows]

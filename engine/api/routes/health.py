@@ -1,4 +1,5 @@
-"""Health: the engine process is alive; vLLM is ready."""
+"""Health: the engine process is alive; vLLM is ready. Both answer on the event loop itself (async, with async
+dependencies): no thread of the shared pool is needed, so a flood that holds every thread cannot delay them."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_model=HealthOut, dependencies=access(None))
-def healthz() -> HealthOut:
+async def healthz() -> HealthOut:
     """The engine process is alive (vLLM may not be)."""
     return HealthOut(ok=True)
 
 
 @router.get("/readyz", response_model=ReadyOut, dependencies=access(None),
             responses={503: {"description": "vLLM is not ready: state and why", "model": ReadyOut}})
-def readyz(supervisor: SupervisorDep) -> JSONResponse:
+async def readyz(supervisor: SupervisorDep) -> JSONResponse:
     """vLLM is ready to serve: 200, else 503 with the state and why."""
     ready = supervisor.sm.state == EngineState.READY
     body = ReadyOut(ready=ready, state=supervisor.sm.state, reason=supervisor.sm.reason)
