@@ -24,7 +24,7 @@ from engine.api import AccessGate, Services, mount
 from engine.api.guard import BodyGuard, Limits
 from engine.api.slow import header_timeout_protocol
 from engine.benchmarks import Benchmarks
-from engine.capacity import CalibrationStore, Planner
+from engine.capacity import TRAFFIC_WINDOW_S, CalibrationStore, Planner, TrafficNeed
 from engine.config import AppConfig
 from engine.db import SERVING_MINUTE, SERVING_RAW, open_database
 from engine.errors import EngineError
@@ -155,7 +155,9 @@ def create_app(config: AppConfig) -> FastAPI:
     sampler = Sampler(pynvml, config.gpu_sample_interval_s, supervisor.vllm_pids,
                       [telemetry.write, alerts.evaluate], emit)
     planner = Planner(supervisor.build, config.data_dir.resolve(), sampler, CalibrationStore(db),
-                      traffic_max_tokens=lambda: ledger.longest_request(86400))
+                      traffic_max_tokens=lambda: ledger.longest_request(86400),
+                      traffic_need=lambda: TrafficNeed(*need) if (need := ledger.longest_need(TRAFFIC_WINDOW_S))
+                      else None)
     supervisor.planner = planner
     writer = SettingsWriter(revisions, events, planner, config.data_dir.resolve(), config.model_roots,
                             wake=supervisor.wake, flags=flags)

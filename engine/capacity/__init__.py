@@ -30,7 +30,16 @@ from engine.capacity.model import (
     weight_bytes,
 )
 from engine.capacity.planner import Planner
-from engine.capacity.preflight import SAFE_UTILIZATION, Finding, PreflightResult, check, find_model_config
+from engine.capacity.preflight import (
+    SAFE_UTILIZATION,
+    TRAFFIC_WINDOW_S,
+    Finding,
+    PreflightResult,
+    TrafficNeed,
+    check,
+    find_model_config,
+    shortest_safe_len,
+)
 
 __all__ = [
     "BLOCK_SIZE",
@@ -38,6 +47,7 @@ __all__ = [
     "DTYPE_BYTES",
     "GIB",
     "SAFE_UTILIZATION",
+    "TRAFFIC_WINDOW_S",
     "Calibration",
     "CalibrationStore",
     "Device",
@@ -47,6 +57,7 @@ __all__ = [
     "Prediction",
     "PreflightResult",
     "StartReport",
+    "TrafficNeed",
     "batched_tokens",
     "check",
     "dtype_bytes",
@@ -58,6 +69,7 @@ __all__ = [
     "model_card",
     "parse_start",
     "predict",
+    "shortest_safe_len",
     "to_calibration",
     "utilization_for",
     "weight_bytes",

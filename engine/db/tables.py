@@ -154,6 +154,7 @@ class RequestLog(SQLModel, table=True):
     error: str | None = None
     prompt: str | None = None  # only when prompt sampling is on
     instance: str | None = None  # which vLLM instance answered (None: refused before reaching one)
+    max_tokens: int | None = None  # the max_tokens the request asked for (None: it asked for none)
 
 
 class BenchmarkRun(SQLModel, table=True):

@@ -13,7 +13,7 @@ from starlette.types import Receive, Scope, Send
 
 from engine.access.keys import GatewayKeys, KeyRefusedError
 from engine.bodies import BodyError, header, parse_json_async, read_body
-from engine.gateway.ledger import Record
+from engine.gateway.ledger import Record, asked_max_tokens
 from engine.gateway.proxy import (
     HOP_HEADERS,
     USAGE_PATHS,
@@ -97,6 +97,7 @@ class DataPath:
         ledger = self.gateway.ledger
         record = Record(ts=0.0, revision_id=None, model=model[:200] if isinstance(model, str) else "",
                         endpoint=checked, stream=stream, status=0, latency_s=0.0, client=client[:200],
+                        max_tokens=asked_max_tokens(data),
                         prompt=prompt_text(data) if ledger is not None and ledger.sample_prompt() else None)
         exchange = Exchange(method=method, path=checked, query=forward_query(scope.get("query_string", b"")),
                             headers=[(k, v) for k, v in headers if k not in HOP_HEADERS and k != b"x-llmops-client"],

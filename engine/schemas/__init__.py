@@ -32,7 +32,18 @@ from engine.schemas.benchmarks import (
     SearchRequest,
     SweepRequest,
 )
-from engine.schemas.common import MAX_ID, ROLES, Build, EngineState, FitValue, OkOut, Role
+from engine.schemas.common import (
+    MAX_ID,
+    MIN_SUGGESTED_MODEL_LEN,
+    PLAYGROUND_MAX_TOKENS,
+    ROLES,
+    SNIPPET_MAX_TOKENS,
+    Build,
+    EngineState,
+    FitValue,
+    OkOut,
+    Role,
+)
 from engine.schemas.engine import (
     ActionOut,
     ApplyProgress,
@@ -70,7 +81,10 @@ from engine.schemas.settings import (
 
 __all__ = [
     "MAX_ID",
+    "MIN_SUGGESTED_MODEL_LEN",
+    "PLAYGROUND_MAX_TOKENS",
     "ROLES",
+    "SNIPPET_MAX_TOKENS",
     "ActionOut",
     "AlertOut",
     "ApplyPlanOut",
