@@ -12,6 +12,7 @@ import pytest
 from engine.capacity.model import GIB, Device, load_shape
 from engine.capacity.plans import PlanInputs, Running, plan_apply
 from engine.revisions import EngineSettings
+from engine.schemas import ApplyPlanOut
 from tests.support.data import DEMO_SHAPE
 
 LLAMA8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
@@ -95,3 +96,25 @@ def test_cpu_build_blue_green_when_the_host_has_room_else_pause(tmp_path: Path) 
                        shape_new=shape)
     plan = plan_apply(tight)
     assert plan.kind == "pause" and "needs" in plan.reason
+
+
+PLANS = [ApplyPlanOut(kind="blue_green", reason="fits beside", expected_s=76.0, pause_s=0.0, capacity_dip_pct=0.0),
+         ApplyPlanOut(kind="pause", reason="no room", expected_s=130.0, pause_s=130.0, capacity_dip_pct=100.0),
+         ApplyPlanOut(kind="bridge", reason="a bridge fits", expected_s=None, pause_s=0.0, capacity_dip_pct=40.0,
+                      dip_s=60.0),
+         ApplyPlanOut(kind="rolling", reason="2 replicas", expected_s=150.0, pause_s=0.0, capacity_dip_pct=50.0),
+         ApplyPlanOut(kind="start", reason="nothing serves", expected_s=None)]
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=[p.kind for p in PLANS])
+def test_what_clients_should_expect_is_written_once_for_the_console_and_the_cli(
+        plan: ApplyPlanOut, capsys: pytest.CaptureFixture[str]) -> None:
+    from console.restart import plan_text
+    from engine.cli.main import _print_plan
+
+    expect = plan.expectation()
+    _print_plan(plan)
+    assert expect in capsys.readouterr().out and expect in plan_text(plan)
+    # only a pause (or a first start) holds requests in the queue; a plan that keeps serving never says so
+    assert ("queue" in expect) == (plan.kind in ("pause", "start"))
+    assert ("It should take about" in plan.summary()) == (plan.expected_s is not None)
