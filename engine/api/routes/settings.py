@@ -55,7 +55,8 @@ def capacity(request: Request, revisions: RevisionsDep, writer: WriterDep, plann
              supervisor: SupervisorDep) -> CapacityOut:
     """Pre-flight for values not saved yet (query parameters, merged onto the desired revision): the capacity
     prediction, errors and warnings, each naming the value that would fit, how long a restart would take, and the
-    plan an apply would follow (blue/green, bridge, rolling or pause) with what clients should expect."""
+    plan an apply would follow (blue/green, bridge, rolling or pause) with what clients should expect, also for
+    values with errors (an apply forced through them runs that plan)."""
     t0 = time.perf_counter()
     base = revisions.desired_revision() or revisions.get_revision(revisions.head_revision_id() or 0)
     changes: dict[str, Any] = {}
@@ -67,7 +68,7 @@ def capacity(request: Request, revisions: RevisionsDep, writer: WriterDep, plann
     eta = supervisor.eta_for(settings.model_dump())
     restart = None if eta is None else RestartEta(seconds=eta.total_s, basis=eta.basis, samples=eta.samples,
                                                   text=eta.describe())
-    plan = supervisor.plan_for(settings) if result["ok"] else None
+    plan = supervisor.plan_for(settings)  # a forced apply of values with errors runs a plan too: show it
     return CapacityOut.model_validate({"base_revision": base.id, "values": settings.model_dump(), **result,
                                        "restart_eta": restart, "plan": plan,
                                        "elapsed_ms": round(1e3 * (time.perf_counter() - t0), 2)})
