@@ -96,6 +96,10 @@ class AppConfig(BaseSettings):
                                      "change to be accepted; below it changes are refused with 507, nothing done.")
     log_max_bytes: int = Field(10_000_000, gt=0, description="Size at which vLLM's log file rotates.")
     log_backups: int = Field(5, ge=0, description="Rotated vLLM log files kept.")
+    prompt_max_chars: int = Field(32_000, ge=1000, description="Largest saved playground prompt: its system "
+                                  "prompt, prompt and JSON schema together, in characters; larger: 422.")
+    prompts_per_user: int = Field(100, ge=1, description="Saved playground prompts one user may keep; past it a "
+                                  "save gets 409 until they delete one.")
 
     @property
     def db_path(self) -> Path:
