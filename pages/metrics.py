@@ -30,10 +30,10 @@ def live() -> None:
         unreachable(exc)
     if now.available:
         c = st.columns(4)
-        c[0].metric("Generation", fmt.rate(now.generation_tokens_per_s))
-        c[1].metric("Prompt", fmt.rate(now.prompt_tokens_per_s))
+        c[0].metric("Generation tokens/s", fmt.figure(now.generation_tokens_per_s))
+        c[1].metric("Prompt tokens/s", fmt.figure(now.prompt_tokens_per_s))
         c[2].metric("P95 inter-token latency", fmt.seconds(now.itl_seconds_p95))
-        c[3].metric("Preemptions", fmt.rate(now.preemptions_per_s, "/s"),
+        c[3].metric("Preemptions /s", fmt.figure(now.preemptions_per_s),
                     help="requests evicted from the KV cache and recomputed: a sign of too little KV cache")
     cols = st.columns(2)
     for i, (metric, title, unit, scale) in enumerate(CHARTS):

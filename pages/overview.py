@@ -62,7 +62,7 @@ def live() -> None:
         sc = st.columns(5)
         sc[0].metric("Requests running", f"{s.requests_running or 0:.0f}")
         sc[1].metric("Requests waiting", f"{s.requests_waiting or 0:.0f}")
-        sc[2].metric("Generation", fmt.rate(s.generation_tokens_per_s),
+        sc[2].metric("Generation tokens/s", fmt.figure(s.generation_tokens_per_s),
                      help=f"prompt: {fmt.rate(s.prompt_tokens_per_s)}")
         usage = s.kv_cache_usage
         sc[3].metric("KV-cache use", fmt.pct(None if usage is None else 100 * usage, 1))
