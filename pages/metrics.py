@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from console import charts, fmt
+from console import charts, drafts, fmt
 from console.client import ClientError
 from console.widgets import client, engine_status, restart_banner, unreachable
 
@@ -18,7 +18,8 @@ CHARTS = [("generation_tokens_per_s", "Generation", "tokens/s", 1.0),
           ("requests_waiting", "Requests waiting", "", 1.0)]
 
 restart_banner(engine_status())
-window = st.segmented_control("Window", list(WINDOWS), default="1 hour", key="metrics_window") or "1 hour"
+drafts.keep("metrics", ["metrics_window"], {"metrics_window": "1 hour"})  # kept across pages and reloads
+window = st.segmented_control("Window", list(WINDOWS), key="metrics_window") or "1 hour"
 
 
 @st.fragment(run_every=5)
