@@ -70,7 +70,7 @@ def may_delete(p: PromptOut) -> bool:
 def confirm_delete(p: PromptOut) -> None:
     st.markdown(f"**{p.name}** ({p.mode}) by **{p.author}**, saved {fmt.since(p.created_at)}. It is deleted for "
                 "everyone who uses the playground; this cannot be undone.")
-    if st.button("Delete", type="primary"):
+    if st.button("Delete", type="primary", key="pg_confirm_delete"):
         try:
             client().delete_prompt(p.id)
         except ClientError as exc:

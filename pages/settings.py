@@ -264,14 +264,23 @@ def confirm_rollback(target: RevisionOut) -> None:
     if target.status == "rejected":
         st.warning(f"Revision {target.revision} was rejected: {target.status_reason or 'it did not start'}. "
                    "Rolling back to it runs the same values again.", icon=":material/warning:")
-    plan_and_eta(preflight_of(target))
+    cap = preflight_of(target)
+    plan_and_eta(cap)
     if diff:
         st.dataframe(diff, hide_index=True)
     else:
         st.caption(f"Revision {target.revision} has the same values as desired revision {desired.revision}.")
-    if st.button(f"Roll back to revision {target.revision}", type="primary"):
+    errors = cap.errors if cap is not None else []
+    force = False
+    for f in errors:
+        st.error(f"**{f.field}**: {f.message}", icon=":material/block:")
+    if errors:  # the engine refuses these values unless forced: said before the confirmation, not after
+        force = st.checkbox("Force it anyway (recorded as forced; the rollback still applies)", key="rb_force")
+    if st.button(f"Roll back to revision {target.revision}", type="primary",
+                 disabled=cap is None or (bool(errors) and not force)):
         try:
-            new = client().rollback(target.revision, f"rollback to revision {target.revision} from the console")
+            new = client().rollback(target.revision, f"rollback to revision {target.revision} from the console",
+                                    force=force)
         except ClientError as exc:
             st.error(str(exc))
             return
