@@ -21,6 +21,7 @@ if str(ROOT) not in sys.path:  # streamlit puts console/ on the path, not the pr
 
 import streamlit as st  # noqa: E402
 
+from console import drafts  # noqa: E402
 from console.client import ROLES, ApiError, ClientError, EngineClient  # noqa: E402
 from console.session import COOKIE  # noqa: E402
 from console.widgets import client, go_to, sign_in_url, sign_out  # noqa: E402
@@ -146,6 +147,7 @@ for path, script in ALIASES.items():
     target = by_script[script]
     sections[next(s for s, sc, *_ in PAGE_TABLE if sc == script)].append(alias(path, target))
 nav = st.navigation(sections)
+drafts.arrive(nav.url_path)  # a page kept in drafts restores its fields when it is arrived at
 with st.sidebar:
     st.caption(f"Signed in as **{me.name}** ({role})")
     if st.button("Sign out", icon=":material/logout:"):

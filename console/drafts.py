@@ -73,6 +73,13 @@ class Drafts:
 
 
 STORE = Drafts()
+ARRIVED = "_arrived"  # console/app.py: True on the first run of a page after another one (or none) ran
+
+
+def arrive(page: str) -> None:
+    """Called by the console's frame on every run, with the page about to run: notes whether it is new here."""
+    st.session_state[ARRIVED] = st.session_state.get("_page") != page
+    st.session_state["_page"] = page
 
 
 def session_key() -> str | None:
@@ -89,8 +96,11 @@ def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None)
     keys = list(keys)
     session = session_key()
     draft = STORE.get(session, page) if session is not None else {}
+    # Arriving from another page, a field's value in Session State may be stale: one first set through Session
+    # State before its widget existed lingers under its key after the widget is gone, with that first value.
+    arrived = bool(st.session_state.get(ARRIVED))
     for key in keys:
-        if key not in st.session_state and key in draft:
+        if key in draft and (arrived or key not in st.session_state):
             st.session_state[key] = draft[key]
     for key, value in (defaults or {}).items():
         st.session_state.setdefault(key, value)

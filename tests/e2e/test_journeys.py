@@ -166,12 +166,12 @@ def test_on_call_checks_health_follows_a_restart_live_and_filters_the_log(browse
     open_page(pg, "GPU health")
     pg.get_by_text("No GPU: this host runs the CPU build of vLLM").wait_for()
     expect(pg.locator(".js-plotly-plot")).to_have_count(2)
-    pg.get_by_role("button", name="1 hour", exact=True).click()
+    pg.get_by_role("radio", name="1 hour", exact=True).click()
     pg.get_by_text("4 s per point").wait_for()  # an hour in at most ~1,000 points
     for leave in (lambda: open_page(pg, "Overview"), pg.reload):  # the window is kept across both
         leave()
         open_page(pg, "GPU health")
-        expect(pg.get_by_test_id("stBaseButton-segmented_controlActive")).to_have_text("1 hour")
+        expect(pg.get_by_role("radio", name="1 hour", exact=True)).to_be_checked()
         pg.get_by_text("4 s per point").wait_for()
     open_page(pg, "Overview")
     marker = engine.client.events(limit=1, newest_first=True)[0].id
