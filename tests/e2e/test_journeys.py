@@ -267,18 +267,19 @@ def test_product_team_chats_asks_for_json_saves_loads_and_compares(browser: Any,
     tokens.nth(1).press("Tab")
     pg.get_by_text(re.compile(r"^B · .*max_tokens 48")).first.wait_for()
 
-    def draft_kept() -> None:
-        expect(prompt).to_have_value("A draft I am still writing")
+    def draft_kept(after: str) -> None:
+        shot(pg, f"journey-product-team-draft-{after}")
+        expect(prompt, f"the prompt, {after}").to_have_value("A draft I am still writing")
         expect(tokens.first).to_have_value("64")
         expect(tokens.nth(1)).to_have_value("48")
         expect(pg.get_by_role("combobox", name="Output format")).to_have_value("JSON object")
         expect(compare).to_be_checked()
         expect(pg.get_by_test_id("stChatMessage")).to_have_count(4)  # and the conversation
 
-    for leave in (lambda: open_page(pg, "Overview"), pg.reload):
+    for after, leave in (("page-switch", lambda: open_page(pg, "Overview")), ("reload", pg.reload)):
         leave()
         open_page(pg, "Playground")
-        draft_kept()
+        draft_kept(after)
     shot(pg, "journey-product-team-draft-kept")
     pg.get_by_text("Compare two parameter sets side by side").click()
     expect(compare).not_to_be_checked()
