@@ -73,13 +73,21 @@ class Drafts:
 
 
 STORE = Drafts()
-ARRIVED = "_arrived"  # console/app.py: True on the first run of a page after another one (or none) ran
+ARRIVED = "_arrived"  # True from the arrival on a page (console/app.py) until a run of it has ended (settle)
 
 
 def arrive(page: str) -> None:
-    """Called by the console's frame on every run, with the page about to run: notes whether it is new here."""
-    st.session_state[ARRIVED] = st.session_state.get("_page") != page
+    """Called by the console's frame on every run, with the page about to run: notes an arrival on it."""
+    if st.session_state.get("_page") != page:
+        st.session_state[ARRIVED] = True
     st.session_state["_page"] = page
+
+
+def settle() -> None:
+    """At the end of a kept page: its fields are drawn from the draft; from now on they are the user's. A run cut
+    short (a click while the page was still being drawn after a reload) leaves the arrival standing, and the next
+    run restores again: the browser then sends the fields it had drawn with their empty first values."""
+    st.session_state[ARRIVED] = False
 
 
 def session_key() -> str | None:
@@ -98,6 +106,7 @@ def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None)
     draft = STORE.get(session, page) if session is not None else {}
     # Arriving from another page, a field's value in Session State may be stale: one first set through Session
     # State before its widget existed lingers under its key after the widget is gone, with that first value.
+    # Until the page has been drawn whole once (settle), the draft wins.
     arrived = bool(st.session_state.get(ARRIVED))
     for key in keys:
         if key in draft and (arrived or key not in st.session_state):

@@ -127,3 +127,4 @@ for r in writes[:10]:
         later = [e for e in events if e.revision == revision and e.ts.timestamp() >= r.ts - 1]
         for e in later[:15]:
             st.markdown(f"- `{e.ts:%H:%M:%S}` **{e.kind}** {e.message}")
+drafts.settle()  # drawn whole from the draft: from now on the fields are the user's

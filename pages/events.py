@@ -109,3 +109,4 @@ log_tail()
 engine = client()  # the download is read when clicked (on another thread), not on every rerun
 st.download_button("Download the log", lambda: engine.logs_download(), file_name="vllm.log", mime="text/plain",
                    icon=":material/download:")
+drafts.settle()  # drawn whole from the draft: from now on the fields are the user's

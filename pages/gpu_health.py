@@ -60,3 +60,4 @@ def health() -> None:
 
 
 health()
+drafts.settle()  # drawn whole from the draft: from now on the fields are the user's

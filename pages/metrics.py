@@ -72,3 +72,4 @@ else:
                        "OOM/h": st.column_config.NumberColumn(width="small", format="%.3f")})
     st.caption("From the gateway's request ledger: latency (P50, P95, P99 end-to-end) includes time queued in the "
                "gateway during restarts.")
+drafts.settle()  # drawn whole from the draft: from now on the fields are the user's

@@ -316,3 +316,4 @@ if last:
         with col:  # a single chat reply is in the conversation above: its figures only
             show_run(tag if len(last) > 1 else None, run,
                      text=len(last) > 1 or run.mode != "chat" or bool(run.error))
+drafts.settle()  # drawn whole from the draft: from now on the fields are the user's

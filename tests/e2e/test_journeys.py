@@ -276,10 +276,14 @@ def test_product_team_chats_asks_for_json_saves_loads_and_compares(browser: Any,
         expect(compare).to_be_checked()
         expect(pg.get_by_test_id("stChatMessage")).to_have_count(4)  # and the conversation
 
-    for after, leave in (("page-switch", lambda: open_page(pg, "Overview")), ("reload", pg.reload)):
-        leave()
-        open_page(pg, "Playground")
-        draft_kept(after)
+    open_page(pg, "Overview")  # another page, and back
+    open_page(pg, "Playground")
+    draft_kept("page-switch")
+    pg.reload()  # F5: the page is drawn again from the draft
+    wait_rendered(pg, "Playground")
+    draft_kept("reload")
+    open_page(pg, "Playground")  # and it stays so
+    draft_kept("reload-then-click")
     shot(pg, "journey-product-team-draft-kept")
     pg.get_by_text("Compare two parameter sets side by side").click()
     expect(compare).not_to_be_checked()
