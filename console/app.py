@@ -21,6 +21,7 @@ if str(ROOT) not in sys.path:  # streamlit puts console/ on the path, not the pr
 
 import streamlit as st  # noqa: E402
 
+from console import drafts  # noqa: E402
 from console.client import ROLES, ApiError, ClientError, EngineClient  # noqa: E402
 from console.session import COOKIE  # noqa: E402
 from console.widgets import client, go_to, post_to, sign_in_url, sign_out  # noqa: E402
@@ -121,13 +122,32 @@ def forbidden(title: str, needed: str) -> st.Page:
     return st.Page(explain, title=title, url_path=script_of[title], visibility="hidden")
 
 
+# Other paths people (and older links, like the README's /engine_settings) use for a page: each lands on it.
+ALIASES = {"engine_settings": "settings", "engine-settings": "settings", "gpu": "gpu_health",
+           "gpu-health": "gpu_health", "events_and_logs": "events", "events-and-logs": "events", "logs": "events",
+           "home": "overview"}
+
+
+def alias(path: str, target: st.Page) -> st.Page:
+    """A hidden page at ``path`` that sends the browser on to ``target`` (its address becomes the page's own)."""
+    def go() -> None:
+        st.switch_page(target)
+    return st.Page(go, title=target.title, url_path=path, visibility="hidden")
+
+
 script_of = {title: script for _, script, title, _, _ in PAGE_TABLE}
 sections: dict[str, list[st.Page]] = {}
+by_script: dict[str, st.Page] = {}
 for section, script, title, icon, needed in PAGE_TABLE:
     page = st.Page(PAGES / f"{script}.py", title=title, icon=icon, default=script == "overview") \
         if allowed(needed) else forbidden(title, needed)
     sections.setdefault(section, []).append(page)
+    by_script[script] = page
+for path, script in ALIASES.items():
+    target = by_script[script]
+    sections[next(s for s, sc, *_ in PAGE_TABLE if sc == script)].append(alias(path, target))
 nav = st.navigation(sections)
+drafts.arrive(nav.url_path)  # a page kept in drafts restores its fields when it is arrived at
 with st.sidebar:
     st.caption(f"Signed in as **{me.name}** ({role})")
     if st.button("Sign out", icon=":material/logout:"):

@@ -478,8 +478,12 @@ class EngineClient:
 
     # --- playground -----------------------------------------------------------------------------------------
 
-    def prompts(self) -> list[PromptOut]:
-        return self._list(PromptOut, "GET", "/api/prompts")
+    def prompts(self, limit: int = 50, before: int | None = None) -> list[PromptOut]:
+        """A page of saved prompts, newest first (``before``: the last id of the previous page)."""
+        params: dict[str, Any] = {"limit": limit}
+        if before is not None:
+            params["before"] = before
+        return self._list(PromptOut, "GET", "/api/prompts", params=params)
 
     def save_prompt(self, name: str, mode: str, system: str, prompt: str, params: dict[str, Any]) -> PromptOut:
         return self._get(PromptOut, "POST", "/api/prompts", json={

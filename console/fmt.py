@@ -66,6 +66,16 @@ def rate(n: float | None, unit: str = "tokens/s") -> str:
     return "n/a" if n is None else f"{n:,.1f} {unit}"
 
 
+def figure(n: float | None) -> str:
+    """A rate as a metric's value, its unit in the label: short enough for a column of a 1280 px wide page
+    ("12.3", "1,234", "12.3k")."""
+    if n is None:
+        return "n/a"
+    if n >= 100_000:
+        return f"{n / 1000:,.0f}k"
+    return f"{n:,.0f}" if n >= 1000 else f"{n:.1f}"
+
+
 def seconds(n: float | None) -> str:
     if n is None:
         return "n/a"

@@ -15,8 +15,6 @@ from engine.schemas import ApplyPlanOut, ApplyProgress, EventOut, StartupView, S
 PROGRESS_KINDS = ["settings_changed", "apply_plan", "drained", "stopped", "starting", "ready", "failed", "diagnosis",
                   "rollback", "restart_scheduled", "crash_loop", "model_missing", "demo_model_building",
                   "demo_model_built", "sleeping", "woken", "bridge_failed", "instance_failed", "apply_done"]
-PLAN_TITLE = {"start": "Start", "blue_green": "Blue/green", "bridge": "Bridge", "rolling": "Rolling",
-              "pause": "Pause"}
 ROLE_ICON = {"serving": ":material/check_circle:", "bridge": ":material/alt_route:",
              "starting": ":material/progress_activity:", "draining": ":material/hourglass_bottom:",
              "stopping": ":material/stop_circle:", "sleeping": ":material/bedtime:", "failed": ":material/error:"}
@@ -36,6 +34,9 @@ def phases(view: StartupView) -> None:
         st.caption(f"Ready after {fmt.seconds(view.ready_s)}{error}.")
     elif view.failed:
         st.caption(f"The start failed after {fmt.seconds(view.elapsed_s)}: {view.failed}")
+    elif view.overrun_s is not None:
+        st.caption(f"{fmt.seconds(view.elapsed_s)} so far: taking longer than expected, "
+                   f"{fmt.seconds(view.overrun_s)} over (expected {view.eta_basis}; now: {view.phase_title}).")
     elif view.eta_s is not None:
         left = f"; about {fmt.seconds(view.remaining_s)} left" if view.remaining_s is not None else ""
         st.caption(f"{fmt.seconds(view.elapsed_s)} so far; expected {view.eta_basis}{left}.")
@@ -44,27 +45,9 @@ def phases(view: StartupView) -> None:
 
 
 def plan_text(plan: ApplyPlanOut) -> str:
-    """The plan in one paragraph: its kind, why, and what clients should expect."""
-    title = PLAN_TITLE.get(plan.kind, plan.kind)
-    if plan.kind == "pause":
-        expect = (f"nothing serves for about **{fmt.seconds(plan.pause_s)}**" if plan.pause_s is not None else
-                  "nothing serves until the new instance is ready (no earlier start to estimate from)")
-        expect += ": in-flight requests finish first, new ones wait in the gateway's queue"
-    elif plan.kind == "start":
-        expect = "nothing serves yet"
-    else:
-        expect = "**no pause**: something serves throughout"
-        if plan.capacity_dip_pct:
-            expect += f"; capacity dips by about {plan.capacity_dip_pct:.0f} %"
-            if plan.dip_s is not None:
-                expect += f" for about {fmt.seconds(plan.dip_s)}"
-    took = f" {plan_eta_text(plan)}" if plan.expected_s is not None else ""
-    bridge = ""
-    if plan.bridge is not None:
-        b = plan.bridge
-        bridge = (f" The bridge runs the old revision at gpu_memory_utilization {b.gpu_memory_utilization:.2f}: "
-                  f"{b.kv_tokens:,} KV tokens, max_num_seqs {b.max_num_seqs}.")
-    return f"**{title}** — {plan.reason}; {expect}.{took}{bridge}"
+    """The plan in one paragraph (its kind, why, what clients should expect, how long): engine.schemas writes it
+    once for the console and the CLI."""
+    return plan.summary()
 
 
 def step_lines(plan: ApplyPlanOut) -> list[str]:
@@ -138,7 +121,7 @@ def outcome(applying: dict[str, Any], now: StatusOut, events: list[EventOut]) ->
         gap = ""
         if now.apply is not None and now.apply.revision == rev_id and now.apply.plan.kind != "start":
             longest = now.apply.longest_gap_s or 0.0
-            gap = (f" Nothing paused: something served throughout ({PLAN_TITLE.get(now.apply.plan.kind)})."
+            gap = (f" Nothing paused: something served throughout ({now.apply.plan.title})."
                    if longest == 0 else f" The longest stretch with nothing serving was {fmt.seconds(longest)}.")
         eta = ""
         if now.apply is not None and now.apply.revision == rev_id and now.apply.plan.expected_s is not None \

@@ -9,10 +9,10 @@ from urllib.parse import urlencode, urlsplit
 
 import streamlit as st
 
-from console import fmt
+from console import drafts, fmt
 from console.client import ClientError, EngineClient, EngineUnreachableError, UnauthorizedError
 from console.session import safe_next
-from engine.schemas import EventOut, GpuView, HostReading, StatusOut
+from engine.schemas import EventOut, GpuView, HostReading, MeOut, StatusOut
 
 STATE_BADGE = {"ready": ("green", ":material/check_circle:"), "starting": ("orange", ":material/hourglass_top:"),
                "draining": ("orange", ":material/hourglass_bottom:"), "stopping": ("orange", ":material/pending:"),
@@ -28,7 +28,22 @@ def client() -> EngineClient:
     return c
 
 
+def me() -> MeOut:
+    """Who this session is signed in as (what console/app.py asked the engine, or asked now)."""
+    cached = st.session_state.get("_me")
+    token = st.session_state.get("token")
+    if isinstance(cached, tuple) and cached[0] == token and isinstance(cached[1], MeOut):
+        return cached[1]
+    try:
+        who = client().me()
+    except ClientError as exc:
+        unreachable(exc)
+    st.session_state["_me"] = (token, who)
+    return who
+
+
 def sign_out() -> None:
+    drafts.forget()
     for key in ("token", "_client", "_me", "username", "role", "expires_at"):
         st.session_state.pop(key, None)
 

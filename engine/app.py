@@ -25,7 +25,7 @@ from engine.api import AccessGate, Services, mount
 from engine.api.guard import BodyGuard, Limits
 from engine.benchmarks import Benchmarks
 from engine.bodies import BodyBudget
-from engine.capacity import CalibrationStore, Planner
+from engine.capacity import TRAFFIC_WINDOW_S, CalibrationStore, Planner, TrafficNeed
 from engine.config import AppConfig
 from engine.db import DEFAULT_DEPLOYMENT, SERVING_MINUTE, SERVING_RAW, open_database
 from engine.deployments import DeploymentStore, Fleet, Runtime
@@ -155,7 +155,9 @@ def create_app(config: AppConfig) -> FastAPI:
     sampler = Sampler(pynvml, config.gpu_sample_interval_s, lambda: fleet.vllm_pids() if fleet else {},
                       [telemetry.write, alerts.evaluate], emit)
     planner = Planner(build, config.data_dir.resolve(), sampler, CalibrationStore(db),
-                      traffic_max_tokens=lambda: ledger.longest_request(86400))
+                      traffic_max_tokens=lambda: ledger.longest_request(86400),
+                      traffic_need=lambda: TrafficNeed(*need) if (need := ledger.longest_need(TRAFFIC_WINDOW_S))
+                      else None)
     serving_history = SeriesStore(db, SERVING_RAW, SERVING_MINUTE, "revision", HISTORY_METRICS,
                                   config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
     local = "127.0.0.1" if config.host in ("0.0.0.0", "::", "localhost") or loopback else config.host

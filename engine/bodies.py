@@ -208,6 +208,8 @@ class _Fields(msgspec.Struct):
     stream_options: msgspec.Raw = msgspec.Raw()
     messages: msgspec.Raw = msgspec.Raw()
     prompt: msgspec.Raw = msgspec.Raw()
+    max_tokens: msgspec.Raw = msgspec.Raw()
+    max_completion_tokens: msgspec.Raw = msgspec.Raw()
 
 
 _FIELDS = msgspec.json.Decoder(_Fields)
@@ -226,6 +228,7 @@ class V1Body:
     stream_options: Any = None  # the value, when small enough to read
     stream_options_raw: bytes = b""  # its JSON as sent (past LEAN_BYTES; up to _SMALL_FIELD)
     prompt: Any = None  # the prompt or messages: the value, or its raw JSON past LEAN_BYTES
+    max_tokens: int | None = None  # what it asked for (max_completion_tokens, else max_tokens), when sane
     data: Any = None
 
     def prompt_text(self) -> str | None:
@@ -246,6 +249,14 @@ def streams(value: Any) -> bool:
     if isinstance(value, int | float):
         return value == 1
     return isinstance(value, str) and value.strip().lower() in TRUE_TEXTS
+
+
+def asked_max_tokens(data: object) -> int | None:
+    """The max_tokens (or max_completion_tokens) a /v1 request body asks for, when it is a sane integer."""
+    if not isinstance(data, dict):
+        return None
+    value = data.get("max_completion_tokens", data.get("max_tokens"))
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31 else None
 
 
 def _small(raw: msgspec.Raw) -> Any:
@@ -297,7 +308,9 @@ def _lean(body: bytes) -> V1Body:
     model = _small(fields.model)
     options = fields.stream_options
     prompt = fields.messages if len(fields.messages) else fields.prompt
-    return V1Body(is_object=True, model=model if isinstance(model, str) else None,
+    asked = {k: _small(v) for k, v in (("max_tokens", fields.max_tokens),
+                                        ("max_completion_tokens", fields.max_completion_tokens)) if len(v)}
+    return V1Body(is_object=True, model=model if isinstance(model, str) else None, max_tokens=asked_max_tokens(asked),
                   stream=streams(_small(fields.stream)), has_stream_options=len(options) > 0,
                   stream_options=_small(options), stream_options_raw=bytes(options) if len(options) <= _SMALL_FIELD
                   else b"", prompt=prompt if len(prompt) else None)
@@ -310,7 +323,7 @@ def _full(body: bytes, max_depth: int) -> V1Body:
     model = data.get("model")
     return V1Body(is_object=True, model=model if isinstance(model, str) else None, stream=streams(data.get("stream")),
                   has_stream_options="stream_options" in data, stream_options=data.get("stream_options"),
-                  prompt=data.get("messages", data.get("prompt")), data=data)
+                  prompt=data.get("messages", data.get("prompt")), max_tokens=asked_max_tokens(data), data=data)
 
 
 async def inspect_v1(body: bytes, max_depth: int) -> V1Body:

@@ -144,6 +144,10 @@ class AppConfig(BaseSettings):
                                           "to the console (LLMOPS_CONSOLE_KEY_FILE).")
     log_max_bytes: int = Field(10_000_000, gt=0, description="Size at which vLLM's log file rotates.")
     log_backups: int = Field(5, ge=0, description="Rotated vLLM log files kept.")
+    prompt_max_chars: int = Field(32_000, ge=1000, description="Largest saved playground prompt: its system "
+                                  "prompt, prompt and JSON schema together, in characters; larger: 422.")
+    prompts_per_user: int = Field(100, ge=1, description="Saved playground prompts one user may keep; past it a "
+                                  "save gets 409 until they delete one.")
 
     @model_validator(mode="after")
     def _budget_takes_a_body(self) -> AppConfig:

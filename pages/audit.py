@@ -8,7 +8,7 @@ from typing import Any
 
 import streamlit as st
 
-from console import fmt
+from console import drafts, fmt
 from console.client import ClientError
 from console.widgets import client, unreachable
 from engine.schemas import AuditOut
@@ -67,6 +67,7 @@ def sentence(r: AuditOut) -> str:
     return text + (f" — refused ({status})" if status >= 400 else "")
 
 
+drafts.keep("audit", ["au_actor", "au_action", "au_day", "au_text"])  # the filters, kept across pages and reloads
 c1, c2, c3, c4, c5 = st.columns([2, 2, 2, 3, 2], vertical_alignment="bottom")
 actor = c1.text_input("Actor", key="au_actor") or None
 action = c2.selectbox("Action", ["all", "settings", "engine", "benchmarks", "users", "tokens", "prompts", "auth"],
@@ -139,3 +140,4 @@ for r in writes[:10]:
         later = [e for e in events if e.revision == revision and e.ts.timestamp() >= r.ts - 1]
         for e in later[:15]:
             st.markdown(f"- `{e.ts:%H:%M:%S}` **{e.kind}** {e.message}")
+drafts.settle()  # drawn whole from the draft: from now on the fields are the user's

@@ -7,6 +7,7 @@ import streamlit as st
 
 from console import charts, fmt
 from console.client import ApiError, ClientError
+from console.restart import plan_box
 from console.widgets import client, engine_status, restart_banner, unreachable
 from engine.schemas import BenchmarkRunOut
 
@@ -131,7 +132,7 @@ with tab_compare:
                       for lv in cmp.levels], hide_index=True, width="stretch")
 
 with tab_search:
-    st.markdown("Tries each `max_num_seqs` as a revision (vLLM restarts each time; the gateway holds traffic), "
+    st.markdown("Tries each `max_num_seqs` as a revision (an apply each time, by the plan the engine picks), "
                 "benchmarks it at twice that many clients, restores the current settings, and proposes the value "
                 "with the best throughput whose P95 latency meets the target.")
     c1, c2, c3 = st.columns(3)
@@ -145,6 +146,34 @@ with tab_search:
         except ApiError as exc:
             st.error(str(exc))
         st.rerun()
+
+    @st.dialog("Apply the proposal?")
+    def confirm_proposal(run_id: int, seqs: int) -> None:
+        """The plan the apply will run, with its ETA and what clients should expect, before anything is written."""
+        try:
+            current = client().settings()
+            cap = client().capacity({"max_num_seqs": seqs})
+        except ClientError as exc:
+            st.error(str(exc))
+            return
+        st.markdown(f"A new revision with **max_num_seqs = {seqs}** (now {current.values.max_num_seqs}); vLLM "
+                    "restarts with it, by this plan:")
+        if cap.plan is not None:
+            plan_box(cap.plan)
+        for f in cap.errors:
+            st.error(f"**{f.field}**: {f.message}", icon=":material/block:")
+        if st.button("Apply & restart", type="primary", disabled=bool(cap.errors)):
+            try:
+                rev = client().put_settings(current.revision, {"max_num_seqs": seqs},
+                                            f"guided search {run_id} proposal")
+            except ClientError as exc:
+                st.error(str(exc))
+                return
+            st.session_state["bm_flash"] = f"Revision {rev.revision} written; follow the restart on Engine settings."
+            st.rerun()
+
+    if flash := st.session_state.pop("bm_flash", None):
+        st.toast(flash)
     for run in [r for r in runs if r.kind == "search"][:5]:
         with st.expander(label(run), expanded=run.status != "running"):
             if run.error:
@@ -158,9 +187,6 @@ with tab_search:
                            f"{proposal.output_throughput:,.0f} output tokens/s at P95 {proposal.p95_e2e_s} s "
                            f"(target {proposal.target_p95_s} s)" + (f", {gain}x max_num_seqs 1" if gain else ""))
                 if st.button(f"Apply max_num_seqs = {proposal.max_num_seqs}", key=f"apply_{run.id}"):
-                    current = client().settings()
-                    rev = client().put_settings(current.revision, {"max_num_seqs": proposal.max_num_seqs},
-                                                f"guided search {run.id} proposal")
-                    st.toast(f"Revision {rev.revision} written; follow the restart on Engine settings.")
+                    confirm_proposal(run.id, proposal.max_num_seqs)
             elif run.status == "done":
                 st.warning("No candidate met the target: raise the target or try smaller max_num_seqs.")

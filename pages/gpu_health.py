@@ -6,13 +6,14 @@ import time
 
 import streamlit as st
 
-from console import charts, fmt
+from console import charts, drafts, fmt
 from console.client import ClientError
 from console.widgets import client, gpu_card, host_card, unreachable
 
 st.title("GPU health")
 WINDOWS = {"5 min": "5m", "15 min": "15m", "1 hour": "1h", "6 hours": "6h", "24 hours": "24h", "7 days": "7d"}
-window = st.segmented_control("Window", list(WINDOWS), default="15 min", key="gpu_window") or "15 min"
+drafts.keep("gpu_health", ["gpu_window"], {"gpu_window": "15 min"})  # kept across pages and reloads
+window = st.segmented_control("Window", list(WINDOWS), key="gpu_window") or "15 min"
 
 
 @st.fragment(run_every=2)
@@ -59,3 +60,4 @@ def health() -> None:
 
 
 health()
+drafts.settle()  # drawn whole from the draft: from now on the fields are the user's

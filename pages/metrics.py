@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from console import charts, fmt
+from console import charts, drafts, fmt
 from console.client import ClientError
 from console.widgets import client, engine_status, restart_banner, unreachable
 
@@ -18,7 +18,8 @@ CHARTS = [("generation_tokens_per_s", "Generation", "tokens/s", 1.0),
           ("requests_waiting", "Requests waiting", "", 1.0)]
 
 restart_banner(engine_status())
-window = st.segmented_control("Window", list(WINDOWS), default="1 hour", key="metrics_window") or "1 hour"
+drafts.keep("metrics", ["metrics_window"], {"metrics_window": "1 hour"})  # kept across pages and reloads
+window = st.segmented_control("Window", list(WINDOWS), key="metrics_window") or "1 hour"
 
 
 @st.fragment(run_every=5)
@@ -30,10 +31,10 @@ def live() -> None:
         unreachable(exc)
     if now.available:
         c = st.columns(4)
-        c[0].metric("Generation", fmt.rate(now.generation_tokens_per_s))
-        c[1].metric("Prompt", fmt.rate(now.prompt_tokens_per_s))
+        c[0].metric("Generation tokens/s", fmt.figure(now.generation_tokens_per_s))
+        c[1].metric("Prompt tokens/s", fmt.figure(now.prompt_tokens_per_s))
         c[2].metric("P95 inter-token latency", fmt.seconds(now.itl_seconds_p95))
-        c[3].metric("Preemptions", fmt.rate(now.preemptions_per_s, "/s"),
+        c[3].metric("Preemptions /s", fmt.figure(now.preemptions_per_s),
                     help="requests evicted from the KV cache and recomputed: a sign of too little KV cache")
     cols = st.columns(2)
     for i, (metric, title, unit, scale) in enumerate(CHARTS):
@@ -71,3 +72,4 @@ else:
                        "OOM/h": st.column_config.NumberColumn(width="small", format="%.3f")})
     st.caption("From the gateway's request ledger: latency (P50, P95, P99 end-to-end) includes time queued in the "
                "gateway during restarts.")
+drafts.settle()  # drawn whole from the draft: from now on the fields are the user's

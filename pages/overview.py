@@ -20,7 +20,7 @@ from console.widgets import (
     state_badge,
     unreachable,
 )
-from engine.schemas import GatewayInfo
+from engine.schemas import SNIPPET_MAX_TOKENS, GatewayInfo
 
 st.title("Overview")
 
@@ -62,7 +62,7 @@ def live() -> None:
         sc = st.columns(5)
         sc[0].metric("Requests running", f"{s.requests_running or 0:.0f}")
         sc[1].metric("Requests waiting", f"{s.requests_waiting or 0:.0f}")
-        sc[2].metric("Generation", fmt.rate(s.generation_tokens_per_s),
+        sc[2].metric("Generation tokens/s", fmt.figure(s.generation_tokens_per_s),
                      help=f"prompt: {fmt.rate(s.prompt_tokens_per_s)}")
         usage = s.kv_cache_usage
         sc[3].metric("KV-cache use", fmt.pct(None if usage is None else 100 * usage, 1))
@@ -85,13 +85,15 @@ def live() -> None:
 
 def snippets(info: GatewayInfo) -> tuple[str, str]:
     base, model = info.base_url, info.served_model or "demo"
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}],
+                       "max_tokens": SNIPPET_MAX_TOKENS})
     key = ' \\\n     -H "Authorization: Bearer $LLMOPS_API_KEY"' if info.keys_required else ""
     curl = f"curl {base}/chat/completions -H 'content-type: application/json'{key} \\\n     -d '{body}'"
     api_key = 'os.environ["LLMOPS_API_KEY"]' if info.keys_required else '"not-needed"'
     sdk = (f"import os\n\nfrom openai import OpenAI\n\nclient = OpenAI(base_url=\"{base}\", api_key={api_key})\n"
            f"reply = client.chat.completions.create(\n    model=\"{model}\",\n"
-           "    messages=[{\"role\": \"user\", \"content\": \"Hello!\"}],\n    max_tokens=64,\n)\n"
+           "    messages=[{\"role\": \"user\", \"content\": \"Hello!\"}],\n"
+           f"    max_tokens={SNIPPET_MAX_TOKENS},\n)\n"
            "print(reply.choices[0].message.content)")
     return curl, sdk
 

@@ -12,10 +12,10 @@ from typing import Any
 import jsonschema
 import streamlit as st
 
-from console import fmt
+from console import drafts, fmt
 from console.client import ClientError, EngineClient, Run
-from console.widgets import client, engine_status, restart_banner, unreachable
-from engine.schemas import PromptOut
+from console.widgets import client, engine_status, me, restart_banner, unreachable
+from engine.schemas import PLAYGROUND_MAX_TOKENS, ROLES, PromptOut
 
 st.title("Playground")
 TEMPLATES = {
@@ -29,16 +29,18 @@ FORMATS = ["Text", "JSON object", "JSON schema"]
 DEFAULT_SCHEMA = json.dumps({"type": "object", "properties": {"answer": {"type": "string"},
                                                               "confidence": {"type": "number"}},
                              "required": ["answer"]}, indent=1)
-DEFAULTS: dict[str, Any] = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 128, "stop": ""}
+DEFAULTS: dict[str, Any] = {"temperature": 0.7, "top_p": 1.0, "max_tokens": PLAYGROUND_MAX_TOKENS, "stop": ""}
+# The whole draft survives a page switch and a reload (console/drafts.py): the conversation, the last results
+# and every field, the parameters of both sets included.
+FIRST = {"pg_mode": "chat", "pg_messages": [], "pg_schema": DEFAULT_SCHEMA,
+         **{f"pg_{tag}_{name}": value for tag in ("a", "b") for name, value in DEFAULTS.items()}}
+DRAFT = [*FIRST, "pg_template", "pg_system", "pg_prompt", "pg_format", "pg_compare", "pg_save_name", "pg_last",
+         "saved_choice"]
+drafts.keep("playground", DRAFT, FIRST)
 
 status = engine_status()
 restart_banner(status)
 model = status.model or "demo"
-for tag in ("a", "b"):  # parameter widgets keep their values across pages and reruns
-    for name, value in DEFAULTS.items():
-        st.session_state.setdefault(f"pg_{tag}_{name}", value)
-st.session_state.setdefault("pg_messages", [])
-st.session_state.setdefault("pg_schema", DEFAULT_SCHEMA)
 
 
 def load_prompt(p: PromptOut | None) -> None:
@@ -58,16 +60,29 @@ def load_prompt(p: PromptOut | None) -> None:
     st.session_state["pg_flash"] = f"Loaded “{p.name}”."
 
 
-def delete_prompt(p: PromptOut | None) -> None:
-    if p is None:
-        return
-    try:
-        client().delete_prompt(p.id)
-    except ClientError as exc:
-        st.session_state["pg_flash"] = f"Could not delete “{p.name}”: {exc}"
-        return
-    st.session_state["saved_choice"] = "—"
-    st.session_state["pg_flash"] = f"Deleted “{p.name}”."
+def may_delete(p: PromptOut) -> bool:
+    """Its author may delete a saved prompt, and an operator or admin (the engine checks it too)."""
+    who = me()
+    return p.author == who.name or ROLES.index(who.role) >= ROLES.index("operator")
+
+
+@st.dialog("Delete this saved prompt?")
+def confirm_delete(p: PromptOut) -> None:
+    st.markdown(f"**{p.name}** ({p.mode}) by **{p.author}**, saved {fmt.since(p.created_at)}. It is deleted for "
+                "everyone who uses the playground; this cannot be undone.")
+    if st.button("Delete", type="primary", key="pg_confirm_delete"):
+        try:
+            client().delete_prompt(p.id)
+        except ClientError as exc:
+            st.error(f"Could not delete “{p.name}”: {exc}")
+            return
+        st.session_state["saved_choice"] = "—"
+        st.session_state["pg_flash"] = f"Deleted “{p.name}”."
+        st.rerun()
+
+
+def prompt_label(p: PromptOut) -> str:
+    return f"{p.name} ({p.mode}) · by {p.author}"
 
 
 def save_prompt() -> None:
@@ -78,12 +93,12 @@ def save_prompt() -> None:
     if params["format"] == "JSON schema":
         params["schema"] = st.session_state.get("pg_schema", "")
     try:
-        client().save_prompt(name, mode, st.session_state.get("pg_system", "") if mode == "chat" else "",
-                             st.session_state.get("pg_prompt", ""), params)
+        saved = client().save_prompt(name, mode, st.session_state.get("pg_system", "") if mode == "chat" else "",
+                                     st.session_state.get("pg_prompt", ""), params)
     except ClientError as exc:
         st.session_state["pg_flash"] = f"Not saved: {exc}"
         return
-    st.session_state["saved_choice"] = f"{name} ({mode})"
+    st.session_state["saved_choice"] = prompt_label(saved)
     st.session_state["pg_flash"] = f"Saved “{name}”."
 
 
@@ -94,23 +109,29 @@ def params_of(tag: str) -> dict[str, Any]:
             "max_tokens": int(st.session_state[f"pg_{tag}_max_tokens"]), "stop": stop or None}
 
 
+SHOWN = 100  # saved prompts listed (the newest): the list API gives them a page at a time
 try:
-    saved = client().prompts()
+    saved = client().prompts(limit=SHOWN)
 except ClientError as exc:
     unreachable(exc)
-names = {f"{p.name} ({p.mode})": p for p in saved}
+names = {prompt_label(p): p for p in saved}
 if st.session_state.get("saved_choice") not in (None, "—", *names):
     st.session_state["saved_choice"] = "—"
 top = st.columns([3, 1, 1], vertical_alignment="bottom")
-chosen = top[0].selectbox("Saved prompts", ["—", *names], key="saved_choice")
-top[1].button("Load", disabled=chosen == "—", width="stretch", on_click=load_prompt,
-              args=(names.get(chosen),))
-top[2].button("Delete", disabled=chosen == "—", width="stretch", on_click=delete_prompt,
-              args=(names.get(chosen),))
+chosen = top[0].selectbox("Saved prompts", ["—", *names], key="saved_choice",
+                          help=f"the newest {SHOWN} prompts the team saved, each with its author"
+                          if len(saved) >= SHOWN else "prompts the team saved, each with its author")
+picked = names.get(chosen)
+top[1].button("Load", disabled=picked is None, width="stretch", on_click=load_prompt, args=(picked,))
+if top[2].button("Delete", disabled=picked is None or not may_delete(picked), width="stretch",
+                 help=None if picked is None or may_delete(picked) else
+                 f"only {picked.author}, its author, or an operator may delete it"):
+    assert picked is not None
+    confirm_delete(picked)
 if flash := st.session_state.pop("pg_flash", None):
     st.toast(flash)
 
-mode = st.segmented_control("Mode", ["chat", "completion"], default="chat", key="pg_mode") or "chat"
+mode = st.segmented_control("Mode", ["chat", "completion"], key="pg_mode") or "chat"
 
 
 def apply_template() -> None:
@@ -295,3 +316,4 @@ if last:
         with col:  # a single chat reply is in the conversation above: its figures only
             show_run(tag if len(last) > 1 else None, run,
                      text=len(last) > 1 or run.mode != "chat" or bool(run.error))
+drafts.settle()  # drawn whole from the draft: from now on the fields are the user's

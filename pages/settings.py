@@ -15,7 +15,7 @@ from console import charts, fmt
 from console.client import ClientError, SettingsRejectedError, StaleRevisionError
 from console.restart import last_outcome, plan_box, plan_eta_text, progress, watch
 from console.widgets import client, engine_status, restart_banner, unreachable
-from engine.schemas import CapacityOut, Finding, FitValue, RevisionOut
+from engine.schemas import CapacityOut, Finding, FitValue, RestartEta, RevisionOut
 
 st.title("Engine settings")
 CHOICES = {"dtype": ["auto", "bfloat16", "float16", "float32"],
@@ -192,26 +192,31 @@ note = st.text_input("Note (why)", key="apply_note", placeholder="e.g. fewer OOM
 eta = capacity.restart_eta if capacity else None
 
 
-def eta_text() -> str:
+def eta_text(eta: RestartEta | None = eta) -> str:
     return f"about **{fmt.seconds(eta.seconds)}**" if eta else "an unknown time (no earlier start to go by)"
 
 
+def plan_and_eta(cap: CapacityOut | None) -> None:
+    """The plan an apply of these values will run (from the engine's pre-flight of them), with its ETA and what
+    clients should expect; what follows a failed start."""
+    plan = cap.plan if cap is not None else None
+    if plan is None:
+        st.warning("The engine gave no plan for these values (it could not read the device or the model): vLLM "
+                   f"restarts with them, in {eta_text(cap.restart_eta if cap else None)}.", icon=":material/help:")
+        return
+    st.markdown("vLLM restarts with the new values, by this plan:")
+    plan_box(plan)
+    st.caption("If the new revision cannot start, it is rejected and diagnosed"
+               + (", and traffic stays on what serves now." if plan.kind not in ("pause", "start") else
+                  "; the engine goes back to the last revision that was ready."))
+
+
 @st.dialog("Apply and restart vLLM?")
-def confirm_apply(changes: dict[str, Any], errors: list[Finding]) -> None:
-    plan = capacity.plan if capacity else None
-    if plan is not None:
-        st.markdown("vLLM restarts with the new values, by this plan:")
-        plan_box(plan)
-        st.caption("If the new revision cannot start, it is rejected and diagnosed"
-                   + (", and traffic stays on what serves now." if plan.kind not in ("pause", "start") else
-                      "; the engine goes back to the last revision that was ready."))
-    else:
-        st.markdown("vLLM restarts with the new values: in-flight requests finish first, new ones wait in the "
-                    f"gateway's queue and are served when it is ready, in {eta_text()}"
-                    + (f" ({eta.text})" if eta else "") + ". If it cannot start, the engine rolls back to the last "
-                    "revision that was ready.")
+def confirm_apply(changes: dict[str, Any], cap: CapacityOut | None) -> None:
+    plan_and_eta(cap)
     st.dataframe([{"field": k, "now": str(desired_values.get(k)), "new": str(v)} for k, v in changes.items()],
                  hide_index=True)
+    errors = cap.errors if cap else []
     force = False
     if errors:
         st.error(f"Pre-flight found {len(errors)} error(s): this revision is unlikely to start.")
@@ -228,19 +233,54 @@ def confirm_apply(changes: dict[str, Any], errors: list[Finding]) -> None:
         watch(rev.revision, "Applying")
 
 
+def preflight_of(rev: RevisionOut) -> CapacityOut | None:
+    """Pre-flight of an earlier revision's values against this device now (None when the engine refuses to
+    compute it: the values do not validate any more); kept for this desired revision."""
+    cache: dict[tuple[int, int], CapacityOut | None] = st.session_state.setdefault("rollback_checks", {})
+    key = (rev.revision, desired.revision)
+    if key not in cache:
+        try:
+            cache[key] = client().capacity(rev.values.model_dump())
+        except SettingsRejectedError:
+            cache[key] = None
+        except ClientError as exc:
+            unreachable(exc)
+    return cache[key]
+
+
+def refusal(rev: RevisionOut) -> str | None:
+    """Why the engine would refuse a rollback to ``rev`` (pre-flight errors on its values now), or None."""
+    cap = preflight_of(rev)
+    if cap is None:
+        return "its values are no longer valid settings"
+    return "; ".join(f"{e.field}: {e.message}" for e in cap.errors) or None
+
+
 @st.dialog("Roll back?")
 def confirm_rollback(target: RevisionOut) -> None:
     diff = [{"field": k, "now": str(desired_values.get(k)), "after": str(v)}
             for k, v in target.values.model_dump().items() if desired_values.get(k) != v]
-    st.markdown(f"A new revision with the values of revision **{target.revision}** becomes the desired one, and "
-                "vLLM restarts with it (in-flight requests finish first; new ones wait in the gateway's queue).")
+    st.markdown(f"A new revision with the values of revision **{target.revision}** becomes the desired one.")
+    if target.status == "rejected":
+        st.warning(f"Revision {target.revision} was rejected: {target.status_reason or 'it did not start'}. "
+                   "Rolling back to it runs the same values again.", icon=":material/warning:")
+    cap = preflight_of(target)
+    plan_and_eta(cap)
     if diff:
         st.dataframe(diff, hide_index=True)
     else:
         st.caption(f"Revision {target.revision} has the same values as desired revision {desired.revision}.")
-    if st.button(f"Roll back to revision {target.revision}", type="primary"):
+    errors = cap.errors if cap is not None else []
+    force = False
+    for f in errors:
+        st.error(f"**{f.field}**: {f.message}", icon=":material/block:")
+    if errors:  # the engine refuses these values unless forced: said before the confirmation, not after
+        force = st.checkbox("Force it anyway (recorded as forced; the rollback still applies)", key="rb_force")
+    if st.button(f"Roll back to revision {target.revision}", type="primary",
+                 disabled=cap is None or (bool(errors) and not force)):
         try:
-            new = client().rollback(target.revision, f"rollback to revision {target.revision} from the console")
+            new = client().rollback(target.revision, f"rollback to revision {target.revision} from the console",
+                                    force=force)
         except ClientError as exc:
             st.error(str(exc))
             return
@@ -249,7 +289,7 @@ def confirm_rollback(target: RevisionOut) -> None:
 
 c1, c2, c3 = st.columns([1, 1, 3], vertical_alignment="center")
 if c1.button("Apply & restart", type="primary", disabled=not changes, icon=":material/restart_alt:"):
-    confirm_apply(changes, capacity.errors if capacity else [])
+    confirm_apply(changes, capacity)
 c2.button("Discard changes", disabled=not changes, on_click=discard)
 plan_now = capacity.plan if capacity else None
 c3.caption((f"By plan {plan_now.kind.replace('_', '/')}: {plan_eta_text(plan_now)}" if plan_now is not None else
@@ -284,6 +324,12 @@ for rev in history:
             st.caption(f"Status: {rev.status_reason}")
         for w in rev.warnings:
             st.caption(f"{w.severity or 'warning'}: {w.message}")
-        if rev.revision != desired.revision and st.button(f"Roll back to revision {rev.revision}",
-                                                          key=f"rollback_{rev.revision}"):
+        if rev.revision == desired.revision:
+            continue
+        refused = refusal(rev) if rev.status == "rejected" or rev.forced else None
+        if refused:  # the engine would refuse it after the confirmation: not offered
+            st.caption(f"No rollback to revision {rev.revision}: pre-flight refuses its values now ({refused}). "
+                       "Edit the form above instead, or force it with `llmops settings rollback "
+                       f"{rev.revision} --force`.")
+        elif st.button(f"Roll back to revision {rev.revision}", key=f"rollback_{rev.revision}"):
             confirm_rollback(rev)

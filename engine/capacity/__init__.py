@@ -36,12 +36,15 @@ from engine.capacity.plans import MARGIN_BYTES, cpu_need_bytes
 from engine.capacity.preflight import (
     NEIGHBOUR_MARGIN_BYTES,
     SAFE_UTILIZATION,
+    TRAFFIC_WINDOW_S,
     Cluster,
     Finding,
     Neighbour,
     PreflightResult,
+    TrafficNeed,
     check,
     find_model_config,
+    shortest_safe_len,
 )
 from engine.capacity.shape import MODELLED, MlaDims, MoeDims, Unmodelled, parameter_breakdown, shape_from_config
 
@@ -54,6 +57,7 @@ __all__ = [
     "MODELLED",
     "NEIGHBOUR_MARGIN_BYTES",
     "SAFE_UTILIZATION",
+    "TRAFFIC_WINDOW_S",
     "Calibration",
     "CalibrationStore",
     "Cluster",
@@ -69,6 +73,7 @@ __all__ = [
     "Prediction",
     "PreflightResult",
     "StartReport",
+    "TrafficNeed",
     "Unmodelled",
     "batched_tokens",
     "check",
@@ -85,6 +90,7 @@ __all__ = [
     "parse_start",
     "predict",
     "shape_from_config",
+    "shortest_safe_len",
     "to_calibration",
     "utilization_for",
     "weight_bytes",

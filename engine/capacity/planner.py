@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from engine.capacity.calibration import CalibrationStore, StartReport
 from engine.capacity.model import GIB, Device, ModelShape, batched_tokens, estimate_activation, load_shape, predict
 from engine.capacity.plans import MARGIN_BYTES, PlanInputs, Running, StepTimes, cpu_need_bytes, plan_apply
-from engine.capacity.preflight import Cluster, Neighbour, PreflightResult, check, find_model_config
+from engine.capacity.preflight import Cluster, Neighbour, PreflightResult, TrafficNeed, check, find_model_config
 from engine.revisions import EngineSettings
 from engine.schemas import ApplyPlanOut, Build
 
@@ -31,12 +31,16 @@ log = logging.getLogger("llmops.planner")
 
 class Planner:
     def __init__(self, build: Build, data_dir: Path, sampler: Sampler, calibrations: CalibrationStore,
-                 traffic_max_tokens: Callable[[], int | None] = lambda: None) -> None:
+                 traffic_max_tokens: Callable[[], int | None] = lambda: None,
+                 traffic_need: Callable[[], TrafficNeed | None] = lambda: None) -> None:
+        """``traffic_max_tokens``: the p99 of what recent requests needed (sizes a bridge's max_num_seqs);
+        ``traffic_need``: the longest request of a long window (sizes a suggested max_model_len)."""
         self.build = build
         self.data_dir = data_dir
         self.sampler = sampler
         self.calibrations = calibrations
         self.traffic_max_tokens = traffic_max_tokens
+        self.traffic_need = traffic_need
         self.scope: DeploymentRef | None = None  # the deployment this planner plans for (None: the whole host)
         # what the other deployments reserve (set by the registry): (this deployment) -> its neighbours
         self.neighbours: Callable[[DeploymentRef | None], list[Neighbour]] = lambda _: []
@@ -107,7 +111,7 @@ class Planner:
     def check(self, settings: EngineSettings) -> PreflightResult:
         calibration = self.calibrations.latest(settings.model, settings.tensor_parallel_size, settings.dtype)
         return check(settings, data_dir=self.data_dir, device=self.device(settings.tensor_parallel_size),
-                     calibration=calibration, traffic_max_tokens=self.traffic_max_tokens(),
+                     calibration=calibration, traffic=self.traffic_need(),
                      neighbours=self.neighbours(self.scope), cluster=self.cluster())
 
     def calibrate(self, report: StartReport, settings: EngineSettings, logged_batched_tokens: int | None,

@@ -27,6 +27,7 @@ from engine.capacity.model import (
     utilization_for,
 )
 from engine.revisions import EngineSettings, hf_hub_cache, resolve_local_model
+from engine.schemas import MIN_SUGGESTED_MODEL_LEN
 
 SAFE_UTILIZATION = (0.80, 0.85)
 # kept free beside each further instance on a GPU: allocator slack, the CUDA context of the next one (measured on
@@ -45,6 +46,41 @@ class Neighbour:
     utilization: float = 0.0
     instances: int = 1
     host_bytes: int = 0
+
+
+# A smaller max_model_len is suggested from the traffic of this window only, and only once the window holds
+# enough of it: a few requests of the first minutes say nothing of what clients need.
+TRAFFIC_WINDOW_S = 7 * 86400
+TRAFFIC_MIN_REQUESTS = 200
+TRAFFIC_MIN_SPAN_S = 86400
+TRAFFIC_MARGIN = 2  # the suggestion holds twice the longest request seen
+GAIN_MIN = 1.25  # a suggestion must raise the full-length concurrency by at least this factor
+
+
+@dataclass(frozen=True)
+class TrafficNeed:
+    """What real requests asked of max_model_len over a window: the longest prompt + max_tokens (the output
+    tokens where a request asked for no max_tokens), how many requests, and how far back they reach."""
+
+    tokens: int
+    requests: int
+    span_s: float
+    window_s: float = TRAFFIC_WINDOW_S
+
+    @property
+    def enough(self) -> bool:
+        return self.requests >= TRAFFIC_MIN_REQUESTS and self.span_s >= TRAFFIC_MIN_SPAN_S
+
+    def describe(self) -> str:
+        return (f"the longest of {self.requests:,} requests in the last {self.span_s / 86400:.1f} days asked for "
+                f"{self.tokens:,} tokens (prompt + max_tokens)")
+
+
+def shortest_safe_len(traffic: TrafficNeed | None) -> int:
+    """The smallest max_model_len the engine would suggest: twice what traffic asked for, rounded up to a power of
+    two, and never below what the console's own playground and snippets need (MIN_SUGGESTED_MODEL_LEN)."""
+    need = TRAFFIC_MARGIN * traffic.tokens if traffic is not None else 0
+    return max(MIN_SUGGESTED_MODEL_LEN, 1 << max(0, math.ceil(math.log2(max(1, need)))))
 
 
 @dataclass
@@ -105,7 +141,7 @@ class Cluster:
 
 
 def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | None,
-          calibration: Calibration | None = None, traffic_max_tokens: int | None = None,
+          calibration: Calibration | None = None, traffic: TrafficNeed | None = None,
           neighbours: list[Neighbour] | None = None, cluster: Cluster | None = None) -> PreflightResult:
     errors: list[Finding] = []
     warnings: list[Finding] = []
@@ -154,16 +190,12 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
         return PreflightResult(errors, warnings, None, shape, device)
 
     pred = predict(shape, settings, device, calibration)
-    _memory_findings(settings, shape, device, calibration, pred, errors, warnings)
+    _memory_findings(settings, shape, device, calibration, pred, errors, warnings, traffic)
     _prediction_coverage(settings, shape, device, pred, warnings)
     if neighbours:
         _neighbour_findings(settings, shape, device, neighbours, errors)
-    if traffic_max_tokens and pred.max_model_len > 4 * traffic_max_tokens:
-        suggestion = 1 << math.ceil(math.log2(max(16, 2 * traffic_max_tokens)))
-        warnings.append(Finding("max_len_above_traffic", "max_model_len",
-                                f"max_model_len {pred.max_model_len} is far above the longest recent request "
-                                f"({traffic_max_tokens} tokens); {suggestion} would free KV cache for concurrency",
-                                {"max_model_len": suggestion}))
+    if (found := _traffic_finding(settings, device, pred, traffic)) is not None:
+        warnings.append(found)
     return PreflightResult(errors, warnings, pred, shape, device)
 
 
@@ -278,6 +310,39 @@ def _neighbour_findings(settings: EngineSettings, shape: ModelShape, device: Dev
             {"cpu_kv_cache_gib": fits} if fits > 0 else {}))
 
 
+def breaks_text(length: int) -> str:
+    """What a max_model_len of ``length`` refuses: said wherever one is suggested."""
+    return (f"with max_model_len {length:,}, a request whose prompt + max_tokens exceeds {length:,} tokens gets "
+            "HTTP 400, and one without max_tokens gets at most the tokens left after its prompt")
+
+
+def _traffic_finding(settings: EngineSettings, device: Device, pred: Prediction,
+                     traffic: TrafficNeed | None) -> Finding | None:
+    """A smaller max_model_len, only where it gains something measurable: on a GPU whose KV cache holds fewer
+    full-length requests than max_num_seqs, sized from a long window of real traffic with a margin.
+
+    On the CPU build the KV cache is a fixed size (cpu_kv_cache_gib): a smaller max_model_len frees nothing there.
+    """
+    if device.kind != "cuda" or traffic is None or not traffic.enough or not pred.fits_one_request:
+        return None
+    seqs = settings.max_num_seqs
+    if pred.max_concurrency >= seqs:
+        return None  # max_num_seqs full-length requests fit already: nothing to buy
+    length = shortest_safe_len(traffic)
+    if length >= pred.max_model_len:
+        return None
+    after = min(float(seqs), pred.usable_tokens / length)
+    if after < GAIN_MIN * pred.max_concurrency:
+        return None
+    return Finding("max_len_above_traffic", "max_model_len",
+                   f"the KV cache holds {pred.max_concurrency:.1f} requests of max_model_len "
+                   f"{pred.max_model_len:,} at once, fewer than max_num_seqs {seqs}; {traffic.describe()}, so "
+                   f"max_model_len {length:,} (at least twice that, and never below {MIN_SUGGESTED_MODEL_LEN:,}, "
+                   f"what the console's playground and snippets need) would hold {after:.0f}. What it would break: "
+                   f"{breaks_text(length)}",
+                   {"max_model_len": length})
+
+
 def _replica_findings(settings: EngineSettings, shape: ModelShape, device: Device | None,
                       errors: list[Finding]) -> None:
     """Replicas either get their own GPUs (replicas × tensor_parallel_size of them) or share one device, where
@@ -311,7 +376,8 @@ def _replica_findings(settings: EngineSettings, shape: ModelShape, device: Devic
 
 
 def _memory_findings(settings: EngineSettings, shape: ModelShape, device: Device, calibration: Calibration | None,
-                     pred: Prediction, errors: list[Finding], warnings: list[Finding]) -> None:
+                     pred: Prediction, errors: list[Finding], warnings: list[Finding],
+                     traffic: TrafficNeed | None = None) -> None:
     per_request = pred.tokens_per_request
     if device.kind == "cuda":
         need_util = utilization_for(shape, settings, device, calibration, per_request)
@@ -362,9 +428,14 @@ def _memory_findings(settings: EngineSettings, shape: ModelShape, device: Device
                                   f"cpu_kv_cache_gib that fits is {fits}", {"cpu_kv_cache_gib": fits}))
     if pred.fits_one_request and pred.max_concurrency < settings.max_num_seqs:
         full = max(1, math.floor(pred.max_concurrency))
+        fewer: dict[str, Any] = {"max_num_seqs": full}
+        shorter = pred.kv_tokens // settings.max_num_seqs
+        # a shorter max_model_len only where it keeps what traffic and the console's own requests need
+        also = ""
+        if shorter >= shortest_safe_len(traffic if traffic is not None and traffic.enough else None):
+            fewer["max_model_len"] = shorter
+            also = f" or max_model_len {shorter} ({breaks_text(shorter)})"
         warnings.append(Finding("concurrency_below_max_num_seqs", "max_num_seqs",
                                 f"the KV cache holds {pred.max_concurrency:.1f} requests of {per_request} tokens, "
                                 f"fewer than max_num_seqs {settings.max_num_seqs}: long requests will be preempted; "
-                                f"max_num_seqs {full} or max_model_len "
-                                f"{pred.kv_tokens // settings.max_num_seqs} would fit",
-                                {"max_num_seqs": full, "max_model_len": pred.kv_tokens // settings.max_num_seqs}))
+                                f"max_num_seqs {full}{also} would fit", fewer))

@@ -384,6 +384,14 @@ def cmd_settings(args: argparse.Namespace) -> int:
                 print(f"{rev.revision:>5}  {rev.status:<10} {rev.created_at:%Y-%m-%d %H:%M:%S}  "
                       f"{shown(rev.author):<12} {shown(changed)}")
         elif args.action == "rollback":
+            plan = client.capacity(client.revision(args.revision).values.model_dump()).plan
+            if plan is not None:
+                _print_plan(plan)
+                if not args.yes and sys.stdin.isatty() and input(
+                        f"roll back to revision {args.revision} by this plan? [y/N] ").strip().lower() not in (
+                        "y", "yes"):
+                    print("nothing written")
+                    return 1
             _print_revision(client.rollback(args.revision, args.note or "", force=args.force))
         elif args.action in ("set", "check"):
             changes: dict[str, Any] = {}
@@ -414,17 +422,7 @@ def cmd_settings(args: argparse.Namespace) -> int:
 
 def _print_plan(plan: ApplyPlanOut) -> None:
     """How the apply would keep serving (the same plan the console shows before its confirmation)."""
-    if plan.kind == "pause":
-        expect = (f"nothing serves for about {plan.pause_s:.0f} s" if plan.pause_s is not None else
-                  "nothing serves until the new instance is ready")
-    elif plan.kind == "start":
-        expect = "nothing serves yet"
-    else:
-        expect = "no pause: something serves throughout"
-        if plan.capacity_dip_pct:
-            expect += f"; capacity dips by about {plan.capacity_dip_pct:.0f} %"
-    took = f", about {plan.expected_s:.0f} s in all" if plan.expected_s is not None else ""
-    print(f"plan: {plan.kind.replace('_', '/')} ({plan.reason}); {expect}{took}")
+    print(f"plan: {plan.title} ({plan.reason}); {plan.expectation()}. {plan.eta_text()}.")
     if plan.bridge is not None:
         b = plan.bridge
         print(f"  bridge: gpu_memory_utilization {b.gpu_memory_utilization:.2f}, {b.kv_tokens:,} KV tokens, "
@@ -526,6 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("revision", type=int, metavar="REV")
     s.add_argument("--note", default="")
     s.add_argument("--force", action="store_true", help="Roll back despite pre-flight errors.")
+    s.add_argument("--yes", "-y", action="store_true",
+                   help="Do not ask before writing (a terminal is asked after the apply plan is printed).")
     client_opts(s)
     p.set_defaults(func=cmd_settings)
 

@@ -208,6 +208,7 @@ class RequestLog(SQLModel, table=True):
     prompt: str | None = None  # only when prompt sampling is on
     instance: str | None = None  # which vLLM instance answered (None: refused before reaching one)
     deployment_id: int | None = Field(default=None, index=True)  # the deployment the request's model named
+    max_tokens: int | None = None  # the max_tokens the request asked for (None: it asked for none)
 
 
 class BenchmarkRun(SQLModel, table=True):

@@ -124,6 +124,7 @@ class DataPath:
         ledger = self.gateway.ledger
         record = Record(ts=0.0, revision_id=None, model=model[:200] if model else "",
                         endpoint=checked, stream=stream, status=0, latency_s=0.0, client=client[:200],
+                        max_tokens=fields.max_tokens if fields is not None else None,
                         prompt=fields.prompt_text() if fields is not None and ledger is not None
                         and ledger.sample_prompt() else None)
         return Exchange(method=method, path=checked, query=forward_query(scope.get("query_string", b"")),

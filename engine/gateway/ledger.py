@@ -47,6 +47,7 @@ class Record:
     prompt: str | None = None
     instance: str | None = None
     deployment_id: int | None = None
+    max_tokens: int | None = None  # what the request asked for (max_tokens or max_completion_tokens), if it did
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -73,6 +74,7 @@ class Ledger:
         self._pruned = 0.0
         self._task: asyncio.Task[None] | None = None
         self._longest: dict[tuple[float, float], tuple[float, int | None]] = {}
+        self._need: dict[float, tuple[float, tuple[int, int, float] | None]] = {}
 
     def sample_prompt(self) -> bool:
         return self.sample_rate > 0 and random.random() < self.sample_rate
@@ -205,6 +207,29 @@ class Ledger:
         result = None if value is None else int(value)
         with self._lock:
             self._longest[key] = (now, result)
+        return result
+
+    def longest_need(self, window_s: float, cache_s: float = 60.0) -> tuple[int, int, float] | None:
+        """What the longest successful request of the window asked of max_model_len: (prompt tokens + the
+        max_tokens it asked for, or its output tokens where it asked for none; the number of requests; seconds
+        back to the oldest). The longest, not a percentile: any request above a max_model_len gets HTTP 400.
+        One SQLite aggregate, kept for ``cache_s``."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._need.get(window_s)
+            if cached is not None and now - cached[0] < cache_s:
+                return cached[1]
+        need = col(RequestLog.input_tokens) + func.coalesce(col(RequestLog.max_tokens), col(RequestLog.output_tokens),
+                                                            0)
+        wall = time.time()
+        with self.db.session() as s:
+            row = s.exec(select(func.count(), func.max(need), func.min(col(RequestLog.ts))).where(
+                RequestLog.ts >= wall - window_s, RequestLog.status < 400,
+                col(RequestLog.input_tokens).is_not(None))).one()
+        n, longest, oldest = row
+        result = None if not n or longest is None or oldest is None else (int(longest), int(n), wall - float(oldest))
+        with self._lock:
+            self._need[window_s] = (now, result)
         return result
 
 

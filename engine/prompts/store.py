@@ -1,9 +1,11 @@
-"""Saved prompts of the playground, kept in the engine's database so a team shares them."""
+"""Saved prompts of the playground, kept in the engine's database so a team shares them: newest first, a page at
+a time, each with its author."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sqlalchemy import func
 from sqlmodel import col, select
 
 from engine.db import Database, SavedPrompt
@@ -14,9 +16,22 @@ class PromptStore:
         self.db = db
         self.session = db.session
 
-    def prompts(self) -> Sequence[SavedPrompt]:
+    def prompts(self, limit: int = 50, before: int | None = None) -> Sequence[SavedPrompt]:
+        """A page of saved prompts, newest first: at most ``limit``, with ids below ``before`` when given."""
         with self.session() as s:
-            return s.exec(select(SavedPrompt).order_by(col(SavedPrompt.id).desc())).all()
+            q = select(SavedPrompt)
+            if before is not None:
+                q = q.where(col(SavedPrompt.id) < before)
+            return s.exec(q.order_by(col(SavedPrompt.id).desc()).limit(limit)).all()
+
+    def get(self, prompt_id: int) -> SavedPrompt | None:
+        with self.session() as s:
+            return s.get(SavedPrompt, prompt_id)
+
+    def count_by(self, author: str) -> int:
+        with self.session() as s:
+            return int(s.exec(select(func.count()).select_from(SavedPrompt)
+                              .where(SavedPrompt.author == author)).one())
 
     def save_prompt(self, prompt: SavedPrompt) -> SavedPrompt:
         with self.session() as s:

@@ -44,6 +44,14 @@ def shown(text: str) -> str:
     return "".join(ch if unicodedata.category(ch) not in _HIDDEN else ch.encode("unicode_escape").decode("ascii")
                    for ch in text)
 
+# What the console's own requests ask of max_model_len. The playground sends max_tokens 128 by default (with a
+# system prompt and the turns of a conversation before it) and the Overview's snippets max_tokens 64; the engine
+# never suggests a max_model_len below MIN_SUGGESTED_MODEL_LEN, so that the console keeps working after a
+# suggestion is taken.
+PLAYGROUND_MAX_TOKENS = 128
+SNIPPET_MAX_TOKENS = 64
+MIN_SUGGESTED_MODEL_LEN = 2048
+
 
 class EngineState(StrEnum):
     STOPPED = "stopped"

@@ -31,7 +31,9 @@ class StartupView(BaseModel):
     eta_s: float | None = None
     eta_basis: str | None = None
     start_kind: StartKindName | None = Field(None, description="the kind of start its ETA is taken from")
-    remaining_s: float | None = None
+    remaining_s: float | None = Field(None, description="seconds left by the ETA (None once it overruns)")
+    overrun_s: float | None = Field(None, description="how far the start runs past its ETA (or the phase under "
+                                    "way past its usual length), growing while it does")
     ready_s: float | None = None
     failed: str | None = None
     error_s: float | None = None

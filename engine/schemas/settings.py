@@ -241,6 +241,53 @@ class ApplyPlanOut(BaseModel):
     dip_s: float | None = Field(None, description="how long the capacity dip lasts")
     warnings: list[str] = Field(default_factory=list)
 
+    @property
+    def title(self) -> str:
+        return PLAN_TITLE[self.kind]
+
+    def expectation(self) -> str:
+        """What clients should expect while this plan runs: the one text the console's confirmations, its live
+        view and the CLI all show."""
+        if self.kind == "pause":
+            return ((f"nothing serves for {about(self.pause_s)}" if self.pause_s is not None else
+                     "nothing serves until the new instance is ready (no earlier start to estimate from)")
+                    + ": requests in flight finish first, new ones wait in the gateway's queue and are served by "
+                    "the new instance (past the queue's size or timeout they get 503 with Retry-After)")
+        if self.kind == "start":
+            return "nothing serves yet: requests wait in the gateway's queue until the new instance is ready"
+        if self.kind == "soft":
+            return "no restart and no pause: the instances that serve take the change on from the next request"
+        expect = "no pause: something serves throughout, and requests in flight finish where they started"
+        if self.capacity_dip_pct:
+            expect += f"; capacity dips by about {self.capacity_dip_pct:.0f} %"
+            if self.dip_s is not None:
+                expect += f" for {about(self.dip_s)}"
+        return expect
+
+    def eta_text(self) -> str:
+        return (f"It should take {about(self.expected_s)}" if self.expected_s is not None else
+                "How long it takes is not known yet (no earlier start of this engine to estimate from)")
+
+    def summary(self) -> str:
+        """The plan in one paragraph: its kind, why, what clients should expect, how long it takes, the bridge."""
+        bridge = ""
+        if self.bridge is not None:
+            b = self.bridge
+            bridge = (f" The bridge runs the old revision at gpu_memory_utilization {b.gpu_memory_utilization:.2f}: "
+                      f"{b.kv_tokens:,} KV tokens, max_num_seqs {b.max_num_seqs}.")
+        return f"{self.title} — {self.reason}; {self.expectation()}. {self.eta_text()}.{bridge}"
+
+
+PLAN_TITLE: dict[str, str] = {"start": "Start", "soft": "In effect now", "blue_green": "Blue/green",
+                              "bridge": "Bridge", "rolling": "Rolling", "pause": "Pause"}
+
+
+def about(seconds: float | None) -> str:
+    """A duration as a person reads an estimate: 'about 76 s', 'about 3 min'."""
+    if seconds is None:
+        return "an unknown time"
+    return f"about {seconds:.0f} s" if seconds < 120 else f"about {seconds / 60:.0f} min"
+
 
 class CapacityOut(BaseModel):
     """Pre-flight of values not saved yet: the prediction (none when the values cannot start), errors, warnings."""

@@ -191,6 +191,10 @@ class VllmChild:
             self.lines.append(line)
             self.log.write(f"[{self.name}] {line}")
             self.tracker.feed(line)
+        code = await self.proc.wait()
+        if not self.stop_requested:  # what the log's reader tells a failure from a planned stop by
+            self.log.mark(f"instance {self.name} (revision {self.revision_id}) exited with code {code} without "
+                          "being asked to stop")
 
     def remember_descendants(self) -> None:
         """Note the server's descendants, so that one that left the group is still stopped."""
@@ -208,6 +212,9 @@ class VllmChild:
         t0 = time.monotonic()
         deadline = t0 + timeout
         self.stop_requested = True
+        if self.proc.returncode is None:
+            self.log.mark(f"stopping instance {self.name} (revision {self.revision_id}) on purpose: what it prints "
+                          "while it shuts down is not a failure")
         self.remember_descendants()
         kill_group(self.proc.pid, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):

@@ -254,12 +254,18 @@ class StartTracker:
     def view(self, eta: Eta | None, now: float | None = None) -> dict[str, Any]:
         """What the API shows of a start in progress (or just ended)."""
         at = self.elapsed(now)
-        remaining = None
+        remaining = overrun = None
         if eta is not None and self.ready_s is None:
             done = {p.name for p in self.phases[:-1]}
             ahead = [s for n, s in eta.phases.items() if n not in done and n != self.current.name]
-            current_left = max(0.0, eta.phases.get(self.current.name, 0.0) - self.current.seconds(at))
+            expected_here = eta.phases.get(self.current.name, 0.0)
+            current_left = max(0.0, expected_here - self.current.seconds(at))
             remaining = round(current_left + sum(ahead), 1) if eta.phases else round(max(0.0, eta.total_s - at), 1)
+            # past the ETA, or the phase under way past its usual length: how far over, a figure that grows (the
+            # time left would stand still at the phases ahead)
+            over = max(at - eta.total_s, self.current.seconds(at) - expected_here if eta.phases else 0.0)
+            if over > 0 and self.failed is None:
+                overrun, remaining = round(over, 1), None
         return {
             "elapsed_s": round(self.ready_s if self.ready_s is not None else at, 1),
             "phase": self.current.name, "phase_title": self.current.title,
@@ -268,7 +274,8 @@ class StartTracker:
             "eta_s": None if eta is None else round(eta.total_s, 1),
             "eta_basis": None if eta is None else eta.describe(),
             "start_kind": None if eta is None else eta.kind,
-            "remaining_s": remaining, "ready_s": None if self.ready_s is None else round(self.ready_s, 1),
+            "remaining_s": remaining, "overrun_s": overrun,
+            "ready_s": None if self.ready_s is None else round(self.ready_s, 1),
             "failed": self.failed,
         }
 

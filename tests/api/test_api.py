@@ -173,6 +173,7 @@ def test_capacity_answers_for_values_not_saved(api: TestClient) -> None:
     assert body["model"]["max_position_embeddings"] == 2048
     bad = api.get("/api/capacity", params={"max_model_len": "4096"}).json()
     assert bad["ok"] is False and bad["errors"][0]["fit"] == {"max_model_len": 2048}
+    assert bad["plan"]["kind"] == "start"  # a forced apply of them runs a plan: the confirmation shows it
     invalid = api.get("/api/capacity", params={"max_num_seqs": "zero"})
     assert invalid.status_code == 422 and invalid.json()["detail"][0]["loc"][-1] == "max_num_seqs"
     assert [r["revision"] for r in api.get("/api/settings/history").json()] == [1]

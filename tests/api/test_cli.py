@@ -32,7 +32,7 @@ def test_settings_set_show_history_rollback(idle_engine: EngineHandle) -> None:
                  token=idle_engine.token)
     assert out.returncode == 0, out.stderr
     assert "revision 2 (pending)" in out.stdout
-    assert "plan: start" in out.stdout  # the apply plan, printed before the write (nothing runs yet: a start)
+    assert "plan: Start" in out.stdout  # the apply plan, printed before the write (nothing runs yet: a start)
     show = llmops("settings", "show", "--port", port, token=idle_engine.token).stdout
     assert "max_num_seqs" in show and "3" in show and "from the cli" in show
     assert idle_engine.client.settings().values.enforce_eager is True

@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from console.client import EngineClient
-from tests.support.engine import COLD_START_S, EngineHandle
+from tests.support.engine import ADMIN_PASSWORD, COLD_START_S, EngineHandle
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
@@ -103,7 +103,7 @@ def test_saved_prompts_load_save_and_delete_at_once(console_env: EngineHandle) -
     saved = console_env.client.save_prompt("json answer", "chat", "Answer in JSON.", "What is a module?",
                                            {"temperature": 0.2, "max_tokens": 32, "stop": None, "top_p": 0.9})
     at = page("playground", console_env.token)
-    choice = "json answer (chat)"
+    choice = f"json answer (chat) · by {saved.author}"
     assert choice in at.selectbox(key="saved_choice").options
     at.selectbox(key="saved_choice").set_value(choice).run()
     next(b for b in at.button if b.label == "Load").click().run()
@@ -113,19 +113,63 @@ def test_saved_prompts_load_save_and_delete_at_once(console_env: EngineHandle) -
     assert any(b.label == "Run" for b in at.button)
     at.text_input(key="pg_save_name").set_value("second copy").run()
     next(b for b in at.button if b.label == "Save").click().run()
-    assert "second copy (chat)" in at.selectbox(key="saved_choice").options  # listed at once
-    assert at.selectbox(key="saved_choice").value == "second copy (chat)"
+    copy = f"second copy (chat) · by {saved.author}"
+    assert copy in at.selectbox(key="saved_choice").options  # listed at once
+    assert at.selectbox(key="saved_choice").value == copy
     next(b for b in at.button if b.label == "Delete").click().run()
-    assert "second copy (chat)" not in at.selectbox(key="saved_choice").options
-    console_env.client.delete_prompt(saved.id)
+    assert copy in at.selectbox(key="saved_choice").options  # not yet: it asks first, naming it and its author
+    assert any(f"**second copy** (chat) by **{saved.author}**" in m.value for m in at.markdown)
+    assert any(b.label == "Delete" for b in at.button if b.key == "pg_confirm_delete")  # the dialog's own
+    # (the dialog's button reruns the dialog alone, as a fragment, which AppTest does not: the browser journey
+    # deletes through it)
+    for p in console_env.client.prompts():
+        if p.name in ("json answer", "second copy"):
+            console_env.client.delete_prompt(p.id)
+
+
+def test_a_prompter_cannot_delete_a_prompt_someone_else_saved(console_env: EngineHandle) -> None:
+    theirs = console_env.client.save_prompt("not yours", "chat", "", "Hello.", {})
+    name = "pages-prompter"
+    if name not in {u.username for u in console_env.client.users()}:
+        console_env.client.create_user(name, "pages-prompter-password", "prompter")
+    session = EngineClient(console_env.url).login(name, "pages-prompter-password")
+    at = page("playground", session.token)
+    at.selectbox(key="saved_choice").set_value(f"not yours (chat) · by {theirs.author}").run()
+    assert next(b for b in at.button if b.label == "Delete").disabled
+    console_env.client.delete_prompt(theirs.id)
+
+
+def test_the_playground_draft_survives_a_reload(console_env: EngineHandle) -> None:
+    """F5 starts a new Streamlit session: the draft comes back whole, from the console's server."""
+    at = page("playground", console_env.token)
+    at.text_area(key="pg_prompt").set_value("half a thought").run()
+    at.number_input(key="pg_a_max_tokens").set_value(64).run()
+    at.selectbox(key="pg_format").set_value("JSON object").run()
+    at.toggle(key="pg_compare").set_value(True).run()
+    at.number_input(key="pg_b_max_tokens").set_value(48).run()
+    at.toggle(key="pg_compare").set_value(False).run()  # B's fields are hidden now, and kept
+    again = page("playground", console_env.token)  # a reload: same sign-in, a new session
+    assert again.text_area(key="pg_prompt").value == "half a thought"
+    assert again.number_input(key="pg_a_max_tokens").value == 64
+    assert again.selectbox(key="pg_format").value == "JSON object"
+    assert again.toggle(key="pg_compare").value is False
+    again.toggle(key="pg_compare").set_value(True).run()
+    assert again.number_input(key="pg_b_max_tokens").value == 48
+    other = page("playground", console_env.client.login("admin", ADMIN_PASSWORD).token)  # another sign-in
+    assert other.text_area(key="pg_prompt").value == ""
 
 
 def test_events_and_log_tail(console_env: EngineHandle) -> None:
     at = page("events", console_env.token)
-    assert len(at.dataframe) == 1
+    table = next(m.value for m in at.markdown if m.value.startswith("| severity | time | kind"))
+    assert "**engine\\_started**" in table and "**ready**" in table  # every message whole, in a table that wraps
     assert any("non-default args" in c.value for c in at.code)
     at.multiselect(key="ev_groups").set_value(["Settings changes"]).run()
     assert not at.exception
+    at.selectbox(key="log_level").set_value("error").run()
+    again = page("events", console_env.token)  # a reload keeps the filters
+    assert again.multiselect(key="ev_groups").value == ["Settings changes"]
+    assert again.selectbox(key="log_level").value == "error"
 
 
 def test_metrics_page_shows_history_and_kpis(console_env: EngineHandle) -> None:
@@ -137,7 +181,8 @@ def test_metrics_page_shows_history_and_kpis(console_env: EngineHandle) -> None:
     assert len(at.get("plotly_chart")) == 6
     assert len(at.dataframe) == 1  # the KPI table: the request above is in it
     assert int(at.dataframe[0].value.requests.sum()) >= 1
-    assert [m.label for m in at.metric] == ["Generation", "Prompt", "P95 inter-token latency", "Preemptions"]
+    assert [m.label for m in at.metric] == ["Generation tokens/s", "Prompt tokens/s", "P95 inter-token latency",
+                                       "Preemptions /s"]
 
 
 def test_benchmarks_page_offers_presets_sweeps_and_the_search(console_env: EngineHandle) -> None:

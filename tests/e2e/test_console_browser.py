@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import no_error_on, open_page, shot, sign_in, wait_rendered
+from tests.e2e.conftest import cut_figures, no_error_on, open_page, shot, sign_in, wait_rendered
 from tests.support.engine import ADMIN_PASSWORD, EngineHandle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -75,6 +75,24 @@ def test_dark_theme_at_laptop_width(browser: Any, console_url: str) -> None:
     background = pg.evaluate("() => getComputedStyle(document.querySelector('.stApp')).backgroundColor")
     assert background != "rgb(255, 255, 255)"  # Streamlit followed the browser's dark preference
     shot(pg, "overview-dark-1280")
+    context.close()
+
+
+@pytest.mark.parametrize(("width", "height"), [(1366, 768), (1280, 800)])
+def test_every_figure_fits_its_box_at_laptop_widths(browser: Any, console_url: str, width: int,
+                                                     height: int) -> None:
+    """The Overview's and the Metrics page's live figures (Generation, KV-cache use, ...) at common laptop sizes:
+    none cut off with an ellipsis."""
+    context = browser.new_context(viewport={"width": width, "height": height})
+    pg = context.new_page()
+    pg.set_default_timeout(30_000)
+    sign_in(pg, console_url, "admin", ADMIN_PASSWORD)
+    for title, last in (("Overview", "Context length"), ("Metrics", "Preemptions")):
+        open_page(pg, title)
+        expect(pg.get_by_test_id("stMetricLabel").filter(has_text="Generation")).to_be_visible()
+        expect(pg.get_by_test_id("stMetricLabel").filter(has_text=last)).to_be_visible()
+        assert cut_figures(pg) == [], title
+        shot(pg, f"{title.lower()}-{width}x{height}")
     context.close()
 
 

@@ -9,6 +9,7 @@ import re
 import time
 from typing import Any
 
+import httpx
 import pytest
 from playwright.sync_api import expect
 
@@ -46,9 +47,22 @@ def user(engine: EngineHandle, role: str) -> tuple[str, str]:
     return name, password
 
 
+def no_queue_talk(dialog: Any) -> None:
+    """A confirmation of a plan that keeps serving (this host: blue/green) shows that plan and its ETA, and does
+    not describe a pause."""
+    dialog.get_by_text(re.compile(r"^Blue/green — ")).wait_for()
+    expect(dialog).to_contain_text("no pause: something serves throughout")
+    expect(dialog).to_contain_text(re.compile(r"It should take about \d+|How long it takes is not known"))
+    expect(dialog).not_to_contain_text("wait in the gateway's queue")
+
+
 def test_operator_tunes_applies_watches_the_phases_and_rolls_back(page: Any, engine: EngineHandle) -> None:
     external = External(page)
     engine.client.wait_for({"ready"}, COLD_START_S)
+    for _ in range(25):  # a client's short requests: a max_model_len sized from them would refuse the playground's
+        reply = httpx.post(f"{engine.url}/v1/completions", json={"model": "demo", "prompt": "Return the",
+                                                                 "max_tokens": 4}, timeout=120)
+        assert reply.status_code == 200, reply.text
     before = engine.client.settings()
     open_page(page, "Engine settings")
     form_shows(page, before.values)
@@ -79,12 +93,16 @@ def test_operator_tunes_applies_watches_the_phases_and_rolls_back(page: Any, eng
     page.get_by_text("Capacity preview").wait_for()
     expect(page.get_by_test_id("stMetricLabel").filter(has_text="Concurrency")).to_be_visible()
     assert cut_figures(page) == []
+    # the CPU build's KV cache is cpu_kv_cache_gib whatever max_model_len is: no smaller one is suggested
+    expect(page.get_by_role("button", name=re.compile(r"Use max_model_len = "))).to_have_count(0)
+    expect(page.locator("body")).not_to_contain_text("free KV cache")
     note = page.get_by_label("Note (why)")
     note.fill("journey: one more sequence")
     note.press("Tab")
     page.get_by_role("button", name="Apply & restart").first.click()
     dialog = page.get_by_role("dialog")
     dialog.get_by_text("vLLM restarts with the new values").wait_for()
+    no_queue_talk(dialog)
     dialog.get_by_role("button", name="Apply & restart").click()
     page.get_by_role("heading", name=re.compile(r"Applying revision \d+")).wait_for()
     for phase in ("Process and imports", "Loading weights", "API server up"):  # the phases, as they happen
@@ -101,10 +119,30 @@ def test_operator_tunes_applies_watches_the_phases_and_rolls_back(page: Any, eng
     assert ready.revision == applied.revision and isinstance(startup, dict) and "phases" in startup
     shot(page, "journey-operator-applied")
 
+    # a forced revision that cannot start: its confirmation shows the plan that will run, then it is rejected
+    length = field(page, "max_model_len (0 = the model's maximum)")
+    length.fill("4096")
+    length.press("Tab")
+    page.get_by_text("is above the model's limit of 2048").first.wait_for()
+    page.get_by_role("button", name="Apply & restart").first.click()
+    dialog = page.get_by_role("dialog")
+    no_queue_talk(dialog)
+    dialog.get_by_text("Force it anyway").click()
+    dialog.get_by_role("button", name="Apply & restart").click()
+    page.get_by_text(re.compile(r"Revision \d+ did not start and was rolled back")).wait_for(
+        timeout=COLD_START_S * 1000)
+    rejected = next(r for r in engine.client.history(limit=5) if r.status == "rejected")
+    page.get_by_text(re.compile(rf"^{rejected.revision} · rejected")).first.click()
+    page.get_by_text(f"No rollback to revision {rejected.revision}: pre-flight refuses its values").wait_for()
+    expect(page.get_by_role("button", name=f"Roll back to revision {rejected.revision}")).to_have_count(0)
+    shot(page, "journey-operator-rejected")
+
     page.get_by_text(re.compile(rf"^{before.revision} · ")).first.click()  # its history entry
     page.get_by_role("button", name=f"Roll back to revision {before.revision}").click()
     dialog = page.get_by_role("dialog")
     dialog.get_by_text("becomes the desired one").wait_for()
+    no_queue_talk(dialog)  # the plan for revision 1's values, with its ETA
+    shot(page, "journey-operator-rollback-confirm")
     dialog.get_by_role("button", name=f"Roll back to revision {before.revision}").click()
     page.get_by_role("heading", name=re.compile(r"Rolling back to revision \d+")).wait_for()
     page.get_by_text(re.compile(r"Revision \d+ is ready after")).wait_for(timeout=COLD_START_S * 1000)
@@ -128,6 +166,13 @@ def test_on_call_checks_health_follows_a_restart_live_and_filters_the_log(browse
     open_page(pg, "GPU health")
     pg.get_by_text("No GPU: this host runs the CPU build of vLLM").wait_for()
     expect(pg.locator(".js-plotly-plot")).to_have_count(2)
+    pg.get_by_role("radio", name="1 hour", exact=True).click()
+    pg.get_by_text("4 s per point").wait_for()  # an hour in at most ~1,000 points
+    for leave in (lambda: open_page(pg, "Overview"), pg.reload):  # the window is kept across both
+        leave()
+        open_page(pg, "GPU health")
+        expect(pg.get_by_role("radio", name="1 hour", exact=True)).to_be_checked()
+        pg.get_by_text("4 s per point").wait_for()
     open_page(pg, "Overview")
     marker = engine.client.events(limit=1, newest_first=True)[0].id
 
@@ -154,7 +199,20 @@ def test_on_call_checks_health_follows_a_restart_live_and_filters_the_log(browse
     expect(pg.locator("body")).to_contain_text("READY")
 
     open_page(pg, "Events & logs")
+    for ev in (plan, done):  # the apply's own events are in the default view, each message whole
+        expect(pg.get_by_text(ev.message, exact=True).first).to_be_visible()
     code = pg.get_by_test_id("stCode").last
+    choose(pg, "Level", "failures only")  # the planned swap stopped the old instance: its shutdown is no failure
+    eventually(lambda: code.inner_text().strip() != "")
+    expect(code).not_to_contain_text("EngineDeadError")
+    expect(code).not_to_contain_text("output_handler failed")
+    shot(pg, "journey-on-call-failures-only")
+    for leave in (lambda: open_page(pg, "Overview"), pg.reload):  # the filters are kept across both
+        leave()
+        open_page(pg, "Events & logs")
+        expect(pg.get_by_role("combobox", name="Level")).to_have_value("failures only")
+    choose(pg, "Level", "everything")
+    eventually(lambda: "lines of leak reports at exit" in code.inner_text())  # ~30 lines each stop, folded
     expect(code).not_to_contain_text('"GET /health')  # polling is hidden by default
     choose(pg, "Level", "warnings and up")
     info = re.compile(r"^(\(\S+ pid=\d+\) )?INFO\b")
@@ -195,6 +253,41 @@ def test_product_team_chats_asks_for_json_saves_loads_and_compares(browser: Any,
     rate = pg.get_by_test_id("stMetric").filter(has_text="Tokens/s").get_by_test_id("stMetricValue").inner_text()
     assert rate == "n/a" or float(rate.replace(",", "")) < 20_000  # output tokens over the generation time
 
+    # a draft half written: leaving the page and a reload (F5) keep all of it, not only the conversation
+    tokens = pg.get_by_role("spinbutton", name="max_tokens")
+    tokens.first.fill("64")
+    tokens.first.press("Tab")
+    prompt.fill("A draft I am still writing")
+    prompt.press("Tab")
+    choose(pg, "Output format", "JSON object")
+    compare = pg.get_by_label("Compare two parameter sets side by side")
+    pg.get_by_text("Compare two parameter sets side by side").click()
+    pg.get_by_text(re.compile(r"^B · temperature")).first.wait_for()
+    tokens.nth(1).fill("48")
+    tokens.nth(1).press("Tab")
+    pg.get_by_text(re.compile(r"^B · .*max_tokens 48")).first.wait_for()
+
+    def draft_kept(after: str) -> None:
+        shot(pg, f"journey-product-team-draft-{after}")
+        expect(prompt, f"the prompt, {after}").to_have_value("A draft I am still writing")
+        expect(tokens.first).to_have_value("64")
+        expect(tokens.nth(1)).to_have_value("48")
+        expect(pg.get_by_role("combobox", name="Output format")).to_have_value("JSON object")
+        expect(compare).to_be_checked()
+        expect(pg.get_by_test_id("stChatMessage")).to_have_count(4)  # and the conversation
+
+    open_page(pg, "Overview")  # another page, and back
+    open_page(pg, "Playground")
+    draft_kept("page-switch")
+    pg.reload()  # F5: the page is drawn again from the draft
+    wait_rendered(pg, "Playground")
+    draft_kept("reload")
+    open_page(pg, "Playground")  # and it stays so
+    draft_kept("reload-then-click")
+    shot(pg, "journey-product-team-draft-kept")
+    pg.get_by_text("Compare two parameter sets side by side").click()
+    expect(compare).not_to_be_checked()
+
     choose(pg, "Output format", "JSON schema")
     pg.get_by_label("JSON schema").wait_for()
     pg.get_by_role("button", name="New conversation").click()
@@ -207,10 +300,11 @@ def test_product_team_chats_asks_for_json_saves_loads_and_compares(browser: Any,
     pg.get_by_label("Name", exact=True).fill("journey prompt")
     pg.get_by_label("Name", exact=True).press("Tab")
     pg.get_by_role("button", name="Save", exact=True).click()
-    expect(pg.get_by_role("combobox", name="Saved prompts")).to_have_value("journey prompt (chat)")  # at once
+    mine = f"journey prompt (chat) · by {name}"  # each saved prompt names its author
+    expect(pg.get_by_role("combobox", name="Saved prompts")).to_have_value(mine)  # at once
     open_page(pg, "Overview")
     open_page(pg, "Playground")
-    choose(pg, "Saved prompts", "journey prompt (chat)")
+    choose(pg, "Saved prompts", mine)
     prompt.fill("something else")
     prompt.press("Tab")
     pg.get_by_role("button", name="Load").click()
@@ -227,10 +321,24 @@ def test_product_team_chats_asks_for_json_saves_loads_and_compares(browser: Any,
     assert cut_figures(pg) == []
     no_error_on(pg)
     shot(pg, "journey-product-team")
+
+    # someone else's saved prompt: shown with its author, and not this prompter's to delete
+    team = engine.client.save_prompt("team prompt", "chat", "", "Shared by an operator.", {})
+    pg.reload()
+    wait_rendered(pg, "Playground")
+    theirs = f"team prompt (chat) · by {team.author}"
+    choose(pg, "Saved prompts", theirs)
+    expect(pg.get_by_role("button", name="Delete")).to_be_disabled()
+    choose(pg, "Saved prompts", mine)
+    pg.get_by_role("button", name="Delete").click()  # one's own: after a confirmation that names it
+    dialog = pg.get_by_role("dialog")
+    expect(dialog).to_contain_text(f"journey prompt (chat) by {name}")
+    dialog.get_by_role("button", name="Delete").click()
+    expect(pg.get_by_role("combobox", name="Saved prompts")).to_have_value("—")
+    assert "journey prompt" not in [p.name for p in engine.client.prompts()]
+    no_error_on(pg)
     assert external.urls == []
-    for p in engine.client.prompts():
-        if p.name == "journey prompt":
-            engine.client.delete_prompt(p.id)
+    engine.client.delete_prompt(team.id)
     context.close()
 
 
@@ -257,6 +365,11 @@ def test_a_viewer_follows_a_deep_link_reloads_and_signs_out(browser: Any, consol
     pg.goto(f"{console_url}/settings")  # not a viewer's page: it says which role it needs, and shows nothing else
     wait_rendered(pg, "Engine settings")
     pg.get_by_text("needs the operator role").wait_for()
+    pg.goto(f"{console_url}/engine_settings")  # the README's old deep link lands on the page, not "not found"
+    wait_rendered(pg, "Engine settings")
+    pg.get_by_text("needs the operator role").wait_for()
+    expect(pg.locator("body")).not_to_contain_text("Page not found")
+    eventually(lambda: pg.url.endswith("/settings"))
     assert pg.get_by_role("spinbutton").count() == 0
     assert pg.get_by_test_id("stSidebarNav").get_by_text("Engine settings", exact=True).count() == 0
     no_error_on(pg)

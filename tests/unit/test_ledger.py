@@ -88,3 +88,28 @@ def test_longest_request_is_the_p99_of_successful_requests_and_is_cached(ledger:
     ledger.record(rec(now - 10, 1, latency=0.1, tokens=(60_000, 0)))
     ledger.flush()
     assert ledger.longest_request(3600) == 2050  # ... and is kept for 30 s
+
+
+def test_what_traffic_needs_of_max_model_len_counts_the_max_tokens_asked_for(ledger: Ledger) -> None:
+    """A playground request of 20 prompt tokens that asks for max_tokens 128 and stops after 8 needs 148 tokens of
+    max_model_len: a max_model_len sized from its 28 tokens would refuse it with HTTP 400."""
+    now = time.time()
+    ledger.record(Record(ts=now - 5 * 86400, revision_id=1, model="demo", endpoint="/v1/chat/completions",
+                         stream=True, status=200, latency_s=0.5, client="console", input_tokens=20, output_tokens=8,
+                         max_tokens=128))
+    for i in range(50):  # requests that asked for no max_tokens: what they produced is what they needed
+        ledger.record(rec(now - 60 - i, 1, latency=0.1, tokens=(10, 30)))
+    ledger.record(rec(now - 30, 1, latency=0.1, tokens=(5000, 0), status=400))  # refused: not a need
+    ledger.flush()
+    tokens, requests, span_s = ledger.longest_need(7 * 86400, cache_s=0) or (0, 0, 0.0)
+    assert (tokens, requests) == (148, 51) and span_s == pytest.approx(5 * 86400, abs=60)
+    assert ledger.longest_need(3600, cache_s=0) == pytest.approx((40, 50, 109), abs=2)
+
+
+def test_the_gateway_records_the_max_tokens_a_request_asks_for() -> None:
+    from engine.bodies import asked_max_tokens
+
+    assert asked_max_tokens({"max_tokens": 128}) == 128
+    assert asked_max_tokens({"max_completion_tokens": 64, "max_tokens": 9}) == 64
+    assert [asked_max_tokens(x) for x in ({}, {"max_tokens": "9"}, {"max_tokens": True}, {"max_tokens": -1},
+                                           {"max_tokens": 2**40}, None, [1])] == [None] * 7

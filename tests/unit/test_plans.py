@@ -182,3 +182,23 @@ def test_without_step_times_a_plan_keeps_its_start_etas_and_leaves_the_others_un
                              used=0.4 * 139.8))
     assert plan.kind == "blue_green" and plan.expected_s == 60.0
     assert [s.eta_s for s in plan.step_etas] == [60.0, None, None, None]
+PLANS = [ApplyPlanOut(kind="blue_green", reason="fits beside", expected_s=76.0, pause_s=0.0, capacity_dip_pct=0.0),
+         ApplyPlanOut(kind="pause", reason="no room", expected_s=130.0, pause_s=130.0, capacity_dip_pct=100.0),
+         ApplyPlanOut(kind="bridge", reason="a bridge fits", expected_s=None, pause_s=0.0, capacity_dip_pct=40.0,
+                      dip_s=60.0),
+         ApplyPlanOut(kind="rolling", reason="2 replicas", expected_s=150.0, pause_s=0.0, capacity_dip_pct=50.0),
+         ApplyPlanOut(kind="start", reason="nothing serves", expected_s=None)]
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=[p.kind for p in PLANS])
+def test_what_clients_should_expect_is_written_once_for_the_console_and_the_cli(
+        plan: ApplyPlanOut, capsys: pytest.CaptureFixture[str]) -> None:
+    from console.restart import plan_text
+    from engine.cli.main import _print_plan
+
+    expect = plan.expectation()
+    _print_plan(plan)
+    assert expect in capsys.readouterr().out and expect in plan_text(plan)
+    # only a pause (or a first start) holds requests in the queue; a plan that keeps serving never says so
+    assert ("queue" in expect) == (plan.kind in ("pause", "start"))
+    assert ("It should take about" in plan.summary()) == (plan.expected_s is not None)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.capacity import GIB, Device, check
+from engine.capacity import GIB, Device, TrafficNeed, check
 from engine.revisions import EngineSettings
+from engine.schemas import MIN_SUGGESTED_MODEL_LEN, PLAYGROUND_MAX_TOKENS, SNIPPET_MAX_TOKENS
 from tests.unit.test_capacity import H200, LLAMA3_8B
 
 
@@ -90,9 +91,65 @@ def test_gpu_warnings(m8b: Path, values: dict, code: str, fit: dict | None) -> N
         assert found[code]["max_num_seqs"] < 64
 
 
-def test_max_len_far_above_traffic_is_a_warning(m8b: Path) -> None:
-    result = check(gpu_settings(m8b, max_model_len=8192), data_dir=None, device=H200, traffic_max_tokens=700)
-    assert codes(result.warnings)["max_len_above_traffic"] == {"max_model_len": 2048}
+WEEK_OF_TRAFFIC = {"requests": 5000, "span_s": 6 * 86400}
+
+
+def max_len_fits(findings: list) -> list[int]:  # type: ignore[type-arg]
+    return [int(f.fit["max_model_len"]) for f in findings if "max_model_len" in f.fit]
+
+
+def test_a_smaller_max_model_len_is_suggested_where_it_buys_concurrency(m8b: Path) -> None:
+    # a small KV cache on a GPU: 11.7 requests of 8,192 tokens fit, max_num_seqs is 64, traffic needs 700 tokens
+    result = check(gpu_settings(m8b, gpu_memory_utilization=0.2, max_model_len=8192), data_dir=None, device=H200,
+                   traffic=TrafficNeed(700, **WEEK_OF_TRAFFIC))
+    found = {f.code: f for f in result.warnings}["max_len_above_traffic"]
+    assert found.fit == {"max_model_len": 2048}
+    assert "HTTP 400" in found.message and "700 tokens (prompt + max_tokens)" in found.message  # what it breaks
+    assert "would hold 47" in found.message  # what it gains
+
+
+@pytest.mark.parametrize("longest", [18, 133, 700])
+def test_no_max_model_len_suggestion_on_the_cpu_build(data_dir: Path, longest: int) -> None:
+    # the CPU build's KV cache is cpu_kv_cache_gib whatever max_model_len is, and 256 requests fit already
+    host = Device("cpu", 24 * GIB, 20 * GIB)
+    demo = EngineSettings.model_validate({"model": "models/demo", "cpu_kv_cache_gib": 0.5, "max_num_seqs": 256})
+    result = check(demo, data_dir=data_dir, device=host, traffic=TrafficNeed(longest, **WEEK_OF_TRAFFIC))
+    assert result.errors == [] and result.warnings == []
+
+
+def test_a_small_cpu_kv_cache_suggests_fewer_sequences_not_a_max_model_len_that_breaks_clients(
+        data_dir: Path) -> None:
+    host = Device("cpu", 24 * GIB, 20 * GIB)
+    small = EngineSettings.model_validate({"model": "models/demo", "cpu_kv_cache_gib": 0.05, "max_num_seqs": 256})
+    result = check(small, data_dir=data_dir, device=host, traffic=TrafficNeed(18, **WEEK_OF_TRAFFIC))
+    assert codes(result.warnings)["concurrency_below_max_num_seqs"] == {"max_num_seqs": 25}  # not max_model_len 52
+
+
+@pytest.mark.parametrize(("longest", "requests", "span_s"), [
+    (18, 40, 600),  # a few requests of the first minutes
+    (18, 5000, 3600),  # many, but an hour of them
+    (133, 150, 3 * 86400),
+])
+def test_too_little_traffic_suggests_nothing(m8b: Path, longest: int, requests: int, span_s: float) -> None:
+    result = check(gpu_settings(m8b, gpu_memory_utilization=0.2, max_model_len=8192), data_dir=None, device=H200,
+                   traffic=TrafficNeed(longest, requests, span_s))
+    assert "max_len_above_traffic" not in codes(result.warnings)
+
+
+@pytest.mark.parametrize("longest", [1, 18, 133, 700, 1500, 3000])
+def test_a_suggested_max_model_len_holds_the_longest_request_twice_and_the_consoles_own(m8b: Path,
+                                                                                         longest: int) -> None:
+    for util in (0.15, 0.2, 0.3, 0.85):
+        result = check(gpu_settings(m8b, gpu_memory_utilization=util, max_model_len=8192, max_num_seqs=256),
+                       data_dir=None, device=H200, traffic=TrafficNeed(longest, **WEEK_OF_TRAFFIC))
+        for length in max_len_fits(result.warnings):
+            assert length >= max(2 * longest, MIN_SUGGESTED_MODEL_LEN, PLAYGROUND_MAX_TOKENS, SNIPPET_MAX_TOKENS)
+
+
+def test_a_gpu_that_holds_max_num_seqs_full_length_requests_gets_no_suggestion(m8b: Path) -> None:
+    result = check(gpu_settings(m8b, max_model_len=8192), data_dir=None, device=H200,
+                   traffic=TrafficNeed(700, **WEEK_OF_TRAFFIC))
+    assert result.warnings == []  # 0.85 of an H200: hundreds of 8,192-token requests fit; nothing to buy
 
 
 def test_cpu_build_checks_the_explicit_kv_cache(data_dir: Path) -> None:

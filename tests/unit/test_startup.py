@@ -67,6 +67,30 @@ def test_the_log_says_whether_the_compile_cache_was_warm_or_cold() -> None:
     assert replay("startup-util085-len4096.log").compile_cache == "cold"
     assert replay("h200-startup-warm-pause.log").compile_cache == "warm"
     assert replay("startup-util0125-eager.log").compile_cache is None  # enforce_eager: nothing compiled
+def test_a_start_that_overruns_says_by_how_much_and_never_shows_a_frozen_countdown() -> None:
+    """The warm-up request usually takes 2.3 s; this one has run 100 s: the view said "2.3 s left" throughout."""
+    tracker = StartTracker(t0=0.0)
+    eta = estimate("k", "m", [PastStart("k", "m", 40.0, False, {"process": 10, "weights": 5, "kv_cache": 10,
+                                                                 "api": 12.7, "warmup": 2.3})])
+    assert eta is not None
+    for line, at in (("Starting to load model", 10), ("KV cache size: 10 tokens", 15), ("Supported tasks", 25),
+                     ("Application startup complete", 37.7)):
+        tracker.feed(line, now=at)
+    shown = [tracker.view(eta, now=t) for t in (38.0, 45.0, 80.0, 140.0)]
+    assert shown[0]["remaining_s"] == 2.0 and shown[0]["overrun_s"] is None  # counting down
+    overruns = [v["overrun_s"] for v in shown[1:]]
+    assert overruns == [5.0, 40.0, 100.0]  # past the ETA of 40 s, growing with the clock
+    assert all(v["remaining_s"] is None for v in shown[1:])  # no number that stands still
+
+
+def test_a_phase_past_its_usual_length_is_an_overrun_before_the_total_eta_is() -> None:
+    tracker = StartTracker(t0=0.0)
+    eta = estimate("k", "m", [PastStart("k", "m", 40.0, False, {"process": 10, "weights": 5, "api": 25})])
+    assert eta is not None
+    tracker.feed("Starting to load model", now=2)  # process was quick: 2 s of its usual 10
+    early, late = tracker.view(eta, now=6), tracker.view(eta, now=20)
+    assert early["remaining_s"] == 1 + 25 and early["overrun_s"] is None  # weights: 4 s of its usual 5
+    assert late["overrun_s"] == 13.0 and late["remaining_s"] is None  # 18 s of 5, while 20 s of 40 have passed
 
 
 def test_gpu_memory_utilization_is_outside_the_compile_key_and_max_model_len_inside() -> None:

@@ -27,11 +27,15 @@ def events(log: EventsDep, fleet: FleetDep, since: int = Query(0, ge=0, le=MAX_I
 @router.get("/api/logs", response_model=LogsOut, dependencies=access("viewer"))
 def logs(supervisor: SupervisorDep, tail: int = Query(200, ge=0, le=5000),
          hide_polling: bool = Query(False, description="leave out /health and /metrics access lines"),
-         level: Literal["debug", "info", "warning", "error"] = Query("debug", description="the least level"),
+         level: Literal["debug", "info", "warning", "error"] = Query(
+             "debug", description="the least level, by meaning: 'error' is a failure (tagged or not, tracebacks "
+             "included), never the shutdown output of an instance stopped on purpose"),
          contains: str | None = Query(None, max_length=200, description="only lines with this text "
-                                      "(case-insensitive)")) -> LogsOut:
+                                      "(case-insensitive)"),
+         fold: bool = Query(True, description="the leak reports each stopping vLLM prints as one line")) -> LogsOut:
     """The last ``tail`` lines of vLLM's output that pass the filters (all runs since the engine started)."""
-    lines = filter_log(supervisor.log.tail(5000), hide_polling=hide_polling, level=level, contains=contains)
+    lines = filter_log(supervisor.log.tail(5000), hide_polling=hide_polling, level=level, contains=contains,
+                       fold=fold)
     return LogsOut(lines=lines[-tail:] if tail else [], path=str(supervisor.log.path))
 
 

@@ -55,7 +55,8 @@ def capacity(request: Request, revisions: RevisionsDep, writer: WriterDep, plann
              supervisor: SupervisorDep) -> CapacityOut:
     """Pre-flight for values not saved yet (query parameters, merged onto the desired revision): the capacity
     prediction, errors and warnings, each naming the value that would fit, how long a restart would take, and the
-    plan an apply would follow (blue/green, bridge, rolling or pause) with what clients should expect."""
+    plan an apply would follow (blue/green, bridge, rolling or pause) with what clients should expect, also for
+    values with errors (an apply forced through them runs that plan)."""
     t0 = time.perf_counter()
     base = revisions.desired_revision() or revisions.get_revision(revisions.head_revision_id() or 0)
     changes: dict[str, Any] = {}
@@ -64,7 +65,7 @@ def capacity(request: Request, revisions: RevisionsDep, writer: WriterDep, plann
         changes[key] = raw if key == "extra_args" else (None if raw[-1].lower() in ("", "none", "null") else raw[-1])
     settings = writer.validate(merge_values(base.values, changes))
     result = planner.check(settings).as_dict()
-    plan = supervisor.plan_for(settings) if result["ok"] else None
+    plan = supervisor.plan_for(settings)  # a forced apply of values with errors runs a plan too: show it
     # the new revision's start, of the kind its apply would run: beside what serves, unless it pauses
     alone = supervisor.primary is None or (plan is not None and plan.kind in ("pause", "start"))
     eta = supervisor.eta_for(settings.model_dump(), "alone" if alone else "beside")

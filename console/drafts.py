@@ -1,0 +1,124 @@
+"""A page's draft (its fields, filters and the playground's conversation), kept per signed-in browser session on
+the console's server, so that leaving the page and coming back, or a reload (F5), finds it as it was.
+
+Streamlit forgets the state of a page's widgets when another page is shown, and a reload starts a new session with
+none at all. The console's server process outlives both, and the sign-in cookie is the same after a reload: the
+drafts live here, keyed by a digest of the session token (never the token itself), until the session signs out,
+the console restarts, or the store is full and this session is the one least recently used. Bounded: at most
+MAX_SESSIONS sessions, each at most MAX_SESSION_CHARS of draft (a field that would pass it is not kept).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+import streamlit as st
+
+MAX_SESSIONS = 200
+MAX_SESSION_CHARS = 2_000_000
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, default=repr))
+
+
+class Drafts:
+    """Drafts per session and page; safe to use from Streamlit's script threads at once."""
+
+    def __init__(self, max_sessions: int = MAX_SESSIONS, max_chars: int = MAX_SESSION_CHARS) -> None:
+        self.max_sessions = max_sessions
+        self.max_chars = max_chars
+        self._by_session: OrderedDict[str, dict[str, dict[str, Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, session: str, page: str) -> dict[str, Any]:
+        with self._lock:
+            pages = self._by_session.get(session)
+            if pages is None:
+                return {}
+            self._by_session.move_to_end(session)
+            return dict(pages.get(page, {}))
+
+    def put(self, session: str, page: str, values: dict[str, Any]) -> None:
+        """Keep ``values`` as the page's draft; a field that would take the session past its bound keeps its
+        earlier value (or none)."""
+        with self._lock:
+            pages = self._by_session.setdefault(session, {})
+            self._by_session.move_to_end(session)
+            before = pages.get(page, {})
+            others = sum(_size(v) for p, d in pages.items() if p != page for v in d.values())
+            kept: dict[str, Any] = {}
+            used = others
+            for key, value in values.items():
+                size = _size(value)
+                if used + size > self.max_chars:
+                    if key in before:
+                        kept[key] = before[key]
+                        used += _size(before[key])
+                    continue
+                kept[key] = value
+                used += size
+            pages[page] = kept
+            while len(self._by_session) > self.max_sessions:
+                self._by_session.popitem(last=False)
+
+    def forget(self, session: str) -> None:
+        with self._lock:
+            self._by_session.pop(session, None)
+
+
+STORE = Drafts()
+ARRIVED = "_arrived"  # True from the arrival on a page (console/app.py) until a run of it has ended (settle)
+
+
+def arrive(page: str) -> None:
+    """Called by the console's frame on every run, with the page about to run: notes an arrival on it."""
+    if st.session_state.get("_page") != page:
+        st.session_state[ARRIVED] = True
+    st.session_state["_page"] = page
+
+
+def settle() -> None:
+    """At the end of a kept page: its fields are drawn from the draft; from now on they are the user's. A run cut
+    short (a click while the page was still being drawn after a reload) leaves the arrival standing, and the next
+    run restores again: the browser then sends the fields it had drawn with their empty first values."""
+    st.session_state[ARRIVED] = False
+
+
+def session_key() -> str | None:
+    """This browser session's key in the store: a digest of its sign-in token (None before the sign-in)."""
+    token = st.session_state.get("token")
+    return hashlib.sha256(token.encode()).hexdigest() if isinstance(token, str) and token else None
+
+
+def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None) -> None:
+    """At the top of a page, before its widgets: put back the fields Streamlit dropped (a page switch, a reload)
+    from the page's draft, give the ones still missing their ``defaults``, then record the fields as they are now.
+    Widgets of kept keys take their value from Session State only (no ``value=``, ``index=`` or ``default=``
+    argument: the first value comes from ``defaults``)."""
+    keys = list(keys)
+    session = session_key()
+    draft = STORE.get(session, page) if session is not None else {}
+    # Arriving from another page, a field's value in Session State may be stale: one first set through Session
+    # State before its widget existed lingers under its key after the widget is gone, with that first value.
+    # Until the page has been drawn whole once (settle), the draft wins.
+    arrived = bool(st.session_state.get(ARRIVED))
+    for key in keys:
+        if key in draft and (arrived or key not in st.session_state):
+            st.session_state[key] = draft[key]
+    for key, value in (defaults or {}).items():
+        st.session_state.setdefault(key, value)
+    if session is not None:
+        STORE.put(session, page, {k: st.session_state[k] for k in keys if k in st.session_state})
+
+
+def forget() -> None:
+    """Drop this session's drafts (at sign-out: the next user of the browser starts from nothing)."""
+    session = session_key()
+    if session is not None:
+        STORE.forget(session)
