@@ -93,7 +93,8 @@ if sign_ins and not show_sign_ins:
     st.caption(f"{len(sign_ins)} sign-ins and sign-outs in this selection ({failed} failed) are not listed: turn on "
                "*Sign-ins* to see them.")
 st.dataframe([{"time": fmt.clock(r.ts), "what": sentence(r), "actor": r.actor, "role": r.role or "—",
-               "action": r.action, "result": r.result or "—", "from": r.source or "—",
+               "action": r.action, "deployment": r.deployment or "—",
+               "result": str(r.result) if r.result else "—", "from": r.source or "—",
                "detail": r.detail} for r in shown],
              hide_index=True, width="stretch",
              column_config={"what": st.column_config.TextColumn(width="large"),

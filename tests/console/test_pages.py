@@ -217,7 +217,7 @@ def test_audit_page_answers_who_changed_what(console_env: EngineHandle) -> None:
     at.text_input(key="au_text").set_value("max_num_seqs").run()
     assert not at.exception
     assert "No settings change" not in texts(at)
-    latest = at.expander[0]  # newest first
+    latest = next(e for e in at.expander if "settings." in e.label)  # newest first, after the refused counts
     assert latest.label.endswith(f"settings.write → revision {written.revision}")
     assert f"Revision **{written.revision}** is now" in "\n".join(m.value for m in latest.markdown)
 
