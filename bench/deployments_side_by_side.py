@@ -68,7 +68,8 @@ def main() -> None:
     p.add_argument("--load-format", default=None)
     p.add_argument("--values", nargs="*", default=[], help="KEY=VALUE of both deployments")
     p.add_argument("--apply", nargs="*", default=["max_num_seqs=5"], help="KEY=VALUE applied to the second")
-    p.add_argument("--bad", nargs="*", default=["cpu_kv_cache_gib=0.001"], help="a forced revision that fails")
+    p.add_argument("--bad", nargs="*", default=["cpu_kv_cache_gib=0.001"],
+                   help="a forced revision that fails (--bad with no values: none)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "clients": a.clients}
@@ -102,22 +103,25 @@ def main() -> None:
         time.sleep(a.window)  # a measuring window of steady load
         t_after_window = time.monotonic()
         good = apply_and_wait(b, values_of(a.apply), "bench: apply on b")
-        bad = apply_and_wait(b, values_of(a.bad), "bench: forced bad revision on b", force=True)
+        bad = apply_and_wait(b, values_of(a.bad), "bench: forced bad revision on b", force=True) if a.bad else None
         out_a, out_b = load_a.stop(), load_b.stop()
         before = tokens_per_s(out_a, t_before, t_after_window, a.max_tokens)
         report["untouched"] = {
             "throughput_before_tok_s": before,
             "throughput_during_apply_tok_s": tokens_per_s(out_a, good["t0"], good["t1"], a.max_tokens),
-            "throughput_during_bad_tok_s": tokens_per_s(out_a, bad["t0"], bad["t1"], a.max_tokens),
-            "longest_gap_s": round(longest_gap(out_a, good["t0"], bad["t1"]), 3), "load": summary(out_a)}
+            "throughput_during_bad_tok_s": tokens_per_s(out_a, bad["t0"], bad["t1"], a.max_tokens) if bad else None,
+            "longest_gap_s": round(longest_gap(out_a, good["t0"], (bad or good)["t1"]), 3), "load": summary(out_a)}
         u = report["untouched"]
         for key in ("throughput_during_apply_tok_s", "throughput_during_bad_tok_s"):
+            if u[key] is None:
+                continue
             u[key.replace("_tok_s", "_over_before")] = round(u[key] / before, 3) if before else None
         report["applied"] = {
             "apply": {k: v for k, v in good.items() if k not in ("t0", "t1")},
-            "bad": {k: v for k, v in bad.items() if k not in ("t0", "t1")},
+            "bad": {k: v for k, v in bad.items() if k not in ("t0", "t1")} if bad else None,
             "longest_gap_apply_s": round(longest_gap(out_b, good["t0"], good["t1"]), 3),
-            "longest_gap_bad_s": round(longest_gap(out_b, bad["t0"], bad["t1"]), 3), "load": summary(out_b)}
+            "longest_gap_bad_s": round(longest_gap(out_b, bad["t0"], bad["t1"]), 3) if bad else None,
+            "load": summary(out_b)}
         engine.client.delete_deployment("demo-b", confirm="demo-b")
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     (a.out / "deployments.json").write_text(json.dumps(report, indent=1, default=str))

@@ -56,6 +56,16 @@ def vllm_bench(argv: list[str], out: Path) -> None:
     out.write_text(json.dumps(keep, default=str))
 
 
+def vllm_key(pid: int) -> str | None:
+    """The API key the engine gave its vLLM child (VLLM_API_KEY in its environment): the direct path needs it, as
+    vLLM refuses /v1 without it. Readable by the same user only, as the engine intends."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return next((v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"VLLM_API_KEY=")), None)
+
+
 class Engine:
     """One engine of one checkout, started on its own data dir and port, with vLLM serving the bench settings."""
 
@@ -119,6 +129,8 @@ class Engine:
         args = started[0]["data"]["args"]
         self.direct_url = f"http://127.0.0.1:{args[args.index('--port') + 1]}"
         self.vllm_pid = int(st["pid"])
+        self.vllm_key = vllm_key(self.vllm_pid)
+
 
     def stop(self) -> None:
         self.http.close()
@@ -129,6 +141,18 @@ class Engine:
             os.killpg(self.proc.pid, 9)
             self.proc.wait()
         self.log.close()
+
+
+def probe(engine: Engine, item: str) -> dict[str, Any]:
+    """The plan the engine would choose for one change of what it serves now."""
+    key, _, value = item.partition("=")
+    r = engine.http.get("/api/capacity", params={key: value})
+    r.raise_for_status()
+    plan = r.json().get("plan") or {}
+    return {"change": item, "kind": plan.get("kind"), "reason": plan.get("reason"),
+            "expected_s": plan.get("expected_s"), "pause_s": plan.get("pause_s"),
+            "capacity_dip_pct": plan.get("capacity_dip_pct"),
+            "steps": [s.get("action") for s in plan.get("step_etas") or []], "errors": r.json().get("errors")}
 
 
 def _free_port() -> int:
@@ -177,8 +201,11 @@ def run_once(engine: Engine, base_url: str, concurrency: int, a: argparse.Namesp
             "--result-filename", f"{tag}-detail.json"]
     metrics_before = scrape(engine)
     before = (_cpu(engine.proc.pid), _cpu(engine.vllm_pid), time.monotonic())
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    if base_url == engine.direct_url and engine.vllm_key:  # vLLM's benchmark sends it as its bearer token
+        env["OPENAI_API_KEY"] = engine.vllm_key
     done = subprocess.run([sys.executable, __file__, "--vllm-bench", str(out), "--", *argv], cwd=REPO,
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, env=env)
     after = (_cpu(engine.proc.pid), _cpu(engine.vllm_pid), time.monotonic())
     use = cache_over(metrics_before, scrape(engine))
     if done.returncode != 0 or not out.exists():
@@ -277,6 +304,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="the same prompts every run, on purpose (a prefix-cache test); default: fresh ones each run")
     p.add_argument("--engine-nice", type=int, help="run each engine at this nice value (an experiment)")
+    p.add_argument("--plan-probe", action="append", default=[], metavar="KEY=VALUE",
+                   help="once vLLM serves, record the plan the engine would choose for this change (GET /api/capacity)")
+    p.add_argument("--plans-only", action="store_true", help="record the plans and stop (no benchmark runs)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in a.tree] or [("this", REPO)]
@@ -298,8 +328,11 @@ def main() -> None:
         engine = Engine(tree, label, a, workdir)
         try:
             engine.serve()
+            report["trees"][label]["placement"] = engine.http.get("/api/fleet").json().get("placement")
+            report["trees"][label]["plans"] = [probe(engine, item) for item in a.plan_probe]
+            save()
             gateway = engine.url
-            for conc in a.concurrency:
+            for conc in [] if a.plans_only else a.concurrency:
                 run_once(engine, gateway, min(conc, 8), a, workdir, f"{label}-warmup-{conc}")  # warm both paths
                 for rnd in range(a.rounds):
                     for i, (path, url) in enumerate((("direct", engine.direct_url), ("gateway", gateway),
