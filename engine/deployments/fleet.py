@@ -281,7 +281,7 @@ class Fleet:
             attribution: dict[str, dict[int, str | None]] = {}
             for runtime in list(self.runtimes.values()):
                 for inst in list(runtime.supervisor.instances):
-                    if not inst.child.local and inst.child.node and inst.child.pid is not None:
+                    if inst.child.node and inst.child.pid is not None:  # a Ray instance, on whichever node
                         attribution.setdefault(inst.child.node, {})[inst.child.pid] = runtime.name
             try:
                 snaps = self.placement.snapshots(attribution)  # type: ignore[attr-defined]

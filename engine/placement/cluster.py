@@ -63,7 +63,7 @@ class RayPlacement:
     def child(self, spec: ChildSpec) -> RayChild:
         if spec.node is None:
             raise PlacementError("a Ray instance needs a node: the planner found none with room")
-        return RayChild(spec, on_lost=self.suspect)
+        return RayChild(spec, on_lost=self.suspect, own_node=self.own_node)
 
     def suspect(self, node: str) -> None:
         """An instance on ``node`` stopped answering: place nothing there for a while (Ray's view may lag)."""
@@ -119,8 +119,10 @@ class RayPlacement:
 class RayChild:
     """One vLLM instance on a Ray node, driven like a local child (engine/placement/base.py Child)."""
 
-    def __init__(self, spec: ChildSpec, on_lost: Callable[[str], None] = lambda _: None) -> None:
+    def __init__(self, spec: ChildSpec, on_lost: Callable[[str], None] = lambda _: None,
+                 own_node: str | None = None) -> None:
         self.spec = spec
+        self.own_node = own_node  # the engine's node: an instance placed there is a process of this host
         self.on_lost = on_lost  # told the node of an instance lost without an exit
         self.name = spec.name
         self.port = 0
@@ -166,7 +168,10 @@ class RayChild:
 
     @property
     def local(self) -> bool:
-        return False
+        """On the engine's own node its processes are this host's: the host's sampler attributes their GPU memory
+        to the deployment (else pre-flight counted an instance's own memory as another process's, measured on the
+        H200), and a stop waits for that memory to be released."""
+        return self._node is not None and self._node == self.own_node
 
     @property
     def node(self) -> str | None:

@@ -61,3 +61,20 @@ def test_the_guard_stops_vllm_when_its_actor_dies(tmp_path: Path) -> None:
     finally:
         actor.kill()
         actor.wait(10)
+
+
+def test_an_instance_on_the_engines_own_ray_node_is_a_process_of_this_host(tmp_path: Path) -> None:
+    """On the H200, with the engine a driver of a one-node Ray cluster, pre-flight counted its own vLLM's 119 GiB as
+    another process's ("only 20.46 GiB of 139.80 GiB is free now") and planned every change as a pause: an
+    instance of the engine's own node was not one of the host's vLLM processes. It is; one on another node is not."""
+    from engine.placement.base import ChildSpec
+    from engine.placement.cluster import RayChild
+    from engine.serving.logs import ChildLog
+
+    def child(node: str) -> RayChild:
+        spec = ChildSpec(args=[], env={}, port=0, revision_id=1, log=ChildLog(tmp_path / "vllm.log", 1 << 20, 1),
+                         pidfile=tmp_path / "pid", name="a", cwd=None, api_key=None, node=node)
+        return RayChild(spec, own_node="head")
+
+    assert child("head").local
+    assert not child("worker-2").local
