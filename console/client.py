@@ -276,10 +276,11 @@ class EngineClient:
         return self._list(TokenOut, "GET", "/api/tokens")
 
     def create_token(self, name: str, role: str, kind: str = "api", expires_days: float | None = None,
-                     rate_limit_per_min: int | None = None) -> TokenCreatedOut:
+                     rate_limit_per_min: int | None = None, deployments: list[str] | None = None) -> TokenCreatedOut:
+        """``deployments``: a gateway key limited to these deployments (None: every one)."""
         return self._get(TokenCreatedOut, "POST", "/api/tokens", json={
             "name": name, "role": role, "kind": kind, "expires_days": expires_days,
-            "rate_limit_per_min": rate_limit_per_min})
+            "rate_limit_per_min": rate_limit_per_min, "deployments": deployments})
 
     def revoke_token(self, token_id: int) -> TokenOut:
         return self._get(TokenOut, "DELETE", f"/api/tokens/{token_id}")

@@ -88,6 +88,11 @@ class Principal:
     token_id: int | None = None
     rate_limit_per_min: int | None = None
     user_id: int | None = None  # the user who owns the token (None: made on the engine's machine by the CLI)
+    deployments: tuple[str, ...] | None = None  # a gateway key's deployments (None: every one)
+
+    def may_use(self, deployment: str | None) -> bool:
+        """Whether this caller may send requests to ``deployment`` (a name) through the gateway."""
+        return self.deployments is None or (deployment is not None and deployment in self.deployments)
 
 
 def digest(token: str) -> str:
@@ -319,24 +324,28 @@ class Auth:
     # --- tokens ---------------------------------------------------------------------------------------------
 
     def _new_token(self, s: Session, *, name: str, role: str, kind: str, user_id: int | None, created_by: str,
-                   ttl_s: float | None, rate_limit_per_min: int | None = None) -> tuple[str, ApiToken]:
+                   ttl_s: float | None, rate_limit_per_min: int | None = None,
+                   deployments: list[str] | None = None) -> tuple[str, ApiToken]:
         if role not in ROLES:
             raise AuthError(f"role: one of {', '.join(ROLES)}")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         row = ApiToken(name=name, digest=digest(token), prefix=token[:12], role=role, kind=kind, user_id=user_id,
                        created_by=created_by, expires_at=time.time() + ttl_s if ttl_s else None,
-                       rate_limit_per_min=rate_limit_per_min)
+                       rate_limit_per_min=rate_limit_per_min, deployments=deployments)
         s.add(row)
         s.flush()
         return token, row
 
     def create_token(self, name: str, role: str, kind: str = "api", created_by: str = "",
                      ttl_s: float | None = None, rate_limit_per_min: int | None = None,
-                     owner_id: int | None = None) -> tuple[str, ApiToken]:
+                     owner_id: int | None = None, deployments: list[str] | None = None) -> tuple[str, ApiToken]:
         """A new token; the returned string is its only copy. ``owner_id``: the user it belongs to (the one who
-        made it, or the owner of the token that made it): disabling, demoting or deleting them revokes it."""
+        made it, or the owner of the token that made it): disabling, demoting or deleting them revokes it.
+        ``deployments``: a gateway key limited to these deployments (by name; None: every one)."""
         if kind not in ("api", "gateway"):
             raise AuthError("kind: api or gateway")
+        if deployments is not None and kind != "gateway":
+            raise AuthError("deployments: only a gateway key is limited to deployments")
         try:
             check_name(name)
         except ValueError as exc:
@@ -347,7 +356,7 @@ class Auth:
                 if owner is None or owner.disabled:  # disabled while their request was on its way
                     raise OwnerGoneError("the token's owner is disabled or deleted")
             return self._new_token(s, name=name, role=role, kind=kind, user_id=owner_id, created_by=created_by,
-                                   ttl_s=ttl_s, rate_limit_per_min=rate_limit_per_min)
+                                   ttl_s=ttl_s, rate_limit_per_min=rate_limit_per_min, deployments=deployments)
 
     def tokens(self) -> Sequence[ApiToken]:
         """API tokens and gateway keys (console sessions are not listed)."""
@@ -398,4 +407,5 @@ class Auth:
                     fresh.last_used_at = now
                     s.add(fresh)
         return Principal(name=name, role=role, kind=row.kind, token_id=row.id,
-                         rate_limit_per_min=row.rate_limit_per_min, user_id=row.user_id)
+                         rate_limit_per_min=row.rate_limit_per_min, user_id=row.user_id,
+                         deployments=tuple(row.deployments) if row.deployments is not None else None)

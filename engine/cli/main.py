@@ -101,10 +101,19 @@ def cmd_token(args: argparse.Namespace) -> int:
     db = _open_db(_config(args))
     auth, audit = Auth(db), AuditLog(db)
     if args.action == "create":
+        limited = [n.strip() for n in args.deployments.split(",") if n.strip()] if args.deployments else None
+        if limited is not None:
+            from engine.deployments import DeploymentStore
+
+            known = {d.name for d in DeploymentStore(db).all()}
+            if unknown := [n for n in limited if n not in known]:
+                print(f"error: --deployments: no deployment named {shown(unknown[0])} (llmops deployments list)",
+                      file=sys.stderr)
+                return 2
         try:
             token, row = auth.create_token(args.name, args.role, args.kind, created_by=_operator(),
                                            ttl_s=args.expires_days * 86400 if args.expires_days else None,
-                                           rate_limit_per_min=args.rate_limit)
+                                           rate_limit_per_min=args.rate_limit, deployments=limited)
         except AuthError as exc:
             print(f"error: {shown(str(exc))}", file=sys.stderr)
             return 2
@@ -537,6 +546,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--kind", default="api", choices=["api", "gateway"], help="api: /api routes; gateway: a /v1 key.")
     t.add_argument("--expires-days", type=float, default=None)
     t.add_argument("--rate-limit", type=int, default=None, help="Gateway keys: requests per minute.")
+    t.add_argument("--deployments", default=None, metavar="NAME[,NAME...]",
+                   help="Gateway keys: the deployments it may send requests to (default: every one).")
     server_opts(t, "data_dir")
     t = tsub.add_parser("revoke", help="Revoke a token by id or name.")
     t.add_argument("which", metavar="ID|NAME")

@@ -117,6 +117,8 @@ class ApiToken(SQLModel, table=True):
     revoked_at: float | None = None
     last_used_at: float | None = None
     rate_limit_per_min: int | None = None
+    # gateway keys: the deployments (by name) it may ask for; None: every deployment
+    deployments: list[str] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
 class AuditRecord(SQLModel, table=True):

@@ -99,7 +99,8 @@ class Fleet:
         ref = DeploymentRef(id=row.id, name=row.name, gpus=list(row.gpus) if row.gpus else None)
         revisions = self.revisions.of(row.id)
         events = self.events.of(row.id)
-        admission = Admission(self.config.queue_size, self.config.queue_timeout_s, deployment_id=row.id)
+        admission = Admission(self.config.queue_size, self.config.queue_timeout_s, deployment_id=row.id,
+                              deployment=row.name)
         planner = self.planner.scoped(ref)
         supervisor = Supervisor(self.config, revisions, events, admission, planner=planner, audit=self.audit,
                                 deployment=ref)
@@ -172,6 +173,7 @@ class Fleet:
                 continue
             if row.name != runtime.ref.name or (row.gpus or None) != runtime.ref.gpus:
                 runtime.ref.name, runtime.ref.gpus = row.name, list(row.gpus) if row.gpus else None
+                runtime.admission.deployment = row.name
                 changed = True
             if row.enabled != runtime.row.enabled:
                 if row.enabled:
@@ -258,7 +260,7 @@ class Fleet:
                 ("/", ".")) else runtime.name
             out.append({"id": settings.served_model_name, "object": "model", "created": int(runtime.row.created_at),
                         "owned_by": "llmops", "root": root, "parent": None, "max_model_len": settings.max_model_len,
-                        "permission": []})
+                        "permission": [], "deployment": runtime.name})
         return out
 
     def vllm_pids(self) -> dict[int, str | None]:

@@ -21,6 +21,7 @@ from engine.gateway.proxy import (
     Exchange,
     Gateway,
     forward_query,
+    model_not_found,
     send_simple,
     with_usage,
 )
@@ -78,17 +79,24 @@ class DataPath:
             return
         headers: list[tuple[bytes, bytes]] = scope.get("headers") or []
         try:
-            await self.keys.check(headers)
+            principal = await self.keys.check(headers)
         except KeyRefusedError as exc:
             kind = {401: "authentication_error", 429: "rate_limit"}.get(exc.status, "service_unavailable")
             await send_simple(send, exc.status, _error(exc.status, str(exc), kind), exc.headers)
             return
         if checked == "/v1/models" and self.models is not None:
-            await send_simple(send, 200, json.dumps({"object": "list", "data": self.models()}).encode())
+            models = [m for m in self.models() if principal is None or principal.may_use(m.get("deployment"))]
+            await send_simple(send, 200, json.dumps({"object": "list", "data": [
+                {k: v for k, v in m.items() if k != "deployment"} for m in models]}).encode())
             return
         hold = self.budget.hold()
         try:
             exchange = await self._exchange(scope, receive, send, method, checked, headers, hold)
+            if exchange is not None and principal is not None and not principal.may_use(
+                    exchange.admission.deployment if exchange.admission is not None else None):
+                # a key limited to other deployments: the model does not exist for it (as OpenAI answers)
+                await send_simple(send, 404, model_not_found(exchange.record.model or "(none)"))
+                return
             if exchange is not None:  # (the body is referenced by the exchange alone: let go once vLLM has it)
                 exchange.on_sent = hold.release
                 await self.gateway.serve(exchange, receive, send)

@@ -66,8 +66,10 @@ class Upstream:
 class Admission:
     """Who may send to vLLM now: the open upstreams, a bounded waiting room, and the requests in flight."""
 
-    def __init__(self, queue_size: int, queue_timeout_s: float, deployment_id: int | None = None) -> None:
+    def __init__(self, queue_size: int, queue_timeout_s: float, deployment_id: int | None = None,
+                 deployment: str | None = None) -> None:
         self.deployment_id = deployment_id  # whose admission this is (the request ledger records it)
+        self.deployment = deployment  # and its name (a gateway key may be limited to some deployments)
         self.queue_size = queue_size
         self.queue_timeout_s = queue_timeout_s
         self._open: list[Upstream] = []

@@ -79,6 +79,9 @@ class TokenIn(BaseModel):
     kind: Literal["api", "gateway"] = "api"
     expires_days: float | None = Field(None, gt=0, le=3650)
     rate_limit_per_min: int | None = Field(None, ge=1, le=1_000_000, description="gateway keys: requests/minute")
+    deployments: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+        None, min_length=1, max_length=100, description="gateway keys: the deployments (by name) it may send "
+        "requests to; others answer 404 model_not_found and /v1/models lists these only (default: every one)")
 
 
 class TokenOut(BaseModel):
@@ -93,6 +96,7 @@ class TokenOut(BaseModel):
     revoked_at: float | None
     last_used_at: float | None
     rate_limit_per_min: int | None
+    deployments: list[str] | None = Field(None, description="a gateway key's deployments (None: every one)")
     owner: str | None = Field(None, description="the user it belongs to: disabling, demoting or deleting them "
                               "revokes it (None: made with `llmops token create` on the engine's machine)")
     state: TokenState = Field("active", description="active, expired (past expires_at) or revoked")

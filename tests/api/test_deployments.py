@@ -137,3 +137,35 @@ def test_models_to_create_a_deployment_from(api: TestClient) -> None:
     listed = api.get("/api/models").json()
     demo = [m for m in listed["models"] if m["value"].endswith("models/demo")]
     assert demo and demo[0]["source"] == "local" and demo[0]["used_by"] == ["demo"]
+
+
+def test_a_gateway_key_limited_to_deployments_reaches_those_only(data_dir: Path) -> None:
+    """A key made for one team's model: the other deployments do not exist for it (OpenAI's 404), /v1/models lists
+    its own only, and a limit that names nothing real is refused with the field named."""
+    app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD, gateway_keys="on"))
+    with signed_in(app) as api:
+        assert create(api).status_code == 201
+        made = api.post("/api/tokens", json={"name": "team-small", "role": "viewer", "kind": "gateway",
+                                             "deployments": ["small"]})
+        assert made.status_code == 201 and made.json()["deployments"] == ["small"]
+        key = {"authorization": f"Bearer {made.json()['token']}"}
+        everywhere = {"authorization": "Bearer " + api.post("/api/tokens", json={
+            "name": "all", "role": "viewer", "kind": "gateway"}).json()["token"]}
+        for model in ("demo", None):  # the default deployment, by name or by sending no model
+            body = {"prompt": "x", **({"model": model} if model else {})}
+            resp = api.post("/v1/completions", json=body, headers=key)
+            assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found", resp.text
+            assert api.post("/v1/completions", json=body, headers=everywhere).status_code == 503  # vLLM is down
+        mine = api.post("/v1/completions", json={"model": "small", "prompt": "x"}, headers=key)
+        assert mine.status_code == 503 and "stopped" in mine.text  # past the key: the deployment is stopped
+        app.data_path.models = lambda: [{"id": "demo", "object": "model", "deployment": "demo"},
+                                        {"id": "small", "object": "model", "deployment": "small"}]
+        assert [m["id"] for m in api.get("/v1/models", headers=key).json()["data"]] == ["small"]
+        assert [m["id"] for m in api.get("/v1/models", headers=everywhere).json()["data"]] == ["demo", "small"]
+        assert "deployment" not in api.get("/v1/models", headers=everywhere).json()["data"][0]
+        for bad, why in (({"deployments": ["nope"]}, "no deployment named nope"),
+                         ({"deployments": []}, "deployments"),
+                         ({"kind": "api", "deployments": ["small"]}, "only a gateway key")):
+            resp = api.post("/api/tokens", json={"name": "x", "role": "viewer", "kind": "gateway", **bad})
+            assert resp.status_code == 422 and why in resp.text, resp.text
+        assert [t["name"] for t in api.get("/api/tokens").json()].count("x") == 0

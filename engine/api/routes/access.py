@@ -16,7 +16,7 @@ from engine.access import (
     allows,
     token_state,
 )
-from engine.api.deps import AuthDep, NoteDep, PrincipalDep, access
+from engine.api.deps import AuthDep, DeploymentsDep, NoteDep, PrincipalDep, access
 from engine.api.gate import bearer_of
 from engine.db import ApiToken, User
 from engine.schemas import (
@@ -34,6 +34,7 @@ from engine.schemas import (
     UserIn,
     UserOut,
     UserPatch,
+    shown,
 )
 
 router = APIRouter(tags=["access"])
@@ -165,16 +166,29 @@ def tokens(auth: AuthDep) -> list[TokenOut]:
 
 @router.post("/api/tokens", status_code=201, response_model=TokenCreatedOut,
              dependencies=access("admin", "tokens.create"))
-def create_token(body: TokenIn, auth: AuthDep, principal: PrincipalDep, note: NoteDep) -> TokenCreatedOut:
+def create_token(body: TokenIn, auth: AuthDep, principal: PrincipalDep, note: NoteDep,
+                 deployments: DeploymentsDep) -> TokenCreatedOut:
     """A new token: the answer holds its only copy. It belongs to the user who asked (or to the owner of the
-    token that asked): disabling, demoting or deleting them revokes it."""
+    token that asked): disabling, demoting or deleting them revokes it. A gateway key may be limited to some
+    deployments (``deployments``, by name, each one that exists)."""
+    limited = None
+    if body.deployments is not None:
+        if body.kind != "gateway":
+            raise HTTPException(422, detail="deployments: only a gateway key (kind gateway) is limited to deployments")
+        known = {d.name for d in deployments.all()}
+        if unknown := [n for n in body.deployments if n not in known]:
+            raise HTTPException(422, detail=f"deployments: no deployment named {shown(unknown[0])!s} "
+                                f"(GET /api/deployments lists them)")
+        limited = list(dict.fromkeys(body.deployments))
     try:
         token, row = auth.create_token(body.name, body.role, body.kind, principal.name,
                                        ttl_s=body.expires_days * 86400 if body.expires_days else None,
-                                       rate_limit_per_min=body.rate_limit_per_min, owner_id=principal.user_id)
+                                       rate_limit_per_min=body.rate_limit_per_min, owner_id=principal.user_id,
+                                       deployments=limited)
     except OwnerGoneError as exc:
         raise HTTPException(401, detail=str(exc)) from None
-    note.target, note.after = f"token {row.id} {row.name}", {"role": row.role, "kind": row.kind, "prefix": row.prefix}
+    note.target, note.after = f"token {row.id} {row.name}", {"role": row.role, "kind": row.kind, "prefix": row.prefix,
+                                                            **({"deployments": limited} if limited else {})}
     owners = {u.id: u.username for u in auth.users() if u.id == row.user_id and u.id is not None}
     return TokenCreatedOut(**token_out(row, owners).model_dump(), token=token)
 
