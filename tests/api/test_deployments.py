@@ -158,8 +158,9 @@ def test_a_gateway_key_limited_to_deployments_reaches_those_only(data_dir: Path)
             assert api.post("/v1/completions", json=body, headers=everywhere).status_code == 503  # vLLM is down
         mine = api.post("/v1/completions", json={"model": "small", "prompt": "x"}, headers=key)
         assert mine.status_code == 503 and "stopped" in mine.text  # past the key: the deployment is stopped
-        app.data_path.models = lambda: [{"id": "demo", "object": "model", "deployment": "demo"},
-                                        {"id": "small", "object": "model", "deployment": "small"}]
+        app.data_path.models = lambda: [  # type: ignore[attr-defined]  # (EngineApp's): as if both served
+            {"id": "demo", "object": "model", "deployment": "demo"},
+            {"id": "small", "object": "model", "deployment": "small"}]
         assert [m["id"] for m in api.get("/v1/models", headers=key).json()["data"]] == ["small"]
         assert [m["id"] for m in api.get("/v1/models", headers=everywhere).json()["data"]] == ["demo", "small"]
         assert "deployment" not in api.get("/v1/models", headers=everywhere).json()["data"][0]
