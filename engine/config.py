@@ -55,6 +55,11 @@ class AppConfig(BaseSettings):
                              "run at vllm_nice.")
     vllm_nice: int = Field(0, ge=-20, le=19, description="CPU priority (nice value) of the processes the engine "
                            "starts: vLLM, its benchmarks, the demo model's training.")
+    start_beside_nice: int = Field(19, ge=-20, le=19, description="CPU build: the nice value of a vLLM instance "
+                                   "started while another serves, until it serves itself (then vllm_nice). On a "
+                                   "small host its start (the compile above all) took the cores from the instance "
+                                   "that serves, and clients saw seconds with no answer; at 19 the start gets what "
+                                   "serving leaves and takes longer. vllm_nice or lower: no difference made.")
     handover_s: float = Field(10.0, ge=0, description="After a new instance takes traffic, how long the instance it "
                               "replaces may keep serving beside it until the new one has ended its first requests "
                               "(a cold instance's first batch is its slowest); then the old one drains.")

@@ -162,6 +162,7 @@ class Instance:
     compile_key: str = ""  # its settings and environment as vLLM's compile cache sees them
     predicted: dict[str, Any] | None = None
     launched_seqs: int = 0  # the max_num_seqs vLLM was started with (its ceiling)
+    lowered: bool = False  # started at start_beside_nice (beside one that serves): raised to vllm_nice once it serves
     ready_at: float | None = None
     health_failures: int = 0
     last_health: float = 0.0
@@ -608,8 +609,13 @@ class Supervisor:
         assert revision.id is not None
         data_dir = self.config.data_dir.resolve()
         sleep = self.build == "cuda" and self.config.sleep_mode
+        # on the CPU build a start beside an instance that serves gets the cores serving leaves (see
+        # start_beside_nice); a local child only (a Ray node's processes are not this host's to renice)
+        lowered = (self.build == "cpu" and self.placement.kind == "local" and any(i.serving for i in self.instances)
+                   and self.config.start_beside_nice > self.config.vllm_nice)
         args = build_command(settings, python=self.config.vllm_python, port=free_port(), data_dir=data_dir,
-                             build=self.build, sleep_mode=sleep, nice=self.config.vllm_nice)
+                             build=self.build, sleep_mode=sleep,
+                             nice=self.config.start_beside_nice if lowered else self.config.vllm_nice)
         key = secrets.token_urlsafe(32)  # vLLM answers /v1 to the gateway only, not to any local user of the port
         cluster = self.config.ray_address if settings.pipeline_parallel_size > 1 else None
         env = build_env(offline=resolve_local_model(settings.model, data_dir) is not None,
@@ -631,7 +637,7 @@ class Supervisor:
             node=node, gpus=settings.tensor_parallel_size if self.build == "cuda" and
             settings.pipeline_parallel_size == 1 else 0))  # in stages, vLLM's Ray executor places its workers
         inst = Instance(name, child, revision, settings, device=device, bridge=bridge,
-                        launched_seqs=launch_max_num_seqs(settings))
+                        launched_seqs=launch_max_num_seqs(settings), lowered=lowered)
         child.on_exit = lambda _: self._spawn_task(self._instance_exited(inst), f"exited-{name}")
         inst.predicted = await asyncio.to_thread(self.planner.predict_now, settings) if self.planner else None
         inst.compile_key = compile_key(settings.model_dump(), env)
@@ -697,6 +703,13 @@ class Supervisor:
         A ``woken`` instance (back from sleep mode) takes traffic again; its start was recorded when it began."""
         assert inst.revision.id is not None
         inst.child.remember_descendants()
+        if inst.lowered and inst.child.pid is not None:  # it serves now: the priority of any instance that serves
+            inst.lowered = False
+            if problem := renice_group(inst.child.pid, self.config.vllm_nice):
+                await self._event("nice_refused", f"vLLM instance {inst.name} serves at nice "
+                                  f"{self.config.start_beside_nice}, as it started: {problem}. Give the engine "
+                                  "CAP_SYS_NICE, or set start_beside_nice to vllm_nice", "warning",
+                                  inst.revision.id)
         inst.role = "bridge" if inst.bridge else "serving"
         inst.ready_at = time.time()
         inst.since = time.time()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -122,10 +123,15 @@ def test_an_apply_under_16_streams_never_pauses(engine: EngineHandle) -> None:
     t0 = time.monotonic()
     rev = engine.client.put_settings(old.desired_revision or 0, {"max_num_seqs": 5}, "test: smaller batch")
     seen: list[int] = []
+    starting_nice: set[int] = set()  # the new instance's priority while it starts beside the one that serves
 
     def applied() -> StatusOut | None:
         status = engine.client.status()
         seen.append(len(status.instances))
+        for inst in status.instances:
+            if inst.role == "starting" and inst.pid is not None:
+                with contextlib.suppress(psutil.Error):
+                    starting_nice.add(psutil.Process(inst.pid).nice())
         done = status.apply is not None and status.apply.revision == rev.revision and status.apply.outcome != "running"
         return status if done else None
 
@@ -141,6 +147,10 @@ def test_an_apply_under_16_streams_never_pauses(engine: EngineHandle) -> None:
     assert status.apply is not None and status.apply.outcome == "applied" and status.apply.longest_gap_s in (None, 0)
     assert max(seen) == 2 and len(status.instances) == 1  # both side by side, then the new one alone
     assert status.running_revision == rev.revision and status.pid != old.pid
+    # it started at start_beside_nice, the cores left to the instance that served; it serves at vllm_nice
+    assert starting_nice == {19}, starting_nice
+    refused = engine.client.events(kinds=["nice_refused"], since=0)
+    assert psutil.Process(status.pid).nice() == 0 or refused, psutil.Process(status.pid).nice()
     # the state's reason says what serves now, not the apply's last step ("draining instance b", for minutes)
     assert "draining" not in status.reason and f"revision {rev.revision} serving" in status.reason, status.reason
     ready = httpx.get(f"{engine.url}/readyz", timeout=10).json()
