@@ -64,7 +64,7 @@ def test_a_second_deployment_has_its_own_revisions_and_routes(api: TestClient) -
     assert api.get(f"/api/deployments/{body['id']}/settings/{first}").status_code == 200
     assert api.get(f"/api/settings/{first}").status_code == 404  # another deployment's revision
     # its status is its own, waiting for an operator (autostart is off)
-    status = wait_until(lambda: api.get("/api/deployments/small/status").json(), 10, what="its status")
+    status = wait_until(lambda: api.get("/api/deployments/small/status").json(), 60, what="its status")
     assert (status["deployment"], status["state"], status["desired_revision"]) == (
         "small", "stopped", resp.json()["revision"])
 
@@ -94,7 +94,7 @@ def test_the_gateway_routes_by_model(api: TestClient) -> None:
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "model_not_found" and "gpt-17" in unknown.json()["error"]["message"]
     # a deployment that is there but stopped answers as stopped, at once (not queued)
-    stopped = wait_until(lambda: refused(api, "small", "stopped"), 10, what="the stopped deployment's refusal")
+    stopped = wait_until(lambda: refused(api, "small", "stopped"), 60, what="the stopped deployment's refusal")
     assert stopped.headers["retry-after"]
     models = api.get("/v1/models").json()
     assert models == {"object": "list", "data": []}  # nothing serves
@@ -104,7 +104,7 @@ def test_disable_enable_and_delete_with_its_confirmation(api: TestClient) -> Non
     assert create(api).status_code == 201
     off = api.patch("/api/deployments/small", json={"enabled": False})
     assert off.status_code == 200 and off.json()["enabled"] is False
-    disabled = wait_until(lambda: refused(api, "small", "disabled"), 10, what="the disabled refusal")
+    disabled = wait_until(lambda: refused(api, "small", "disabled"), 60, what="the disabled refusal")
     assert "PATCH /api/deployments/small" in disabled.json()["error"]["message"]
     assert api.patch("/api/deployments/small", json={"enabled": True}).json()["enabled"] is True
     what = api.get("/api/deployments/small/deletion").json()
@@ -115,7 +115,7 @@ def test_disable_enable_and_delete_with_its_confirmation(api: TestClient) -> Non
     gone = api.delete("/api/deployments/small", params={"confirm": "small"})
     assert gone.status_code == 200 and gone.json()["revisions"] == 1
     assert [r["name"] for r in api.get("/api/deployments").json()] == ["demo"]
-    wait_until(lambda: api.get("/api/deployments/small/status").status_code == 404, 10, what="its runtime gone")
+    wait_until(lambda: api.get("/api/deployments/small/status").status_code == 404, 60, what="its runtime gone")
     default = api.delete("/api/deployments/demo", params={"confirm": "demo"})
     assert default.status_code == 409 and "disable it instead" in default.json()["detail"]
     actions = {(r["action"], r.get("deployment")) for r in api.get("/api/audit", params={"limit": 50}).json()}

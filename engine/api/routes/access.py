@@ -174,11 +174,13 @@ def create_token(body: TokenIn, auth: AuthDep, principal: PrincipalDep, note: No
     limited = None
     if body.deployments is not None:
         if body.kind != "gateway":
-            raise HTTPException(422, detail="deployments: only a gateway key (kind gateway) is limited to deployments")
+            raise HTTPException(422, detail=[{"loc": ["body", "deployments"], "type": "value_error",
+                                              "msg": "only a gateway key (kind gateway) is limited to deployments"}])
         known = {d.name for d in deployments.all()}
         if unknown := [n for n in body.deployments if n not in known]:
-            raise HTTPException(422, detail=f"deployments: no deployment named {shown(unknown[0])!s} "
-                                f"(GET /api/deployments lists them)")
+            raise HTTPException(422, detail=[{"loc": ["body", "deployments"], "type": "value_error",
+                                              "msg": f"no deployment named {shown(unknown[0])} (GET /api/deployments "
+                                              "lists them)"}])
         limited = list(dict.fromkeys(body.deployments))
     try:
         token, row = auth.create_token(body.name, body.role, body.kind, principal.name,
