@@ -242,8 +242,8 @@ def test_an_expired_sign_in_asks_to_sign_in_again(console_env: EngineHandle) -> 
     assert any("sign in again" in w.value for w in at.warning)
 
 
-@pytest.mark.parametrize("name", ["overview", "gpu_health", "settings", "playground", "events", "metrics",
-                                  "benchmarks", "audit", "access"])
+@pytest.mark.parametrize("name", ["overview", "deployments", "gpu_health", "settings", "playground", "events",
+                                  "metrics", "benchmarks", "audit", "access"])
 def test_unreachable_engine_is_a_message_not_a_traceback(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMOPS_ENGINE_URL", "http://127.0.0.1:9")
     at = page(name, "llmops_any")
