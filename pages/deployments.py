@@ -4,6 +4,7 @@ replicas, placement and the memory they hold; create one from a model the engine
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import streamlit as st
@@ -20,6 +21,9 @@ try:
     found = base.models()
 except ClientError as exc:
     unreachable(exc)
+# deleted from this page: the engine's list may show one for a second more, while its registry stops it
+deleted: dict[str, float] = st.session_state.setdefault("dep_deleted", {})
+rows = [r for r in rows if time.monotonic() - deleted.get(r.name, -60.0) > 10]
 who = me()
 operator = ROLES.index(who.role) >= ROLES.index("operator")
 cpu = engine_status().vllm_build == "cpu"
@@ -42,7 +46,7 @@ def memory(row: DeploymentOut) -> str:
 
 st.dataframe([{"name": r.name + (" (default)" if r.default else ""), "model": r.model or "—", "state": r.state,
                "enabled": r.enabled, "replicas": f"{r.serving} serving of {r.instances}",
-               "revision": r.running_revision or "—", "placement": placement(r), "memory held": memory(r),
+               "revision": str(r.running_revision or "—"), "placement": placement(r), "memory held": memory(r),
                "reason": r.reason} for r in rows], hide_index=True, width="stretch")
 st.caption("Memory held: what the deployment's vLLM processes hold now (on the host for the CPU build, per GPU on "
            "a GPU host). A request's `model` picks the deployment of that name.")
@@ -100,6 +104,7 @@ for row in rows:
                     st.error(f"Not deleted: {exc}", icon=":material/error:")
                 else:
                     st.session_state.pop("dep_deleting", None)
+                    deleted[row.name] = time.monotonic()
                     st.session_state["dep_flash"] = f"Deleted **{row.name}**."
                     if st.session_state.get(deployment.CHOSEN) == row.name:
                         deployment.choose(None)
@@ -151,6 +156,7 @@ else:
                      icon=":material/block:")
         else:
             try:
+                deleted.pop(str(name).strip(), None)  # a name deleted earlier can be taken again
                 made = base.create_deployment(str(name).strip(), values, gpus=gpus, enabled=bool(enabled))
             except InvalidRequestError as exc:
                 for field, reason in exc.fields:
