@@ -129,6 +129,8 @@ else:
                  f"served by {', '.join(m.used_by)}" if m.used_by else ""]
         return f"{value} ({', '.join(e for e in extra if e)})"
 
+    if st.session_state.pop("dep_created", False):  # a new form after a creation (before its widgets)
+        st.session_state["dep_name"] = ""
     with st.form("dep_create", border=True):
         name = st.text_input("Name (the model clients send)", key="dep_name", max_chars=128,
                              placeholder="e.g. small", help="letters, digits and . _ : / -")
@@ -171,6 +173,7 @@ else:
                 st.session_state["dep_flash"] = (f"Created **{made.name}** (revision {made.revision})"
                                                  + (": it is starting." if made.enabled else ", disabled."))
                 st.session_state.pop(deployment.RESOLVED, None)
+                st.session_state["dep_created"] = True
                 st.rerun()
 
 with st.expander("Switch deployment"):

@@ -46,8 +46,9 @@ def node_card(node: NodeOut, placement: str, reason: str | None) -> None:
             st.warning(f"{title} · **suspect**: its sampler did not answer this round, so it has no figures now "
                        "(none are made up); it is tried again at the next sample.", icon=":material/help:")
         else:
+            ray_memory = f" · {fmt.gib(node.memory_bytes)} for Ray" if node.memory_bytes and placement == "ray" else ""
             st.markdown(f"{title} · alive · {node.cpus:g} CPUs · " + (f"{node.gpus:g} GPUs" if node.gpus else "no GPU")
-                        + (f" · {fmt.gib(node.memory_bytes)} for Ray" if node.memory_bytes else ""))
+                        + ray_memory)
         for g in node.gpu_readings:
             gpu_card(g)
             st.caption(f"GPU {g.index} held by: {held_by(g)}")

@@ -115,6 +115,9 @@ def live() -> None:
     st.subheader("GPUs")
     if not gpu.available and gpu.host is not None:
         host_card(gpu.host, gpu.reason)
+        if len(gpu.host.vllm_rss_by_deployment) > 1:
+            st.caption("vLLM's resident memory by deployment: " + ", ".join(
+                f"**{name}** {fmt.gib(rss, 2)}" for name, rss in sorted(gpu.host.vllm_rss_by_deployment.items())))
     for g in gpu.gpus:
         gpu_card(g)
     for alert in gpu.alerts:

@@ -44,7 +44,7 @@ def test_operator_creates_a_second_deployment_opens_it_by_link_and_compares_the_
     seqs = 3 if default.values.max_num_seqs != 3 else 2
 
     open_page(pg, "Deployments")
-    pg.get_by_label("Name (the model clients send)").fill(B)
+    pg.get_by_role("textbox", name="Name (the model clients send)").fill(B)
     seqs_field = pg.get_by_role("spinbutton", name="max_num_seqs", exact=True)
     seqs_field.fill(str(seqs))
     seqs_field.press("Tab")
@@ -105,4 +105,15 @@ def test_operator_creates_a_second_deployment_opens_it_by_link_and_compares_the_
     outputs = pg.get_by_test_id("stMetric").filter(has_text="Output tokens").get_by_test_id("stMetricValue")
     assert [v for v in outputs.all_inner_texts() if v not in ("n/a", "0")], outputs.all_inner_texts()
     no_error_on(pg)
+    pg.get_by_text(re.compile(rf"^A · deployment {re.escape(B)}")).last.scroll_into_view_if_needed()
     shot(pg, "journey-deployments-playground-compare")
+
+    open_page(pg, "GPU health")  # the fleet: this host, no GPU (said so), both deployments' instances on it
+    pg.get_by_text(re.compile(r"the engine's host · alive")).first.wait_for()
+    pg.get_by_text("No GPU on any node: the CPU build of vLLM, host figures only.", exact=False).wait_for()
+    instances = pg.get_by_test_id("stDataFrame").first
+    expect(instances).to_contain_text(B)
+    expect(instances).to_contain_text(a)
+    pg.get_by_text(re.compile(r"^Resident memory by deployment: ")).first.wait_for()
+    no_error_on(pg)
+    shot(pg, "journey-deployments-fleet")
