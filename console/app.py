@@ -24,7 +24,8 @@ import streamlit as st  # noqa: E402
 from console import drafts  # noqa: E402
 from console.client import ROLES, ApiError, ClientError, EngineClient  # noqa: E402
 from console.session import COOKIE  # noqa: E402
-from console.widgets import client, go_to, post_to, sign_in_url, sign_out  # noqa: E402
+from console.widgets import PAGES as PAGE_LINKS  # noqa: E402
+from console.widgets import client, go_to, post_to, sign_in_url, sign_out, switcher  # noqa: E402
 from engine.schemas import MeOut  # noqa: E402
 
 # A local icon: a material one is fetched from fonts.gstatic.com, and the console fetches nothing from the internet.
@@ -102,6 +103,7 @@ def allowed(needed: str) -> bool:
 # (section, page script, title, icon, the least role that sees it)
 PAGE_TABLE = [
     ("Operate", "overview", "Overview", ":material/dashboard:", "viewer"),
+    ("Operate", "deployments", "Deployments", ":material/stacks:", "viewer"),
     ("Operate", "gpu_health", "GPU health", ":material/memory:", "viewer"),
     ("Operate", "settings", "Engine settings", ":material/tune:", "operator"),
     ("Use", "playground", "Playground", ":material/chat:", "prompter"),
@@ -125,13 +127,13 @@ def forbidden(title: str, needed: str) -> st.Page:
 # Other paths people (and older links, like the README's /engine_settings) use for a page: each lands on it.
 ALIASES = {"engine_settings": "settings", "engine-settings": "settings", "gpu": "gpu_health",
            "gpu-health": "gpu_health", "events_and_logs": "events", "events-and-logs": "events", "logs": "events",
-           "home": "overview"}
+           "home": "overview", "fleet": "gpu_health", "models": "deployments"}
 
 
 def alias(path: str, target: st.Page) -> st.Page:
     """A hidden page at ``path`` that sends the browser on to ``target`` (its address becomes the page's own)."""
     def go() -> None:
-        st.switch_page(target)
+        st.switch_page(target, query_params=st.query_params.to_dict())  # ?deployment= goes along
     return st.Page(go, title=target.title, url_path=path, visibility="hidden")
 
 
@@ -146,9 +148,11 @@ for section, script, title, icon, needed in PAGE_TABLE:
 for path, script in ALIASES.items():
     target = by_script[script]
     sections[next(s for s, sc, *_ in PAGE_TABLE if sc == script)].append(alias(path, target))
+st.session_state[PAGE_LINKS] = by_script  # for links between pages (console/widgets.py open_link)
 nav = st.navigation(sections)
 drafts.arrive(nav.url_path)  # a page kept in drafts restores its fields when it is arrived at
 with st.sidebar:
+    switcher()  # the deployment every page acts on, carried in the address (?deployment=)
     st.caption(f"Signed in as **{me.name}** ({role})")
     if st.button("Sign out", icon=":material/logout:"):
         if st.context.cookies.get(COOKIE):  # the console's server revokes the session and clears the cookie

@@ -96,21 +96,33 @@ def session_key() -> str | None:
     return hashlib.sha256(token.encode()).hexdigest() if isinstance(token, str) and token else None
 
 
-def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None) -> None:
+def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None, *,
+         per_deployment: bool = True) -> None:
     """At the top of a page, before its widgets: put back the fields Streamlit dropped (a page switch, a reload)
     from the page's draft, give the ones still missing their ``defaults``, then record the fields as they are now.
     Widgets of kept keys take their value from Session State only (no ``value=``, ``index=`` or ``default=``
-    argument: the first value comes from ``defaults``)."""
+    argument: the first value comes from ``defaults``). ``per_deployment``: a draft for each deployment the
+    switcher picks (console/deployment.py), so that one deployment's fields never show on another's page."""
     keys = list(keys)
+    if per_deployment:
+        from console.widgets import chosen  # here: console.widgets imports this module
+
+        name = chosen().name
+        page = f"{page}@{name}" if name else page
     session = session_key()
     draft = STORE.get(session, page) if session is not None else {}
     # Arriving from another page, a field's value in Session State may be stale: one first set through Session
     # State before its widget existed lingers under its key after the widget is gone, with that first value.
     # Until the page has been drawn whole once (settle), the draft wins.
     arrived = bool(st.session_state.get(ARRIVED))
+    base = page.split("@", 1)[0]
+    switched = st.session_state.get(f"_draft_of_{base}", page) != page  # another deployment on the same page
+    st.session_state[f"_draft_of_{base}"] = page
     for key in keys:
-        if key in draft and (arrived or key not in st.session_state):
+        if key in draft and (arrived or switched or key not in st.session_state):
             st.session_state[key] = draft[key]
+        elif switched:  # the other deployment's value is not this one's: its default, or none
+            st.session_state.pop(key, None)
     for key, value in (defaults or {}).items():
         st.session_state.setdefault(key, value)
     if session is not None:

@@ -9,6 +9,7 @@ from typing import Any
 import streamlit as st
 
 from console import fmt
+from console.deployment import scope  # an apply is watched per deployment
 from console.widgets import client
 from engine.schemas import ApplyPlanOut, ApplyProgress, EventOut, StartupView, StatusOut
 
@@ -105,9 +106,9 @@ def watch(revision: int, what: str) -> None:
     """Follow the restart that applies ``revision`` (an apply or a rollback): its events from now on, timed from
     now; the page reruns to show it."""
     marker = client().events(limit=1, newest_first=True)
-    st.session_state["applying"] = {"revision": revision, "since": marker[0].id if marker else 0,
+    st.session_state[f"applying{scope()}"] = {"revision": revision, "since": marker[0].id if marker else 0,
                                     "t0": time.time(), "what": what}
-    st.session_state.pop("apply_outcome", None)
+    st.session_state.pop(f"apply_outcome{scope()}", None)
     st.rerun()
 
 
@@ -147,7 +148,7 @@ def outcome(applying: dict[str, Any], now: StatusOut, events: list[EventOut]) ->
 @st.fragment(run_every=1)
 def progress() -> None:
     """While this session applies a revision (or vLLM is starting for any reason): the start, live."""
-    applying = st.session_state.get("applying")
+    applying = st.session_state.get(f"applying{scope()}")
     now = client().status()
     if not applying:
         busy = now.state in ("starting", "draining", "stopping") or any(i.role != "serving" for i in now.instances)
@@ -177,16 +178,16 @@ def progress() -> None:
         if now.state != "starting":
             st.info(f"vLLM is {now.state}: {now.reason}", icon=":material/autorenew:")
         return
-    st.session_state.pop("applying")
+    st.session_state.pop(f"applying{scope()}")
     view = now.startup if now.startup is not None and now.startup.revision == applying["revision"] else None
-    st.session_state["apply_outcome"] = (*ended, lines, view)
+    st.session_state[f"apply_outcome{scope()}"] = (*ended, lines, view)
     st.session_state["clear_note"] = True
     st.rerun(scope="app")  # the whole page: state banner, form and history follow the new revision
 
 
 def last_outcome() -> None:
     """How the latest apply of this session ended, with its timeline and the start's phases."""
-    ended = st.session_state.get("apply_outcome")
+    ended = st.session_state.get(f"apply_outcome{scope()}")
     if not ended:
         return
     kind, message, lines, view = ended

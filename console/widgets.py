@@ -8,24 +8,87 @@ from typing import NoReturn
 from urllib.parse import urlencode, urlsplit
 
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
-from console import drafts, fmt
+from console import deployment, drafts, fmt
 from console.client import ClientError, EngineClient, EngineUnreachableError, UnauthorizedError
 from console.session import safe_next
-from engine.schemas import EventOut, GpuView, HostReading, MeOut, StatusOut
+from engine.schemas import DeploymentOut, EventOut, GpuView, HostReading, MeOut, StatusOut
 
 STATE_BADGE = {"ready": ("green", ":material/check_circle:"), "starting": ("orange", ":material/hourglass_top:"),
                "draining": ("orange", ":material/hourglass_bottom:"), "stopping": ("orange", ":material/pending:"),
                "stopped": ("gray", ":material/stop_circle:"), "failed": ("red", ":material/error:")}
 
 
-def client() -> EngineClient:
-    """This browser session's client, carrying its sign-in token."""
+def base_client() -> EngineClient:
+    """This browser session's client, carrying its sign-in token, acting on the default deployment."""
     c: EngineClient | None = st.session_state.get("_client")
     if c is None or c.token != st.session_state.get("token"):
         c = EngineClient(os.environ.get("LLMOPS_ENGINE_URL"), timeout=10.0, token=st.session_state.get("token"))
         st.session_state["_client"] = c
     return c
+
+
+def chosen() -> deployment.Choice:
+    """The deployment this page acts on: the address's ?deployment= (or the one chosen before a page switch)."""
+    return deployment.resolve(base_client())
+
+
+def client() -> EngineClient:
+    """This browser session's client, acting on the deployment chosen in the switcher (console/deployment.py)."""
+    name = chosen().name
+    return base_client() if name is None else base_client().of(name)
+
+
+def deployment_header(what: str = "") -> deployment.Choice:
+    """Under a page's title: which deployment its figures and actions are of (where there are several), and a
+    clear word when the address names one the engine does not know."""
+    choice = chosen()
+    if choice.unknown is not None:
+        st.warning(f"There is no deployment named **{choice.unknown}**: this page shows the default deployment, "
+                   f"**{choice.default_name}**. Pick one in the sidebar, or see the Deployments page.",
+                   icon=":material/search_off:")
+    elif choice.name is not None or len(choice.rows) > 1:
+        st.caption(f"Deployment **{choice.shown}**" + (" (the default)" if choice.name is None else "")
+                   + (f" · {what}" if what else ""))
+    return choice
+
+
+def deployment_label(row: DeploymentOut) -> str:
+    return f"{row.name} · {row.state}" + ("" if row.enabled else " (disabled)")
+
+
+PAGES = "_pages"  # Session State: the frame's pages by script name (console/app.py), for links between them
+
+
+def open_link(script: str, label: str, name: str, *, icon: str | None = None, help: str | None = None,
+              where: DeltaGenerator | None = None) -> None:
+    """A link to a page of the console acting on deployment ``name`` (its address carries ?deployment=)."""
+    target = st.session_state.get(PAGES, {}).get(script)
+    box = where if where is not None else st
+    if target is not None:
+        box.page_link(target, label=label, icon=icon, help=help, query_params={deployment.PARAM: name})
+    else:  # a page run on its own (a test): a plain link to the same address
+        box.markdown(f"[{label}](/{script}?{urlencode({deployment.PARAM: name})})", help=help)
+
+
+def switcher() -> None:
+    """The sidebar's deployment switcher (quiet while there is only the default deployment)."""
+    choice = chosen()
+    rows = choice.rows
+    if len(rows) <= 1 and choice.name is None:
+        return
+    names = [r.name for r in rows]
+    current = choice.shown if choice.shown in names else (names[0] if names else choice.shown)
+    labels = {r.name: deployment_label(r) + (" · default" if r.default else "") for r in rows}
+    key = f"_switch_{current}"  # a new widget when the choice changes elsewhere (a deep link, the Deployments page)
+
+    def picked() -> None:
+        deployment.choose(st.session_state.get(key))
+
+    st.selectbox("Deployment", names, index=names.index(current) if current in names else 0, key=key,
+                 format_func=lambda n: labels.get(n, n), on_change=picked,
+                 help="the deployment the pages act on; kept in the address (?deployment=) for links and reloads")
 
 
 def me() -> MeOut:

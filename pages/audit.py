@@ -67,7 +67,8 @@ def sentence(r: AuditOut) -> str:
     return text + (f" — refused ({status})" if status >= 400 else "")
 
 
-drafts.keep("audit", ["au_actor", "au_action", "au_day", "au_text"])  # the filters, kept across pages and reloads
+drafts.keep("audit", ["au_actor", "au_action", "au_day", "au_text"],  # the filters, kept across pages and reloads
+            per_deployment=False)
 c1, c2, c3, c4, c5 = st.columns([2, 2, 2, 3, 2], vertical_alignment="bottom")
 actor = c1.text_input("Actor", key="au_actor") or None
 action = c2.selectbox("Action", ["all", "settings", "engine", "benchmarks", "users", "tokens", "prompts", "auth"],

@@ -8,10 +8,11 @@ import streamlit as st
 from console import charts, fmt
 from console.client import ApiError, ClientError
 from console.restart import plan_box
-from console.widgets import client, engine_status, restart_banner, unreachable
+from console.widgets import client, deployment_header, engine_status, restart_banner, unreachable
 from engine.schemas import BenchmarkRunOut
 
 st.title("Benchmarks")
+deployment_header("runs against it, through the gateway, and its results")
 status = engine_status()
 restart_banner(status)
 try:

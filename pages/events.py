@@ -10,10 +10,11 @@ import streamlit as st
 
 from console import drafts, fmt
 from console.client import ClientError
-from console.widgets import SEVERITY_ICON, client, unreachable
+from console.widgets import SEVERITY_ICON, client, deployment_header, unreachable
 from engine.schemas import EventOut
 
 st.title("Events & logs")
+deployment_header("its events and its vLLM log")
 GROUPS = {
     "Settings changes": ["settings_changed"],
     "Applies & restarts": ["apply_plan", "apply_done", "start_requested", "stop_requested", "restart_requested",

@@ -1,4 +1,6 @@
-"""GPU health: per-GPU cards, history from 5 minutes to 7 days, balance across an engine's GPUs, alerts."""
+"""GPU health as a fleet view: each node (the engine's host, or every node of the Ray cluster, the lost ones
+marked) → its GPUs (or its host, where it has none) → the instances on it, and which deployment holds what memory
+where; then history from 5 minutes to 7 days, balance across an engine's GPUs, alerts."""
 
 from __future__ import annotations
 
@@ -8,17 +10,77 @@ import streamlit as st
 
 from console import charts, drafts, fmt
 from console.client import ClientError
-from console.widgets import client, gpu_card, host_card, unreachable
+from console.widgets import base_client, client, gpu_card, host_card, unreachable
+from engine.schemas import FleetOut, GpuView, NodeOut
 
 st.title("GPU health")
 WINDOWS = {"5 min": "5m", "15 min": "15m", "1 hour": "1h", "6 hours": "6h", "24 hours": "24h", "7 days": "7d"}
-drafts.keep("gpu_health", ["gpu_window"], {"gpu_window": "15 min"})  # kept across pages and reloads
+# kept across pages and reloads, one for the whole fleet
+drafts.keep("gpu_health", ["gpu_window"], {"gpu_window": "15 min"}, per_deployment=False)
 window = st.segmented_control("Window", list(WINDOWS), key="gpu_window") or "15 min"
+
+
+def held_by(g: GpuView) -> str:
+    """Which deployment holds what memory on a GPU (NVML's processes), others' processes summed."""
+    mine: dict[str, int] = {}
+    others = 0
+    for proc in g.processes:
+        if proc.ours and proc.deployment:
+            mine[proc.deployment] = mine.get(proc.deployment, 0) + (proc.used_memory or 0)
+        else:
+            others += proc.used_memory or 0
+    parts = [f"**{name}** {fmt.gib(used, 2)}" for name, used in sorted(mine.items())]
+    if others:
+        parts.append(f"other processes {fmt.gib(others, 2)}")
+    return ", ".join(parts) or "no process"
+
+
+def node_card(node: NodeOut, placement: str, reason: str | None) -> None:
+    where = "the engine's host" if placement == "local" else ("head node" if node.head else "node")
+    title = f"**{node.address or node.id}** · {where}"
+    with st.container(border=True):
+        if not node.alive:
+            st.error(f"{title} · **lost**: Ray lists it dead. Its instances are started again on a node with room "
+                     "(see where below and on the Events page).", icon=":material/cloud_off:")
+        elif not node.telemetry:
+            st.warning(f"{title} · **suspect**: its sampler did not answer this round, so it has no figures now "
+                       "(none are made up); it is tried again at the next sample.", icon=":material/help:")
+        else:
+            ray_memory = f" · {fmt.gib(node.memory_bytes)} for Ray" if node.memory_bytes and placement == "ray" else ""
+            st.markdown(f"{title} · alive · {node.cpus:g} CPUs · " + (f"{node.gpus:g} GPUs" if node.gpus else "no GPU")
+                        + ray_memory)
+        for g in node.gpu_readings:
+            gpu_card(g)
+            st.caption(f"GPU {g.index} held by: {held_by(g)}")
+        if not node.gpu_readings and node.host is not None:
+            host_card(node.host, reason)
+            by = node.host.vllm_rss_by_deployment
+            if by:
+                st.caption("Resident memory by deployment: " + ", ".join(
+                    f"**{name}** {fmt.gib(rss, 2)}" for name, rss in sorted(by.items())))
+        if node.instances:
+            st.dataframe([{"deployment": i.deployment, "instance": i.name, "role": i.role, "revision": i.revision,
+                           "serving": i.serving, "address": i.address or "starting"} for i in node.instances],
+                         hide_index=True, width="stretch")
+        elif node.alive:
+            st.caption("No instance runs on this node.")
+
+
+def fleet_view(fleet: FleetOut, reason: str | None) -> None:
+    alive = sum(1 for n in fleet.nodes if n.alive)
+    gpus = sum(len(n.gpu_readings) for n in fleet.nodes)
+    st.subheader("Fleet")
+    st.caption(("Local placement: every instance is a child process of the engine on this host." if
+                fleet.placement == "local" else f"Ray cluster: {alive} of {len(fleet.nodes)} node(s) alive.")
+               + (f" {gpus} GPU(s)." if gpus else " No GPU on any node: the CPU build of vLLM, host figures only."))
+    for node in fleet.nodes:
+        node_card(node, fleet.placement, reason)
 
 
 @st.fragment(run_every=2)
 def health() -> None:
     try:
+        fleet = base_client().fleet()
         gpu = client().gpu()
         history = client().gpu_history(WINDOWS[window])
         events = client().events(kinds=list(charts.MARKER_KINDS), limit=500, newest_first=True)
@@ -32,9 +94,9 @@ def health() -> None:
     for alert in gpu.alerts:
         st.error(f"**{alert.alert}** on GPU {alert.gpu}: {alert.message} (since {fmt.clock(alert.since)})",
                  icon=":material/warning:")
+    fleet_view(fleet, gpu.reason)
+    st.subheader("History" + (" of the engine's host" if fleet.placement != "local" else ""))
     if not gpu.available:
-        if gpu.host is not None:
-            host_card(gpu.host, gpu.reason)
         c1, c2 = st.columns(2)
         c1.plotly_chart(charts.timeseries(history, "util_gpu", {"-1": "host CPU"}, marks).update_layout(
             title_text="Host CPU"), theme="streamlit")
@@ -42,8 +104,6 @@ def health() -> None:
             title_text="Host memory used"), theme="streamlit")
         st.caption("Dotted lines: settings changes, restarts, rollbacks, failures and alerts in this window.")
         return
-    for g in gpu.gpus:
-        gpu_card(g)
     balance = gpu.balance
     if balance:
         st.subheader("Balance" + (" of the engine's GPUs" if balance.scope == "engine" else ""))

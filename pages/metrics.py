@@ -6,9 +6,10 @@ import streamlit as st
 
 from console import charts, drafts, fmt
 from console.client import ClientError
-from console.widgets import client, engine_status, restart_banner, unreachable
+from console.widgets import client, deployment_header, engine_status, restart_banner, unreachable
 
 st.title("Metrics")
+deployment_header("the figures below are its own")
 WINDOWS = {"15 min": "15m", "1 hour": "1h", "6 hours": "6h", "24 hours": "24h", "7 days": "7d"}
 CHARTS = [("generation_tokens_per_s", "Generation", "tokens/s", 1.0),
           ("e2e_seconds_p95", "End-to-end latency P95", "s", 1.0),

@@ -11,11 +11,16 @@ from console import fmt
 from console.client import ClientError
 from console.restart import instances, plan_text
 from console.widgets import (
+    STATE_BADGE,
+    base_client,
+    chosen,
     client,
+    deployment_header,
     engine_status,
     event_line,
     gpu_card,
     host_card,
+    open_link,
     restart_banner,
     state_badge,
     unreachable,
@@ -23,6 +28,44 @@ from console.widgets import (
 from engine.schemas import SNIPPET_MAX_TOKENS, GatewayInfo
 
 st.title("Overview")
+
+
+@st.fragment(run_every=5)
+def fleet() -> None:
+    """The fleet at a glance: the deployments and their states, the nodes, the GPUs (or the host's CPU build)."""
+    try:
+        rows = base_client().deployments()
+        view = base_client().fleet()
+    except ClientError as exc:
+        unreachable(exc)
+    alive = [n for n in view.nodes if n.alive]
+    gpus = sum(len(n.gpu_readings) for n in view.nodes)
+    ready = sum(1 for r in rows if r.state == "ready")
+    c = st.columns(4)
+    c[0].metric("Deployments", f"{ready} of {len(rows)} ready",
+                help=", ".join(f"{r.name}: {r.state}" for r in rows))
+    c[1].metric("Nodes", f"{len(alive)} of {len(view.nodes)} alive",
+                help="the engine's host (local placement)" if view.placement == "local" else "the Ray cluster's")
+    c[2].metric("GPUs", str(gpus) if gpus else "none",
+                help="no GPU on any node: the CPU build of vLLM runs on the hosts" if not gpus else None)
+    c[3].metric("Placement", "this host" if view.placement == "local" else "Ray cluster")
+    lost = [n for n in view.nodes if not n.alive]
+    for n in lost:
+        st.error(f"Node **{n.address or n.id}** is lost: its instances are started again where there is room.",
+                 icon=":material/cloud_off:")
+    if len(rows) > 1:
+        shown = chosen().shown
+        with st.container(horizontal=True, vertical_alignment="center"):
+            for r in rows:
+                color, icon = STATE_BADGE.get(r.state, ("gray", ":material/help:"))
+                st.badge(f"{r.name} · {r.state}" + ("" if r.enabled else " (disabled)"), color=color,  # type: ignore[arg-type]
+                         icon=icon)
+                if r.name != shown:
+                    open_link("overview", f"open {r.name}", r.name)
+
+
+fleet()
+deployment_header("its details below")
 
 
 @st.fragment(run_every=2)
@@ -72,6 +115,9 @@ def live() -> None:
     st.subheader("GPUs")
     if not gpu.available and gpu.host is not None:
         host_card(gpu.host, gpu.reason)
+        if len(gpu.host.vllm_rss_by_deployment) > 1:
+            st.caption("vLLM's resident memory by deployment: " + ", ".join(
+                f"**{name}** {fmt.gib(rss, 2)}" for name, rss in sorted(gpu.host.vllm_rss_by_deployment.items())))
     for g in gpu.gpus:
         gpu_card(g)
     for alert in gpu.alerts:

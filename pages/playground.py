@@ -1,6 +1,7 @@
 """Playground: try prompts on the served model (a multi-turn chat, or a completion), streamed, with what each run
-cost; ask for JSON through vLLM's structured outputs and see it checked; compare two parameter sets side by side,
-run at the same time; keep prompts the team shares."""
+cost; ask for JSON through vLLM's structured outputs and see it checked; compare two parameter sets, or two
+deployments (one prompt, each answered by its own model), side by side, run at the same time; keep prompts the
+team shares."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import streamlit as st
 
 from console import drafts, fmt
 from console.client import ClientError, EngineClient, Run
-from console.widgets import client, engine_status, me, restart_banner, unreachable
+from console.widgets import client, deployment_header, engine_status, me, restart_banner, unreachable
 from engine.schemas import PLAYGROUND_MAX_TOKENS, ROLES, PromptOut
 
 st.title("Playground")
@@ -35,12 +36,14 @@ DEFAULTS: dict[str, Any] = {"temperature": 0.7, "top_p": 1.0, "max_tokens": PLAY
 FIRST = {"pg_mode": "chat", "pg_messages": [], "pg_schema": DEFAULT_SCHEMA,
          **{f"pg_{tag}_{name}": value for tag in ("a", "b") for name, value in DEFAULTS.items()}}
 DRAFT = [*FIRST, "pg_template", "pg_system", "pg_prompt", "pg_format", "pg_compare", "pg_save_name", "pg_last",
-         "saved_choice"]
-drafts.keep("playground", DRAFT, FIRST)
+         "saved_choice", "pg_compare_deps", "pg_dep_a", "pg_dep_b"]
+drafts.keep("playground", DRAFT, FIRST, per_deployment=False)  # it compares deployments
 
+here = deployment_header("a run sends its name as `model` through the gateway")
 status = engine_status()
 restart_banner(status)
-model = status.model or "demo"
+model = here.shown  # the name clients send: the gateway routes a request by it to its deployment
+deployment_names = [r.name for r in here.rows] or [model]
 
 
 def load_prompt(p: PromptOut | None) -> None:
@@ -156,7 +159,22 @@ out_format = c1.selectbox("Output format", FORMATS, key="pg_format",
                           help="JSON through vLLM's structured outputs: the reply is constrained to JSON, or to "
                           "the schema; the playground checks what comes back.")
 schema_text = c2.text_area("JSON schema", key="pg_schema", height=110) if out_format == "JSON schema" else None
-compare = st.toggle("Compare two parameter sets side by side", key="pg_compare")
+c1, c2 = st.columns(2)
+compare_deps = c2.toggle("Compare two deployments side by side", key="pg_compare_deps",
+                         disabled=len(deployment_names) < 2,
+                         help="one prompt, sent to both (model = each deployment's name), with the same parameters"
+                         if len(deployment_names) > 1 else "there is only one deployment: create another on the "
+                         "Deployments page")
+compare_deps = compare_deps and len(deployment_names) > 1
+compare = c1.toggle("Compare two parameter sets side by side", key="pg_compare", disabled=compare_deps) \
+    and not compare_deps
+if compare_deps:
+    for tag, fallback in (("a", model), ("b", next((n for n in deployment_names if n != model), model))):
+        if st.session_state.get(f"pg_dep_{tag}") not in deployment_names:
+            st.session_state[f"pg_dep_{tag}"] = fallback
+    d = st.columns(2)
+    d[0].selectbox("Deployment A", deployment_names, key="pg_dep_a")
+    d[1].selectbox("Deployment B", deployment_names, key="pg_dep_b")
 
 
 def params_form(tag: str) -> None:
@@ -167,8 +185,9 @@ def params_form(tag: str) -> None:
     c[3].text_input("stop (comma-separated)", key=f"pg_{tag}_stop")
 
 
-def label(tag: str, params: dict[str, Any]) -> str:
-    return (f"**{tag}** · temperature {params['temperature']:g} · top_p {params['top_p']:g} · "
+def label(tag: str, params: dict[str, Any], deployment: str | None = None) -> str:
+    return (f"**{tag}**" + (f" · deployment **{deployment}**" if deployment else "")
+            + f" · temperature {params['temperature']:g} · top_p {params['top_p']:g} · "
             f"max_tokens {params['max_tokens']}" + (f" · stop {params['stop']}" if params["stop"] else ""))
 
 
@@ -246,13 +265,15 @@ def show_stats(run: Run, narrow: bool = False) -> None:
         (st.success if ok else st.error)(f"JSON check: {message}", icon=":material/data_object:")
 
 
-def show_run(tag: str | None, run: Run, *, text: bool = True) -> None:
+def show_run(tag: str | None, run: Run, *, text: bool = True, by_deployment: bool = False) -> None:
     if tag:
-        st.markdown(label(tag, run.params))
+        st.markdown(label(tag, run.params, run.model if by_deployment else None))
     if text:
         with st.container(border=True):
             st.markdown(run.text or "*(no text)*")
     show_stats(run, narrow=tag is not None)
+    if tag and run.total_s is not None and not run.error:
+        st.caption(f"Whole request: {fmt.seconds(run.total_s)} · model `{run.model}`")
 
 
 prompt = st.session_state.get("pg_prompt", "")
@@ -262,6 +283,11 @@ with b2.popover("Save prompt"):
     st.text_input("Name", key="pg_save_name", max_chars=200)
     st.button("Save", disabled=not (str(st.session_state.get("pg_save_name", "")).strip() and prompt.strip()),
               on_click=save_prompt)
+
+
+def by_deployment(runs: dict[str, Run] | list[tuple[str, Run]]) -> bool:
+    """Whether the runs went to different deployments (then each is labelled with its own)."""
+    return len({run.model for _, run in (runs.items() if isinstance(runs, dict) else runs)}) > 1
 
 
 def stream_all(runs: dict[str, Run]) -> None:
@@ -278,7 +304,7 @@ def stream_all(runs: dict[str, Run]) -> None:
     for col, (tag, run) in zip(columns, runs.items(), strict=True):
         with col:
             if len(runs) > 1:
-                st.markdown(label(tag, run.params))  # labelled before it runs
+                st.markdown(label(tag, run.params, run.model if by_deployment(runs) else None))  # before it runs
             boxes[tag] = st.empty()
     threads = [threading.Thread(target=go, args=(run,), daemon=True) for run in runs.values()]
     for t in threads:
@@ -297,10 +323,13 @@ elif run_clicked:
     fmt_ = response_format()
     history = [{"role": t["role"], "content": t["content"]} for t in st.session_state["pg_messages"]] \
         if mode == "chat" else []
-    runs = {tag.upper(): Run(model=model, mode=mode, prompt=prompt, history=history,
+    targets = {"a": st.session_state["pg_dep_a"], "b": st.session_state["pg_dep_b"]} if compare_deps else \
+        {"a": model, "b": model}
+    runs = {tag.upper(): Run(model=targets[tag], mode=mode, prompt=prompt, history=history,
                              system=st.session_state.get("pg_system", "") if mode == "chat" else "",
-                             params={**params_of(tag), **({"response_format": fmt_} if fmt_ else {})})
-            for tag in (("a", "b") if compare else ("a",))}
+                             params={**params_of("a" if compare_deps else tag),
+                                     **({"response_format": fmt_} if fmt_ else {})})
+            for tag in (("a", "b") if compare or compare_deps else ("a",))}
     stream_all(runs)
     st.session_state["pg_last"] = list(runs.items())
     first = next(iter(runs.values()))
@@ -314,6 +343,6 @@ if last:
     columns = st.columns(len(last))
     for col, (tag, run) in zip(columns, last, strict=True):
         with col:  # a single chat reply is in the conversation above: its figures only
-            show_run(tag if len(last) > 1 else None, run,
+            show_run(tag if len(last) > 1 else None, run, by_deployment=by_deployment(last),
                      text=len(last) > 1 or run.mode != "chat" or bool(run.error))
 drafts.settle()  # drawn whole from the draft: from now on the fields are the user's

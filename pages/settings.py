@@ -14,10 +14,11 @@ import streamlit as st
 from console import charts, fmt
 from console.client import ClientError, SettingsRejectedError, StaleRevisionError
 from console.restart import last_outcome, plan_box, plan_eta_text, progress, watch
-from console.widgets import client, engine_status, restart_banner, unreachable
+from console.widgets import client, deployment_header, engine_status, restart_banner, unreachable
 from engine.schemas import CapacityOut, Finding, FitValue, RestartEta, RevisionOut
 
 st.title("Engine settings")
+here = deployment_header("the form, the apply and the history are its own").name or ""
 CHOICES = {"dtype": ["auto", "bfloat16", "float16", "float32"],
            "kv_cache_dtype": ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"],
            "load_format": ["auto", "safetensors", "pt", "dummy", "gguf", "bitsandbytes", "fastsafetensors",
@@ -65,15 +66,19 @@ def from_widget(name: str, value: Any) -> Any:
 # Each widget is created with its starting value as its default (no flash of a widget's minimum before the value
 # arrives, as seeding Session State gives). Its key names the desired revision and a per-field generation: a new
 # revision, "use this value" or "discard" makes a new widget, so the form starts from the desired revision again.
-form = st.session_state.setdefault("settings_form", {"revision": None, "gens": {}, "overrides": {}})
+# One form per deployment: another deployment's edits or suggestions never show in this one's fields.
+form = st.session_state.setdefault(f"settings_form@{here}", {"revision": None, "gens": {}, "overrides": {}})
 if form["revision"] != desired.revision:
     form.update(revision=desired.revision, gens={}, overrides={})
+if st.session_state.get("apply_note_of") != here:  # a note written for another deployment is not this one's
+    st.session_state["apply_note_of"] = here
+    st.session_state["clear_note"] = True
 if st.session_state.pop("clear_note", False):
     st.session_state["apply_note"] = ""
 
 
 def key(name: str) -> str:
-    return f"f_{name}_{form['revision']}_{form['gens'].get(name, 0)}"
+    return f"f_{name}_{here}_{form['revision']}_{form['gens'].get(name, 0)}"
 
 
 def start(name: str) -> Any:
@@ -236,7 +241,7 @@ def confirm_apply(changes: dict[str, Any], cap: CapacityOut | None) -> None:
 def preflight_of(rev: RevisionOut) -> CapacityOut | None:
     """Pre-flight of an earlier revision's values against this device now (None when the engine refuses to
     compute it: the values do not validate any more); kept for this desired revision."""
-    cache: dict[tuple[int, int], CapacityOut | None] = st.session_state.setdefault("rollback_checks", {})
+    cache: dict[tuple[int, int], CapacityOut | None] = st.session_state.setdefault(f"rollback_checks@{here}", {})
     key = (rev.revision, desired.revision)
     if key not in cache:
         try:

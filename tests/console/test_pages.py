@@ -242,9 +242,134 @@ def test_an_expired_sign_in_asks_to_sign_in_again(console_env: EngineHandle) -> 
     assert any("sign in again" in w.value for w in at.warning)
 
 
-@pytest.mark.parametrize("name", ["overview", "gpu_health", "settings", "playground", "events", "metrics",
-                                  "benchmarks", "audit", "access"])
+@pytest.mark.parametrize("name", ["overview", "deployments", "gpu_health", "settings", "playground", "events",
+                                  "metrics", "benchmarks", "audit", "access"])
 def test_unreachable_engine_is_a_message_not_a_traceback(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMOPS_ENGINE_URL", "http://127.0.0.1:9")
     at = page(name, "llmops_any")
     assert any("The engine is unreachable" in e.value for e in at.error)
+
+
+# --- deployments: the switcher, the Deployments page -------------------------------------------------------------
+
+SECOND = "pages-b"
+
+
+@pytest.fixture
+def second(console_env: EngineHandle) -> Iterator[str]:
+    """A second deployment of the demo model, disabled (its settings and pages, no vLLM start), removed after."""
+    c = console_env.client
+    if SECOND not in {d.name for d in c.deployments()}:
+        c.create_deployment(SECOND, {"model": c.settings().values.model, "max_num_seqs": 3, "cpu_kv_cache_gib": 0.25},
+                            enabled=False)
+    yield SECOND
+    if SECOND in {d.name for d in c.deployments()}:
+        c.delete_deployment(SECOND, confirm=SECOND)
+
+
+def page_at(name: str, token: str, deployment: str | None = None) -> AppTest:
+    """A page opened at its address with ``?deployment=`` (a deep link, or a reload of one)."""
+    at = AppTest.from_file(f"../../pages/{name}.py", default_timeout=60)
+    at.session_state["token"] = token
+    if deployment is not None:
+        at.query_params["deployment"] = deployment
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_the_address_picks_the_deployment_the_settings_form_is_of(console_env: EngineHandle, second: str) -> None:
+    default = console_env.client.settings()
+    assert default.values.max_num_seqs != 3
+    at = page_at("settings", console_env.token, second)
+    assert number(at, "max_num_seqs").value == 3  # B's value, not the default deployment's
+    assert f"Deployment **{second}**" in texts(at)
+    history = [e.label for e in at.expander if e.label.startswith("**")]  # its revisions only
+    assert len(history) == 1 and history[0].startswith(f"**{console_env.client.of(second).settings().revision}**")
+    plain = page_at("settings", console_env.token)  # no parameter: the default deployment, as always
+    assert number(plain, "max_num_seqs").value == default.values.max_num_seqs
+
+
+def test_an_edit_of_one_deployments_form_never_shows_in_anothers(console_env: EngineHandle, second: str) -> None:
+    default = console_env.client.settings()
+    at = page_at("settings", console_env.token)
+    number(at, "max_num_seqs").set_value(default.values.max_num_seqs + 5).run()
+    at.query_params["deployment"] = second  # the switcher, in the same browser session
+    at.run()
+    assert not at.exception
+    assert number(at, "max_num_seqs").value == 3
+    assert any(c.value.startswith("No edits") for c in at.caption)
+    at.query_params["deployment"] = next(d.name for d in console_env.client.deployments() if d.default)
+    at.run()  # back on the default one
+    # its own desired revision again (the form starts from it on every return, as after a page switch), not B's
+    assert number(at, "max_num_seqs").value == default.values.max_num_seqs
+    assert console_env.client.settings().revision == default.revision
+
+
+def test_metrics_drafts_are_kept_per_deployment(console_env: EngineHandle, second: str) -> None:
+    at = page_at("metrics", console_env.token)
+    at.segmented_control(key="metrics_window").set_value("6 hours").run()
+    at.query_params["deployment"] = second
+    at.run()
+    assert not at.exception
+    assert at.segmented_control(key="metrics_window").value == "1 hour"  # B's own (none yet: the default)
+    assert f"Deployment **{second}**" in texts(at)
+    again = page_at("metrics", console_env.token)  # a reload of the default one's page
+    assert again.segmented_control(key="metrics_window").value == "6 hours"
+
+
+def test_an_unknown_deployment_in_the_address_is_said_and_the_default_shown(console_env: EngineHandle) -> None:
+    for name in ("overview", "settings", "metrics", "events", "playground", "benchmarks"):
+        at = page_at(name, console_env.token, "no-such-deployment")
+        warning = "\n".join(w.value for w in at.warning)
+        assert "There is no deployment named **no-such-deployment**" in warning, name
+        assert "shows the default deployment, **demo**" in warning, name
+    at = page_at("settings", console_env.token, "no-such-deployment")
+    assert number(at, "max_num_seqs").value == console_env.client.settings().values.max_num_seqs
+
+
+def test_deployments_page_creates_disables_and_deletes_after_confirmation(console_env: EngineHandle) -> None:
+    c = console_env.client
+    name = "pages-created"
+    at = page("deployments", console_env.token)
+    assert any(r.startswith("demo") for r in at.dataframe[0].value["name"])
+    model = c.settings().values.model
+    assert any(o.startswith(f"{model} (local") for o in at.selectbox(key="dep_model").options)  # /api/models
+    # a bad name: the engine's own reason, shown at the field, nothing created
+    at.text_input(key="dep_name").set_value("bad name!")
+    at.toggle(key="dep_enabled").set_value(False)
+    next(b for b in at.button if b.label == "Create").click().run()
+    assert not at.exception
+    assert any(e.value.startswith("**name**") for e in at.error), [e.value for e in at.error]
+    assert name not in {d.name for d in c.deployments()}
+    at.text_input(key="dep_name").set_value("demo")  # taken
+    next(b for b in at.button if b.label == "Create").click().run()
+    assert any("demo" in e.value for e in at.error), [e.value for e in at.error]
+    at.text_input(key="dep_name").set_value(name)
+    at.number_input(key="dep_seqs").set_value(2)
+    next(b for b in at.button if b.label == "Create").click().run()
+    assert not at.exception
+    assert f"Created **{name}**" in "\n".join(s.value for s in at.success)
+    row = next(d for d in c.deployments() if d.name == name)
+    assert not row.enabled and c.of(name).settings().values.max_num_seqs == 2
+    assert any(n.startswith(name) for n in at.dataframe[0].value["name"])  # listed at once
+    # enable, then disable again
+    at.button(key=f"dep_enable_{row.id}").click().run()
+    assert next(d for d in c.deployments() if d.name == name).enabled
+    assert "Enabled" in "\n".join(s.value for s in at.success)
+    at.button(key=f"dep_disable_{row.id}").click().run()
+    assert not next(d for d in c.deployments() if d.name == name).enabled
+    # delete: it says what goes, and wants the name typed
+    assert at.button(key=f"dep_delete_{c.deployments()[0].id}").disabled  # the default one cannot go
+    at.button(key=f"dep_delete_{row.id}").click().run()
+    assert any(f"Deleting **{name}**" in w.value and "revision(s)" in w.value for w in at.warning)
+    go = next(b for b in at.button if b.label == "Delete for good")
+    assert go.disabled
+    at.text_input(key=f"dep_confirm_{row.id}").set_value("pages-create").run()  # not quite its name
+    assert next(b for b in at.button if b.label == "Delete for good").disabled
+    at.text_input(key=f"dep_confirm_{row.id}").set_value(name).run()
+    next(b for b in at.button if b.label == "Delete for good").click().run()
+    assert not at.exception
+    assert f"Deleted **{name}**" in "\n".join(s.value for s in at.success)
+    assert name not in {d.name for d in c.deployments()}
+    assert not any(n.startswith(name) for n in at.dataframe[0].value["name"])

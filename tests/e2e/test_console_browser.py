@@ -13,15 +13,16 @@ from tests.support.engine import ADMIN_PASSWORD, EngineHandle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 # title, screenshot name, a text that is there once the page (and its live fragment) has rendered
-PAGES = [("Overview", "overview", "Requests running"), ("GPU health", "gpu-health", "NVML says"),
+PAGES = [("Overview", "overview", "Requests running"), ("Deployments", "deployments", "Create a deployment"),
+         ("GPU health", "gpu-health", "NVML says"),
          ("Engine settings", "engine-settings", "Capacity preview"), ("Playground", "playground", "Saved prompts"),
          ("Metrics", "metrics", "KPIs per revision"), ("Benchmarks", "benchmarks", "Concurrency sweep"),
          ("Events & logs", "events", "vLLM's log"), ("Audit", "audit", "What happened next"),
          ("Access", "access", "Tokens and gateway keys")]
 SEES = {  # what each role finds in the sidebar
-    "viewer": {"Overview", "GPU health", "Metrics", "Events & logs"},
-    "prompter": {"Overview", "GPU health", "Playground", "Metrics", "Events & logs"},
-    "operator": {"Overview", "GPU health", "Engine settings", "Playground", "Metrics", "Benchmarks",
+    "viewer": {"Overview", "Deployments", "GPU health", "Metrics", "Events & logs"},
+    "prompter": {"Overview", "Deployments", "GPU health", "Playground", "Metrics", "Events & logs"},
+    "operator": {"Overview", "Deployments", "GPU health", "Engine settings", "Playground", "Metrics", "Benchmarks",
                  "Events & logs", "Audit"},
     "admin": {title for title, _, _ in PAGES},
 }

@@ -1,0 +1,183 @@
+"""Deployments: the models this engine serves, each under its own name (the ``model`` clients send): their state,
+replicas, placement and the memory they hold; create one from a model the engine finds; enable, disable, delete
+(saying first what a delete removes, and asking for the name); open one in the other pages."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import streamlit as st
+
+from console import deployment, fmt
+from console.client import ApiError, ClientError, InvalidRequestError
+from console.widgets import base_client, deployment_label, engine_status, me, open_link, unreachable
+from engine.schemas import ROLES, DeploymentOut
+
+st.title("Deployments")
+base = base_client()
+try:
+    rows = base.deployments()
+    found = base.models()
+except ClientError as exc:
+    unreachable(exc)
+# deleted from this page: the engine's list may show one for a second more, while its registry stops it
+deleted: dict[str, float] = st.session_state.setdefault("dep_deleted", {})
+rows = [r for r in rows if time.monotonic() - deleted.get(r.name, -60.0) > 10]
+who = me()
+operator = ROLES.index(who.role) >= ROLES.index("operator")
+cpu = engine_status().vllm_build == "cpu"
+if flash := st.session_state.pop("dep_flash", None):
+    st.success(flash, icon=":material/check_circle:")
+
+
+def placement(row: DeploymentOut) -> str:
+    if row.gpus:
+        return "GPU " + ", ".join(map(str, row.gpus))
+    return "the host (CPU build)" if cpu else "any GPU (placed by the capacity model)"
+
+
+def memory(row: DeploymentOut) -> str:
+    if not row.memory:
+        return "—"
+    return ", ".join(f"{'host' if m.device == 'host' else 'GPU ' + m.device}: {fmt.gib(m.bytes, 2)}"
+                     for m in row.memory)
+
+
+st.dataframe([{"name": r.name + (" (default)" if r.default else ""), "model": r.model or "—", "state": r.state,
+               "enabled": r.enabled, "replicas": f"{r.serving} serving of {r.instances}",
+               "revision": str(r.running_revision or "—"), "placement": placement(r), "memory held": memory(r),
+               "reason": r.reason} for r in rows], hide_index=True, width="stretch")
+st.caption("Memory held: what the deployment's vLLM processes hold now (on the host for the CPU build, per GPU on "
+           "a GPU host). A request's `model` picks the deployment of that name.")
+
+st.subheader("Each deployment")
+
+
+def set_enabled(name: str, enabled: bool) -> None:
+    try:
+        base.update_deployment(name, enabled=enabled)
+    except ClientError as exc:
+        st.session_state["dep_flash_error"] = f"Could not {'enable' if enabled else 'disable'} {name}: {exc}"
+        return
+    st.session_state["dep_flash"] = (f"Enabled **{name}**: it starts within seconds." if enabled else
+                                     f"Disabled **{name}**: it drains and stops; requests for it get 503.")
+    st.session_state.pop(deployment.RESOLVED, None)
+
+
+if error := st.session_state.pop("dep_flash_error", None):
+    st.error(error, icon=":material/error:")
+for row in rows:
+    with st.container(border=True):
+        c = st.columns([3, 2, 2, 2], vertical_alignment="center")
+        c[0].markdown(f"**{row.name}** · {row.state}" + ("" if row.enabled else " · disabled")
+                      + f"  \n{row.model or 'no model'}")
+        open_link("overview", "Open", row.name, icon=":material/open_in_new:", where=c[1],
+                  help=f"opens the Overview of {row.name}; the other pages act on it from then on")
+        if row.enabled:
+            c[2].button("Disable", key=f"dep_disable_{row.id}", disabled=not operator, on_click=set_enabled,
+                        args=(row.name, False), icon=":material/stop_circle:",
+                        help="drains it and stops its instances; its settings and history stay")
+        else:
+            c[2].button("Enable", key=f"dep_enable_{row.id}", disabled=not operator, on_click=set_enabled,
+                        args=(row.name, True), icon=":material/play_circle:")
+        if c[3].button("Delete…", key=f"dep_delete_{row.id}", disabled=not operator or row.default,
+                       icon=":material/delete:",
+                       help="the default deployment cannot be deleted" if row.default else None):
+            st.session_state["dep_deleting"] = row.name
+        if st.session_state.get("dep_deleting") == row.name:
+            try:
+                gone = base.deletion(row.name)
+            except ClientError as exc:
+                unreachable(exc)
+            st.warning(f"Deleting **{row.name}** stops its instances and removes {gone.revisions} revision(s), "
+                       f"{gone.events} event(s), {gone.benchmarks} benchmark run(s) and {gone.requests} logged "
+                       "request(s). The audit log keeps its records. This cannot be undone.",
+                       icon=":material/delete_forever:")
+            typed = st.text_input(f"Type {row.name} to confirm", key=f"dep_confirm_{row.id}")
+            d1, d2 = st.columns([1, 4])
+            if d1.button("Delete for good", type="primary", key=f"dep_delete_go_{row.id}",
+                         disabled=typed != row.name):
+                try:
+                    base.delete_deployment(row.name, confirm=typed)
+                except ClientError as exc:
+                    st.error(f"Not deleted: {exc}", icon=":material/error:")
+                else:
+                    st.session_state.pop("dep_deleting", None)
+                    deleted[row.name] = time.monotonic()
+                    st.session_state["dep_flash"] = f"Deleted **{row.name}**."
+                    if st.session_state.get(deployment.CHOSEN) == row.name:
+                        deployment.choose(None)
+                    st.rerun()
+            if d2.button("Cancel", key=f"dep_delete_cancel_{row.id}"):
+                st.session_state.pop("dep_deleting", None)
+                st.rerun()
+
+st.subheader("Create a deployment")
+if not operator:
+    st.caption(f"Creating a deployment needs the operator role; you are {who.name} ({who.role}).")
+elif not found.models:
+    st.info("No model found: put a model folder (with its config.json) under one of the model roots ("
+            + ", ".join(f"`{r}`" for r in found.roots) + "), or download one into the Hugging Face cache.",
+            icon=":material/folder_off:")
+else:
+    options = {m.value: m for m in found.models}
+
+    def model_label(value: str) -> str:
+        m = options[value]
+        extra = [m.source, m.architecture or "", f"{fmt.count(m.parameters)} parameters" if m.parameters else "",
+                 f"served by {', '.join(m.used_by)}" if m.used_by else ""]
+        return f"{value} ({', '.join(e for e in extra if e)})"
+
+    if st.session_state.pop("dep_created", False):  # a new form after a creation (before its widgets)
+        st.session_state["dep_name"] = ""
+    with st.form("dep_create", border=True):
+        name = st.text_input("Name (the model clients send)", key="dep_name", max_chars=128,
+                             placeholder="e.g. small", help="letters, digits and . _ : / -")
+        model = st.selectbox("Model", list(options), format_func=model_label, key="dep_model")
+        f = st.columns(3)
+        seqs = f[0].number_input("max_num_seqs", 1, 4096, 4, key="dep_seqs")
+        replicas = f[1].number_input("replicas", 1, 64, 1, key="dep_replicas")
+        if cpu:
+            memory_value = f[2].number_input("cpu_kv_cache_gib (memory for the KV cache)", 0.001, 4096.0, 0.25,
+                                             step=0.25, format="%.3f", key="dep_kv")
+        else:
+            memory_value = f[2].slider("gpu_memory_utilization", 0.05, 1.0, 0.4, step=0.01, key="dep_gmu")
+        gpus_text = "" if cpu else st.text_input("GPUs (indices, comma-separated; empty: placed by the capacity "
+                                                 "model)", key="dep_gpus")
+        enabled = st.toggle("Start it now", True, key="dep_enabled")
+        submitted = st.form_submit_button("Create", type="primary", icon=":material/add:")
+    if submitted:
+        values: dict[str, Any] = {"model": model, "max_num_seqs": int(seqs), "replicas": int(replicas),
+                                  ("cpu_kv_cache_gib" if cpu else "gpu_memory_utilization"): float(memory_value)}
+        gpus: list[int] | None = None
+        try:
+            gpus = [int(g) for g in str(gpus_text).replace(" ", "").split(",") if g] or None
+        except ValueError:
+            st.error("**gpus**: GPU indices are whole numbers, comma-separated (e.g. `0, 1`).",
+                     icon=":material/block:")
+        else:
+            try:
+                deleted.pop(str(name).strip(), None)  # a name deleted earlier can be taken again
+                made = base.create_deployment(str(name).strip(), values, gpus=gpus, enabled=bool(enabled))
+            except InvalidRequestError as exc:
+                for field, reason in exc.fields:
+                    st.error(f"**{field}**: {reason}", icon=":material/block:")
+            except ApiError as exc:
+                st.error(f"Not created: {exc.detail}", icon=":material/block:")
+            except ClientError as exc:
+                unreachable(exc)
+            else:
+                for w in made.warnings:
+                    st.warning(str(w.get("message", w)), icon=":material/warning:")
+                st.session_state["dep_flash"] = (f"Created **{made.name}** (revision {made.revision})"
+                                                 + (": it is starting." if made.enabled else ", disabled."))
+                st.session_state.pop(deployment.RESOLVED, None)
+                st.session_state["dep_created"] = True
+                st.rerun()
+
+with st.expander("Switch deployment"):
+    st.caption("The sidebar's switcher picks the deployment the other pages act on; these open each one.")
+    for row in rows:
+        for script, title in (("settings", "Settings"), ("metrics", "Metrics"), ("events", "Events & logs")):
+            open_link(script, f"{title} of {deployment_label(row)}", row.name)
