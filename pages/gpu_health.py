@@ -42,9 +42,12 @@ def node_card(node: NodeOut, placement: str, reason: str | None) -> None:
         if not node.alive:
             st.error(f"{title} · **lost**: Ray lists it dead. Its instances are started again on a node with room "
                      "(see where below and on the Events page).", icon=":material/cloud_off:")
+        elif node.suspect:
+            st.warning(f"{title} · **suspect**: an instance on it was lost lately, so nothing new is placed there for "
+                       "a while (Ray may still list it alive).", icon=":material/help:")
         elif not node.telemetry:
-            st.warning(f"{title} · **suspect**: its sampler did not answer this round, so it has no figures now "
-                       "(none are made up); it is tried again at the next sample.", icon=":material/help:")
+            st.warning(f"{title} · **no figures**: its sampler did not answer this round (none are made up); it is "
+                       "tried again at the next sample.", icon=":material/help:")
         else:
             ray_memory = f" · {fmt.gib(node.memory_bytes)} for Ray" if node.memory_bytes and placement == "ray" else ""
             st.markdown(f"{title} · alive · {node.cpus:g} CPUs · " + (f"{node.gpus:g} GPUs" if node.gpus else "no GPU")

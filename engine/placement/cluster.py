@@ -69,6 +69,11 @@ class RayPlacement:
         """An instance on ``node`` stopped answering: place nothing there for a while (Ray's view may lag)."""
         self._suspect[node] = time.monotonic() + SUSPECT_S
 
+    def is_suspect(self, node: str) -> bool:
+        """Whether an instance on ``node`` was lost lately, so nothing new is placed there yet."""
+        until = self._suspect.get(node)
+        return until is not None and until >= time.monotonic()
+
     def _usable(self, node: NodeInfo) -> bool:
         until = self._suspect.get(node.id)
         return node.alive and (until is None or until < time.monotonic())

@@ -113,6 +113,8 @@ class NodeOut(BaseModel):
     gpus: float
     memory_bytes: int
     telemetry: bool = Field(description="its sampler answered this round")
+    suspect: bool = Field(False, description="an instance on it was lost lately: nothing new is placed there for "
+                          "a while, though Ray may still list it alive")
     gpu_readings: list[GpuView] = Field(default_factory=list)
     host: HostReading | None = None
     instances: list[FleetInstance] = Field(default_factory=list)

@@ -99,6 +99,12 @@ def test_a_lost_node_is_sent_nothing_and_its_replica_comes_back_on_the_head(flee
     assert seen.data["instance"] == lost.name
     seen_at = time.monotonic()
 
+    def marked() -> bool:  # the fleet view tells the on-call engineer: lost (Ray says so) or suspect (we saw it)
+        node = next((n for n in engine.client.fleet().nodes if n.id == other.node_id), None)
+        return node is None or not node.alive or node.suspect
+
+    wait_until(marked, 120, every=0.5, what="the lost node marked in the fleet view")
+
     def back_on_head() -> StatusOut | None:
         status = engine.client.status()
         serving = [i for i in status.instances if i.serving]
