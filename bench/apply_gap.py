@@ -107,6 +107,8 @@ def main() -> None:
         base = parse_values(a.base)
         if a.model:
             base.update(model=str(Path(a.model).resolve()), load_format=a.load_format)
+        else:  # the demo model of this checkout (a fresh data dir has none of its own)
+            base.setdefault("model", str((REPO / "data" / "models" / "demo").resolve()))
         base.setdefault("served_model_name", "demo")
         current = http.get("/api/settings").json()
         r = http.put("/api/settings", json={"base_revision": current["revision"], "values": base, "force": True,
