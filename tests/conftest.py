@@ -51,6 +51,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:  # those marked postgres run on a server of their own, in the first pass
         if item.path.is_relative_to(api) and item.get_closest_marker("postgres") is None:
             item.add_marker(pytest.mark.store)
+        if ON_POSTGRES and item.get_closest_marker("sqlite_file") is not None:
+            item.add_marker(pytest.mark.skip(reason="about the data dir's SQLite file: the SQLite pass runs it"))
 
 
 @pytest.fixture(scope="session")
