@@ -42,7 +42,7 @@ from sqlmodel import col, delete, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.aio import cancel_and_wait
-from engine.db import AuditRecord, AuditTally, Database
+from engine.db import AuditRecord, AuditTally, Database, portable
 from engine.schemas import CONSOLE_CLIENT_HEADER, CONSOLE_KEY_HEADER
 
 # a key that names a secret (password, hf_token, api_key, …), not one that merely contains the word
@@ -227,6 +227,7 @@ class AuditTallies:
               limit: int = 500) -> Sequence[AuditTally]:
         """Tallies newest minute first (what was counted until now included)."""
         self.flush()
+        source, action, target = (portable(v, self.db.dialect) for v in (source, action, target))
         with self.db.session() as s:
             q = select(AuditTally)
             if since is not None:
@@ -277,6 +278,7 @@ class AuditLog:
     def query(self, *, actor: str | None = None, action: str | None = None, target: str | None = None,
               since: float | None = None, until: float | None = None, result: int | None = None,
               text_: str | None = None, limit: int = 200, offset: int = 0) -> Sequence[AuditRecord]:
+        actor, action, target, text_ = (portable(v, self.db.dialect) for v in (actor, action, target, text_))
         with self.db.session() as s:
             q = select(AuditRecord)
             if actor:

@@ -14,7 +14,7 @@ from engine.db.database import (
     unavailable_message,
     unavailable_reason,
 )
-from engine.db.sql import PortableString, epoch_now, floor_int, json_true
+from engine.db.sql import PortableString, epoch_now, floor_int, json_true, portable
 from engine.db.tables import (
     ACTIVE,
     DEFAULT_DEPLOYMENT,
@@ -73,6 +73,7 @@ __all__ = [
     "json_true",
     "make_engine",
     "open_database",
+    "portable",
     "safe_url",
     "unavailable_message",
     "unavailable_reason",

@@ -56,6 +56,14 @@ def json_true(column: Any, key: str) -> ColumnElement[bool]:
     return element
 
 
+def portable(value: str | None, dialect: str) -> str | None:
+    """A value to look up as PortableString stores it: a filter with a NUL, which PostgreSQL refuses in any text
+    parameter, searches for the U+FFFD it was stored as (LIKE patterns and casts bind plain strings)."""
+    if value is not None and dialect == "postgresql" and "\x00" in value:
+        return value.replace("\x00", "\ufffd")
+    return value
+
+
 class PortableString(TypeDecorator[str]):
     """A text column. PostgreSQL cannot store NUL (U+0000) in text, which SQLite and Python can: there it is kept as
     U+FFFD (the replacement character), in what is written and in what is looked up alike, so that a NUL sent to

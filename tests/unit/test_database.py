@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import make_url
 from sqlmodel import col, select
 
-from engine.access import AuditLog, Auth, AuthError
+from engine.access import AuditLog, AuditTallies, Auth, AuthError
 from engine.app import create_app
 from engine.config import AppConfig
 from engine.db import SERVING_MINUTE, SERVING_RAW, Database, Revision, database_url, open_database, safe_url
@@ -122,6 +122,10 @@ def test_a_nul_in_a_name_is_refused_or_kept_and_found_on_either_database(db_targ
     audit.record(actor="anonymous", action="post /api/x\x00y", target="token\x00")
     found = audit.query(action="post /api/x\x00y")
     assert len(found) == 1 and found[0].target.startswith("token")
+    # every filter, the free-text one too (a LIKE over casts binds plain text: a NUL there was a 500 on PostgreSQL)
+    assert [r.target[:5] for r in audit.query(text_="token\x00")] == ["token"]
+    assert audit.query(actor="anon\x00", target="\x00", text_="\x00x") == []
+    AuditTallies(db, 10, 100).query(source="\x00", action="\x00", target="\x00")
     db.close()
 
 
