@@ -38,20 +38,9 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.support.load import Load, longest_gap, summary  # noqa: E402 - after the path
+from tests.support.load import Load, longest_gap, parse_values, summary  # noqa: E402 - after the path
 
 PASSWORD = "apply-gap-bench-password"
-
-
-def parse_values(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, _, raw = item.partition("=")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
 
 
 def main() -> None:

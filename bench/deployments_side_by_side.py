@@ -24,19 +24,8 @@ sys.path.insert(0, str(REPO))
 
 from console.client import EngineClient  # noqa: E402 - after the path
 from tests.support.engine import COLD_START_S, running_engine  # noqa: E402
-from tests.support.load import Load, longest_gap, summary, tokens_per_s  # noqa: E402
+from tests.support.load import Load, longest_gap, parse_values, summary, tokens_per_s  # noqa: E402
 from tests.support.wait import wait_until  # noqa: E402
-
-
-def values_of(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, _, raw = item.partition("=")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw
-    return out
 
 
 def apply_and_wait(client: EngineClient, changes: dict[str, Any], note: str, force: bool = False) -> dict[str, Any]:
@@ -79,7 +68,7 @@ def main() -> None:
            "LLMOPS_STARTUP_TIMEOUT_S": "1200"} if a.model else {}
     with running_engine(data_dir, env=env, demo=not a.model) as engine:
         model = str(Path(a.model).resolve()) if a.model else str(engine.data_dir / "models" / "demo")
-        both = {"model": model, **({"load_format": a.load_format} if a.load_format else {}), **values_of(a.values)}
+        both = {"model": model, **({"load_format": a.load_format} if a.load_format else {}), **parse_values(a.values)}
         first = engine.client.settings()
         engine.client.put_settings(first.revision, {**both}, "bench: deployment a", force=True)
         if a.model:
@@ -102,8 +91,8 @@ def main() -> None:
         t_before = time.monotonic()
         time.sleep(a.window)  # a measuring window of steady load
         t_after_window = time.monotonic()
-        good = apply_and_wait(b, values_of(a.apply), "bench: apply on b")
-        bad = apply_and_wait(b, values_of(a.bad), "bench: forced bad revision on b", force=True) if a.bad else None
+        good = apply_and_wait(b, parse_values(a.apply), "bench: apply on b")
+        bad = apply_and_wait(b, parse_values(a.bad), "bench: forced bad revision on b", force=True) if a.bad else None
         out_a, out_b = load_a.stop(), load_b.stop()
         before = tokens_per_s(out_a, t_before, t_after_window, a.max_tokens)
         report["untouched"] = {

@@ -325,7 +325,7 @@ class Fleet:
             host = HostReading.model_validate(snap.host) if snap is not None and snap.host else None
             nodes.append(NodeOut(id=info.id, address=info.address, alive=info.alive, head=info.head, cpus=info.cpus,
                                  gpus=info.gpus, memory_bytes=info.memory_bytes, telemetry=snap is not None,
-                                 suspect=bool(getattr(self.placement, "is_suspect", lambda _: False)(info.id)),
+                                 suspect=self.placement.is_suspect(info.id),
                                  gpu_readings=[gpu_view(g) for g in snap.gpus] if snap is not None else [], host=host,
                                  instances=instances.get(None if self.placement.kind == "local" else info.id, [])))
         return FleetOut(placement=self.placement.kind, nodes=nodes)

@@ -29,5 +29,8 @@ class LocalPlacement:
     def alive(self, node: str | None) -> bool:
         return True
 
+    def is_suspect(self, node: str) -> bool:
+        return False
+
     async def close(self) -> None:
         return None

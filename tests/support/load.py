@@ -16,6 +16,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -145,3 +146,15 @@ def tokens_per_s(outcomes: list[Outcome], start: float, end: float, max_tokens: 
     """Output tokens of the requests completed in [start, end], per second (each asks for ``max_tokens``)."""
     done = [o for o in outcomes if o.ok and start <= o.finished <= end]
     return round(len(done) * max_tokens / (end - start), 2) if end > start else 0.0
+
+
+def parse_values(items: list[str]) -> dict[str, Any]:
+    """Benchmarks' KEY=VALUE arguments: each value as JSON where it parses (4, 0.5, true), else as text."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
