@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -87,6 +88,7 @@ from engine.serving.state import StateMachine
 log = logging.getLogger("llmops.supervisor")
 S = EngineState
 NAMES = "abcdefghijklmnopqrstuvwxyz"
+STATUS_WAIT_S = 5.0  # how long a status read in a thread waits for the event loop before it reads off the loop
 
 
 SOFT_FIELDS = ("replicas", "max_num_seqs", "max_num_seqs_ceiling")  # what a running instance can take on
@@ -130,6 +132,13 @@ def gateway_limit(inst: Instance) -> int | None:
 
 def _code(returncode: int | None) -> str:
     return "" if returncode is None else f" with code {returncode}"
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:  # no loop runs in this thread
+        return False
 
 
 def when(ts: float | None) -> datetime | None:
@@ -245,12 +254,34 @@ class Supervisor:
         return p.ready_at if p else None
 
     def status(self) -> StatusOut:
-        """What the API shows of the engine (reads the desired revision: call from a thread)."""
+        """What the API shows of the engine (reads the desired revision: call from a thread).
+
+        The in-memory part is read on the event loop, between two of its steps: a reader in a thread would
+        otherwise see half of a step (an apply already "applied" beside the reason of its last step, "draining
+        instance a"). Should the loop not answer within ``STATUS_WAIT_S`` (it is blocked), the snapshot is read here
+        as it stands."""
+        desired = self.revisions.desired_revision_id()
+        loop = self._loop
+        if loop is None or not loop.is_running() or _on_loop(loop):
+            return self._snapshot(desired)
+
+        async def snapshot() -> StatusOut:
+            return self._snapshot(desired)
+
+        future = asyncio.run_coroutine_threadsafe(snapshot(), loop)
+        try:
+            return future.result(timeout=STATUS_WAIT_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            log.warning("the event loop did not answer within %.0f s: status read off the loop", STATUS_WAIT_S)
+            return self._snapshot(desired)
+
+    def _snapshot(self, desired: int | None) -> StatusOut:
         p = self.primary
         return StatusOut(
             deployment=self.deployment.name, state=self.sm.state, since=when(self.sm.since), reason=self.sm.reason,
             running_revision=p.revision.id if p else None,
-            desired_revision=self.revisions.desired_revision_id(),
+            desired_revision=desired,
             model=p.settings.served_model_name if p else None,
             pid=p.child.pid if p else None, vllm_version=self.vllm_version, vllm_build=self.build,
             enabled=self.enabled, halted=self.halted, ready_since=when(self.ready_at),
@@ -315,14 +346,15 @@ class Supervisor:
                         own_device=lambda settings: self.build == "cuda" and settings.replicas >= 2
                         and gpus >= settings.replicas * settings.tensor_parallel_size)
 
-    def plan_for(self, settings: EngineSettings) -> ApplyPlanOut | None:
+    def plan_for(self, settings: EngineSettings, restart: bool = False) -> ApplyPlanOut | None:
         """How applying ``settings`` now would keep serving (call from a thread: reads NVML's latest sample and
-        SQLite)."""
+        SQLite). A ``restart`` starts new instances even of what serves now: it is never "in effect now"."""
         if self.planner is None:
             return None
         serving = [i for i in self.instances if i.serving]
         values = settings.model_dump()
-        if serving and not any(i.bridge for i in serving) and all(soft_change(i, values) for i in serving):
+        if not restart and serving and not any(i.bridge for i in serving) and \
+                all(soft_change(i, values) for i in serving):
             return soft_plan(serving, settings)
         old = next((i for i in serving if not i.bridge), serving[0] if serving else None)
         return self.planner.plan(settings, None if old is None else old.settings,
@@ -904,11 +936,11 @@ class Supervisor:
         if not await self._ready_to_start(desired):
             return
         settings = EngineSettings.model_construct(**desired.values)
-        plan = await asyncio.to_thread(self.plan_for, settings)
-        if plan is None:
-            plan = ApplyPlanOut(kind="pause", reason="no planner", steps=[])
         restart = self.restart_requested
         self.restart_requested = False
+        plan = await asyncio.to_thread(self.plan_for, settings, restart)
+        if plan is None:
+            plan = ApplyPlanOut(kind="pause", reason="no planner", steps=[])
         old = self.primary
         self.apply = ApplyProgress(revision=desired.id, from_revision=old.revision.id if old else None, plan=plan,
                                    step="starting", started=datetime.now(UTC))
