@@ -155,7 +155,8 @@ def test_the_playground_draft_survives_a_reload(console_env: EngineHandle) -> No
     assert again.toggle(key="pg_compare").value is False
     again.toggle(key="pg_compare").set_value(True).run()
     assert again.number_input(key="pg_b_max_tokens").value == 48
-    other = page("playground", console_env.client.login("admin", ADMIN_PASSWORD).token)  # another sign-in
+    with EngineClient(console_env.url) as admin:  # another sign-in (not on the session's shared client)
+        other = page("playground", admin.login("admin", ADMIN_PASSWORD).token)
     assert other.text_area(key="pg_prompt").value == ""
 
 

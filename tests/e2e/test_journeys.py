@@ -188,6 +188,7 @@ def test_on_call_checks_health_follows_a_restart_live_and_filters_the_log(browse
                       what="the restart's apply plan")
     pg.get_by_text(re.compile(r"Applying revision \d+")).first.wait_for()
     plan_kind = plan.data["plan"]["kind"] if isinstance(plan.data["plan"], dict) else None
+    assert plan_kind not in ("soft", None), plan.message  # a restart starts new instances: never "in effect now"
     if plan_kind in ("blue_green", "bridge", "rolling"):  # something serves throughout (this host: blue/green)
         expect(pg.locator("body")).to_contain_text("READY")
     ready = wait_until(lambda: event("ready", plan.id), COLD_START_S, every=0.5,
