@@ -9,7 +9,8 @@ stretch with no completed request, failed requests, the plan the engine chose, a
 Each ``--apply*`` is one apply, in turn, under the same load: ``--apply`` a good change, ``--apply-bad`` a forced
 revision that cannot start (rolled back), ``--apply-pause`` a change that fits beside nothing (a pause; on CUDA
 with sleep mode the old instance sleeps, and with ``--apply-bad`` after it the time to wake is measured).
-``--repeat N`` instead applies ``--apply`` and the base values back and forth, N applies in all:
+First ``--steady`` seconds of the same load with no apply: the longest gap clients see anyway (the floor of
+the figure). ``--repeat N`` instead applies ``--apply`` and the base values back and forth, N applies in all:
 
     python bench/apply_gap.py --out DIR --clients 16 --base max_num_seqs=16 --apply max_num_seqs=12 --repeat 5
 
@@ -56,6 +57,8 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--settle", type=int, default=64, help="requests to see completed before and after each apply")
+    p.add_argument("--steady", type=float, default=60.0,
+                   help="seconds of the same load with no apply first: the longest gap clients see anyway")
     p.add_argument("--repeat", type=int, default=0,
                    help="apply --apply and the base values back and forth, this many applies (instead of --order)")
     a = p.parse_args()
@@ -114,6 +117,18 @@ def main() -> None:
         load.outcomes = []
         load.start()
         load.wait_for(a.settle, timeout=600)
+        if a.steady > 0:  # the floor: how long clients go without a completed request when nothing is applied
+            s0 = time.monotonic()
+            while time.monotonic() - s0 < a.steady:
+                time.sleep(0.5)
+            s1 = time.monotonic()
+            window = [o for o in load.outcomes if s0 <= o.finished <= s1]
+            report["steady"] = {"seconds": round(s1 - s0, 1), "longest_gap_s": round(
+                longest_gap(list(load.outcomes), s0, s1), 3), "requests": len(window),
+                "failed": sum(1 for o in window if not o.ok), "load_1m": os.getloadavg()[0]}
+            print(f"steady ({a.steady:.0f} s, no apply): longest gap {report['steady']['longest_gap_s']:.2f} s, "
+                  f"{len(window)} requests", flush=True)
+            save()
         changes = {"apply": a.apply, "apply-bad": a.apply_bad, "apply-pause": a.apply_pause}
         if a.repeat:
             assert a.apply, "--repeat applies --apply and the base back and forth: give --apply"

@@ -98,12 +98,16 @@ def main() -> None:
             i for i in engine.client.status().instances if i.serving]) == 2, 2 * COLD_START_S, every=1.0,
             what="two replicas on the head")
         back = time.monotonic()
+        # the replica started again takes the lost one's name: requests sent to that name before it was ready
+        again = [e for e in engine.client.events(kinds=["ready"], since=exited.id, limit=1000)
+                 if e.data.get("instance") == lost.name]
+        again_wall = again[0].ts.timestamp() if again else time.time()
         load.wait_for(load.count() + 2 * a.clients, timeout=600)
         outcomes = load.stop()
         engine.client.close()
         with sqlite3.connect(data_dir / "llmops.db") as db:  # which instance served each request: the ledger
-            sent_after = db.execute("SELECT MAX(ts) FROM request_log WHERE instance = ? AND ts > ?",
-                                    (lost.name, kill_wall)).fetchone()[0]
+            sent_after = db.execute("SELECT MAX(ts) FROM request_log WHERE instance = ? AND ts > ? AND ts < ?",
+                                    (lost.name, kill_wall, again_wall)).fetchone()[0]
         window = outcomes[first:]
         report["node_loss"] = {
             "exit_seen_s": round(exited.ts.timestamp() - kill_wall, 3),

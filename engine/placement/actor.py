@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 # Runs beside vLLM's process group, in a session of its own: when the actor that started it is gone (its parent
-# changed), the group is killed; when the group is empty, it exits.
+# changed), the group is killed (checked ten times a second); when the group is empty, it exits.
 GUARD = """
 import os, signal, sys, time
 parent, group = int(sys.argv[1]), int(sys.argv[2])
@@ -38,7 +38,7 @@ while True:
         except ProcessLookupError:
             pass
         sys.exit(0)
-    time.sleep(0.5)
+    time.sleep(0.1)
 """
 KEEP_LINES = 20_000  # lines kept on the node for the engine to fetch (it fetches every fraction of a second)
 

@@ -28,8 +28,9 @@ from engine.serving.startup import StartTracker
 
 log = logging.getLogger("llmops.placement")
 NAMESPACE = "llmops"
-PROBE_EVERY_S = 0.5  # how often a remote instance's port is tried
-PROBE_TIMEOUT_S = 1.0
+PROBE_EVERY_S = 0.25  # how often an instance's port is tried (a TCP connect: no request, nothing in vLLM's log)
+EXIT_GRACE_S = 0.3  # after a refused connect, how long the actor has to report vLLM's exit (and its code) first
+PROBE_TIMEOUT_S = 1.0  # a connect unanswered this long counts as one failure; two in a row are a loss
 SUSPECT_S = 120.0  # a node whose instance was lost gets nothing new for this long (or until Ray says it is back)
 VllmProcess = ray.remote(num_cpus=0, max_concurrency=8)(VllmProcessImpl)
 NodeAgent = ray.remote(num_cpus=0, max_concurrency=4)(NodeAgentImpl)
@@ -237,21 +238,29 @@ class RayChild:
 
     async def _probe(self) -> None:
         """Its port, watched from here: a lost node's actor is declared dead only once Ray's health checks give up
-        on the node (seconds to a minute), while its vLLM stops answering at once. Once the port has answered, two
-        failed connections in a row (refused, or no answer within a second) are its loss."""
-        answered, failures = False, 0
+        on the node (seconds to a minute), while its vLLM stops answering at once. Once the port has answered, a
+        refused connection is its loss (nothing listens there any more: its process is gone, as when the node's
+        guard killed it), as are two unanswered connects in a row (a host gone from the network; one alone may be a
+        busy host)."""
+        answered, unanswered = False, 0
         while not self.exited:
+            why = ""
             try:
                 async with asyncio.timeout(PROBE_TIMEOUT_S):
                     _, writer = await asyncio.open_connection(self._address, self.port)
                 writer.close()
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
-                answered, failures = True, 0
+                answered, unanswered = True, 0
+            except ConnectionRefusedError:
+                if answered:  # the process may have exited on its own: its exit code, when the actor says, is better
+                    await asyncio.sleep(EXIT_GRACE_S)
+                    why = "refused a connection"
             except (OSError, TimeoutError):
-                failures += 1 if answered else 0
-            if failures >= 2 and not self.stop_requested:
-                self.lost = f"its port {self._address}:{self.port} stopped answering: the node may be lost"
+                unanswered += 1 if answered else 0
+                why = f"did not answer {unanswered} connects in a row" if unanswered >= 2 else ""
+            if why and not self.stop_requested and not self.exited:
+                self.lost = f"its port {self._address}:{self.port} {why}: its process or node is gone"
                 self.on_lost(self.spec.node or "")
                 self._gone()
                 return

@@ -3,7 +3,11 @@ Ray's workers, and its guard kills vLLM's process group when the actor that star
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 
 def test_no_ray_on_the_local_path(tmp_path: Path) -> None:
@@ -78,3 +82,86 @@ def test_an_instance_on_the_engines_own_ray_node_is_a_process_of_this_host(tmp_p
 
     assert child("head").local
     assert not child("worker-2").local
+
+
+def _probed(tmp_path: Path, port: int, lost: list[str]) -> object:
+    from engine.placement.base import ChildSpec
+    from engine.placement.cluster import RayChild
+    from engine.serving.logs import ChildLog
+
+    spec = ChildSpec(args=[], env={}, port=0, revision_id=1, log=ChildLog(tmp_path / "vllm.log", 1 << 20, 1),
+                     pidfile=tmp_path / "pid", name="a", cwd=None, api_key=None, node="worker-2")
+    child = RayChild(spec, on_lost=lost.append, own_node="head")
+    child._address, child.port = "127.0.0.1", port
+    return child
+
+
+def test_a_port_that_refuses_after_answering_is_the_instance_lost(tmp_path: Path) -> None:
+    """A node removed takes its vLLM with it (the guard kills the group); Ray declares its actor dead only seconds
+    later (1.74 s measured on this host). The probe from the engine sees the port refuse and says the instance is
+    lost itself, naming the port, and its node gets nothing new: the gateway stops sending there."""
+    import asyncio
+    import socket
+
+    from engine.placement.cluster import RayChild
+
+    async def scenario() -> tuple[RayChild, list[str], int]:
+        lost: list[str] = []
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        child = _probed(tmp_path, port, lost)
+        assert isinstance(child, RayChild)
+        task = asyncio.create_task(child._probe())
+        accepted = 0
+        listener.setblocking(False)
+        loop = asyncio.get_running_loop()
+        while accepted < 2:  # it answered: the probe knows the port
+            conn, _ = await asyncio.wait_for(loop.sock_accept(listener), 10)
+            conn.close()
+            accepted += 1
+        listener.close()  # the process is gone: nothing listens on the port any more
+        await asyncio.wait_for(task, 10)
+        return child, lost, port
+
+    child, lost, port = asyncio.run(scenario())
+    assert child.exited and lost == ["worker-2"]
+    assert child.lost is not None and f"127.0.0.1:{port} refused a connection" in child.lost
+
+
+def test_a_port_not_yet_open_or_closed_by_a_stop_is_not_a_loss(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A starting vLLM refuses connections until it listens, and a stopped one refuses them after: neither is a
+    node lost."""
+    import asyncio
+    import socket
+
+    from engine.placement.cluster import RayChild
+
+    tries: list[int] = []
+    connect = asyncio.open_connection
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        tries.append(1)
+        return await connect(*args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "open_connection", counted)
+
+    async def scenario() -> tuple[RayChild, list[str]]:
+        lost: list[str] = []
+        with socket.socket() as s:  # a port nothing listens on
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        child = _probed(tmp_path, port, lost)
+        assert isinstance(child, RayChild)
+        task = asyncio.create_task(child._probe())
+        deadline = time.monotonic() + 20
+        while len(tries) < 6 and time.monotonic() < deadline:  # six refused connects before it ever answered
+            await asyncio.sleep(0.05)
+        assert len(tries) >= 6 and not child.exited and child.lost is None
+        child.stop_requested = True
+        child._gone()
+        await asyncio.wait_for(task, 10)
+        return child, lost
+
+    child, lost = asyncio.run(scenario())
+    assert lost == [] and child.lost is None
