@@ -240,10 +240,14 @@ def test_anonymous_refused_requests_are_counted_per_minute_not_a_row_each(
                       headers=root).status_code == 201
     assert audit_count(app) == before + 2  # an authenticated caller's every change, refused or not, is a row
     counted = client.get("/api/audit/tallies", headers=root).json()
-    assert {(t["source"], t["action"], t["result"], t["count"]) for t in counted} == {
-        ("testclient", "settings.write", 401, 300), ("testclient", "post /api/no-such-route", 404, 150),
-        ("testclient", "auth.login", 422, 20)}
-    assert client.get("/api/audit/tallies", params={"result": 404}, headers=root).json()[0]["count"] == 150
+    assert len(counted) <= 6  # a row per key and minute (the loop may cross into the next minute on a slow host)
+    totals: dict[tuple[str, str, int], int] = {}
+    for t in counted:
+        key = (t["source"], t["action"], t["result"])
+        totals[key] = totals.get(key, 0) + t["count"]
+    assert totals == {("testclient", "settings.write", 401): 300, ("testclient", "post /api/no-such-route", 404): 150,
+                      ("testclient", "auth.login", 422): 20}
+    assert sum(t["count"] for t in client.get("/api/audit/tallies", params={"result": 404}, headers=root).json()) == 150
 
 
 def test_a_minute_keeps_a_bounded_number_of_keys_and_the_table_a_bounded_number_of_rows(data_dir: Path) -> None:

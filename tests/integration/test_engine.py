@@ -276,6 +276,9 @@ def test_max_num_seqs_within_its_ceiling_takes_effect_without_a_restart(engine: 
                                              f"test: max_num_seqs {seqs}")
             status = engine.client.wait_for({"ready"}, 60, revision=rev.revision, poll=0.1)
             assert status.pid == started.pid and len(status.instances) == 1  # no restart
+            # requests let in under the higher cap end as they would; none more are let in meanwhile
+            wait_until(lambda: engine.client.status().gateway.in_flight <= seqs, 60, every=0.05,  # noqa: B023
+                       what=f"the requests in flight down to {seqs}")
             seen = [engine.client.status().gateway for _ in range(20)]
             assert max(g.in_flight for g in seen) <= seqs and max(g.waiting for g in seen) > 0  # held to it
         outcomes = load.stop()
