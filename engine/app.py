@@ -34,7 +34,7 @@ from engine.errors import EngineError
 from engine.events import EventLog
 from engine.gateway import BodyLimits, DataPath, Gateway, Ledger
 from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
-from engine.metrics import HISTORY_METRICS, EngineCollector, RequestMetrics, SeriesStore, ServingMonitor
+from engine.metrics import HISTORY_METRICS, EngineCollector, LoopLag, RequestMetrics, SeriesStore, ServingMonitor
 from engine.private import make_private
 from engine.prompts import PromptStore
 from engine.revisions import EngineSettings, RevisionStore, initial_settings
@@ -140,6 +140,7 @@ def create_app(config: AppConfig) -> FastAPI:
     flags = VllmFlags(config.vllm_python, vllm_version, config.data_dir / "run" / "vllm-flags.json")
     registry = CollectorRegistry()
     ledger = Ledger(db, config.ledger_sample_rate, metrics=RequestMetrics(registry))
+    loop_lag = LoopLag(registry)
     fleet: Fleet | None = None
 
     def emit(kind: str, message: str, severity: str, data: dict[str, Any]) -> None:  # from the sampler's thread
@@ -203,9 +204,11 @@ def create_app(config: AppConfig) -> FastAPI:
         await fleet.start()
         ledger.start()
         tallies.start()
+        loop_lag.start()
         try:
             yield
         finally:
+            await loop_lag.close()
             await fleet.shutdown()  # before the sampler: waiting for the GPU's memory reads its samples
             await asyncio.to_thread(sampler.stop)
             try:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from engine.metrics.exporter import GPU_GAUGES, LATENCY_BUCKETS, SERVING_GAUGES, EngineCollector, RequestMetrics, render
+from engine.metrics.exporter import (
+    GPU_GAUGES,
+    LATENCY_BUCKETS,
+    SERVING_GAUGES,
+    EngineCollector,
+    LoopLag,
+    RequestMetrics,
+    render,
+)
 from engine.metrics.series import MAX_POINTS, SeriesStore
 from engine.metrics.vllm import (
     HISTORY_METRICS,
@@ -26,6 +34,7 @@ __all__ = [
     "CacheUse",
     "EngineCollector",
     "Histogram",
+    "LoopLag",
     "RequestMetrics",
     "Scrape",
     "SeriesStore",

@@ -219,6 +219,27 @@ def test_engine_exports_prometheus_metrics(api: TestClient) -> None:
     assert refused and refused[0].labels["outcome"] == "refused" and refused[0].value == 1.0
 
 
+def test_the_event_loops_lag_is_exported(api: TestClient) -> None:
+    """Every stream through the gateway runs on the engine's event loop: how late it wakes is a figure an operator
+    reads beside the latency (a stall of the gateway itself, not of vLLM). A loop blocked 0.6 s shows as such."""
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support.wait import wait_until
+
+    def buckets() -> dict[str, float]:
+        families = {f.name: f for f in text_string_to_metric_families(api.get("/metrics").text)}
+        return {s.labels.get("le", s.name): s.value for s in families["llmops_event_loop_lag_seconds"].samples}
+
+    wait_until(lambda: buckets()["+Inf"] >= 2, 30, every=0.1, what="two wake-ups of the loop-lag probe")
+    before = buckets()
+    assert api.portal is not None
+    api.portal.call(time.sleep, 0.6)  # runs on the engine's loop: it is blocked meanwhile
+    wait_until(lambda: (lambda b: b["+Inf"] - b["0.5"] > before["+Inf"] - before["0.5"])(buckets()), 30, every=0.1,
+               what="the stall counted")
+
+
 def test_grafana_dashboard_reads_only_metrics_the_engine_exports(api: TestClient) -> None:
     import json
     import re
