@@ -23,6 +23,7 @@ host's load average during it. Writes ``apply-gap.json`` under ``--out`` as it g
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +120,7 @@ def main() -> None:
         load.start()
         load.wait_for(a.settle, timeout=600)
         if a.steady > 0:  # the floor: how long clients go without a completed request when nothing is applied
+            lag0 = loop_lag(http)
             s0 = time.monotonic()
             while time.monotonic() - s0 < a.steady:
                 time.sleep(0.5)
@@ -126,6 +129,9 @@ def main() -> None:
             report["steady"] = {"seconds": round(s1 - s0, 1), "longest_gap_s": round(
                 longest_gap(list(load.outcomes), s0, s1), 3), "requests": len(window),
                 "failed": sum(1 for o in window if not o.ok), "load_1m": os.getloadavg()[0]}
+            lag1 = loop_lag(http)
+            report["steady"]["loop_late"] = {le: round(lag1["+Inf"] - lag1[le] - (lag0["+Inf"] - lag0[le]))
+                                             for le in lag1 if le != "+Inf"}
             print(f"steady ({a.steady:.0f} s, no apply): longest gap {report['steady']['longest_gap_s']:.2f} s, "
                   f"{len(window)} requests", flush=True)
             save()
@@ -164,7 +170,10 @@ def main() -> None:
               + (f" (predicted {predicted:.1f} s, {100 * (row['apply_s'] - predicted) / predicted:+.0f} %)"
                  if predicted else "")
               + f", load {row['load_1m']['mean']:.1f} (max {row['load_1m']['max']:.1f})"
-              + (f", woke in {row['wake_s']} s" if row.get("wake_s") is not None else ""))
+              + (f", woke in {row['wake_s']} s" if row.get("wake_s") is not None else "")
+              + f"; the engine's loop late by > 0.25 s {row['loop_late'].get('0.25')} times"
+              + f"; the gap from +{row['longest_gap_during']['starts_s']} s, beside: "
+              + " | ".join(row["longest_gap_during"]["events"]))
 
 
 class LoadAverage:
@@ -193,7 +202,8 @@ def one_apply(http: httpx.Client, load: Load, step: str, values: dict[str, Any],
     marker = http.get("/api/events", params={"limit": 1, "newest_first": True}).json()[0]["id"]
     before = len(load.outcomes)
     loadavg = LoadAverage()
-    t0 = time.monotonic()
+    lag0 = loop_lag(http)
+    t0, wall0 = time.monotonic(), time.time()
     r = http.put("/api/settings", json={"base_revision": current["revision"], "values": values, "force": True,
                                         "note": f"apply-gap bench: {step}"})
     r.raise_for_status()
@@ -206,6 +216,7 @@ def one_apply(http: httpx.Client, load: Load, step: str, values: dict[str, Any],
         assert time.monotonic() - t0 < 900, f"the apply of revision {rev} did not end"
         time.sleep(0.2)
     t1 = time.monotonic()
+    lag1 = loop_lag(http)
     host_load = loadavg.stop()
     seen = load.count()
     load.wait_for(seen + settle, timeout=600)
@@ -222,16 +233,44 @@ def one_apply(http: httpx.Client, load: Load, step: str, values: dict[str, Any],
                       for s in ran.get("step_etas") or []],
             "timings": apply.get("timings") or [], "load_1m": host_load,
             "longest_gap_s": round(longest_gap(list(load.outcomes), t0, t1), 3),
+            "longest_gap_during": gap_context(list(load.outcomes), t0, t1, wall0, events),
+            # the engine's event loop during the apply: wake-ups (every 0.1 s) later than each bound
+            "loop_late": {le: round(lag1["+Inf"] - lag1[le] - (lag0["+Inf"] - lag0[le])) for le in lag1
+                          if le != "+Inf"},
             "engine_gap_s": apply.get("longest_gap_s"), "requests": len(window),
             "failed": sum(1 for o in window if not o.ok),
             "wake_s": woke[-1]["data"].get("wake_s") if woke else None,
             "events": [f"{e['kind']}: {e['message']}" for e in events]}
 
 
+def loop_lag(http: httpx.Client) -> dict[str, float]:
+    """The engine's llmops_event_loop_lag_seconds buckets (cumulative counts by upper bound)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        if family.name == "llmops_event_loop_lag_seconds":
+            return {s.labels["le"]: s.value for s in family.samples if s.name.endswith("_bucket")}
+    return {"+Inf": 0.0}
+
+
+def gap_context(outcomes: list[Any], t0: float, t1: float, wall0: float, events: list[dict[str, Any]]
+                ) -> dict[str, Any]:
+    """Where the longest gap fell: its start after the write, and the engine's events from a second before it to
+    its end (which step of the apply the clients waited through)."""
+    times = sorted(o.finished for o in outcomes if o.ok and t0 <= o.finished <= t1)
+    edges = [t0, *times, t1]
+    start, end = max(itertools.pairwise(edges), key=lambda pair: pair[1] - pair[0])
+    lo, hi = wall0 + (start - t0) - 1.0, wall0 + (end - t0)
+    near = []
+    for e in events:
+        ts = datetime.fromisoformat(str(e["ts"]).replace("Z", "+00:00")).timestamp()
+        if lo <= ts <= hi:
+            near.append(f"+{ts - wall0:.1f} s {e['kind']}: {e['message'][:120]}")
+    return {"starts_s": round(start - t0, 2), "ends_s": round(end - t0, 2), "events": near}
+
+
 def _engine_seconds(apply: dict[str, Any]) -> float | None:
     """The apply's own duration, as the engine recorded it (from its plan to its last step)."""
-    from datetime import datetime
-
     if not apply.get("started") or not apply.get("finished"):
         return None
     started, finished = (datetime.fromisoformat(str(apply[k]).replace("Z", "+00:00")) for k in ("started", "finished"))
