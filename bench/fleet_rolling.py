@@ -110,7 +110,10 @@ def main() -> None:
                                     (lost.name, kill_wall, again_wall)).fetchone()[0]
         window = outcomes[first:]
         report["node_loss"] = {
-            "exit_seen_s": round(exited.ts.timestamp() - kill_wall, 3),
+            "exit_seen_s": round((seen if isinstance(seen := exited.data.get("seen_at"), int | float)
+                                  else exited.ts.timestamp()) - kill_wall, 3),
+            "exit_event_written_s": round(exited.ts.timestamp() - kill_wall, 3),
+            "exit_message": exited.message,
             "last_request_sent_to_it_s": round(sent_after - kill_wall, 3) if sent_after else None,
             "failed": sum(1 for o in window if not o.ok),
             "failed_after_exit_seen": sum(1 for o in window if not o.ok and

@@ -23,16 +23,35 @@ from pathlib import Path
 from typing import Any
 
 # Runs beside vLLM's process group, in a session of its own: when the actor that started it is gone (its parent
-# changed), the group is killed (checked ten times a second); when the group is empty, it exits.
+# changed), or the process that started the actor (on a Ray node, its raylet: the node's death, which the actor's
+# own exit follows only a second or two later) is, the group is killed (checked ten times a second); when the group
+# is empty, it exits.
 GUARD = """
 import os, signal, sys, time
 parent, group = int(sys.argv[1]), int(sys.argv[2])
+def ppid(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+grand = ppid(parent)
+if grand is not None and grand <= 1:
+    grand = None
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 while True:
     try:
         os.killpg(group, 0)
     except ProcessLookupError:
         sys.exit(0)
-    if os.getppid() != parent:
+    if os.getppid() != parent or (grand is not None and not alive(grand)):
         try:
             os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:

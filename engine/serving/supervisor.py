@@ -489,6 +489,8 @@ class Supervisor:
         in_flight = sum(u.outstanding for u in closed)
         if inst.serving:
             inst.role = "failed"
+        # when it was seen (the event is written after: its time waits for a database thread on a busy host)
+        seen = time.time() - (time.monotonic() - inst.child.exited_at) if inst.child.exited_at else time.time()
         lost = getattr(inst.child, "lost", None)  # a remote instance gone without an exit says how it was seen
         how = f"lost ({lost})" if lost else "exited"
         message = (f"vLLM instance {inst.name} (revision {inst.revision.id}) {how} while {role}: no new requests go "
@@ -496,7 +498,8 @@ class Supervisor:
         await self._event("instance_exited", message,
                           "error", inst.revision.id, data={"instance": inst.name, "role": role,
                                                            "exit_code": inst.child.returncode,
-                                                           "in_flight": in_flight, "pid": inst.child.pid})
+                                                           "in_flight": in_flight, "pid": inst.child.pid,
+                                                           "seen_at": round(seen, 3), "lost": lost})
         self.wake()
 
     # --- the loop ----------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ Ray's workers, and its guard kills vLLM's process group when the actor that star
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,42 @@ def test_the_guard_stops_vllm_when_its_actor_dies(tmp_path: Path) -> None:
     finally:
         actor.kill()
         actor.wait(10)
+
+
+def test_the_guard_stops_vllm_when_its_raylet_dies_before_its_actor(tmp_path: Path) -> None:
+    """A node removed kills its raylet first; its actor (a worker the raylet started) exits only a second or two
+    later (the engine saw the node's instance gone 1.8-2.0 s after the kill). The guard watches the actor's parent
+    too: vLLM's group is killed once the raylet is gone, though the actor still runs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from engine.serving import group_members
+    from tests.support.wait import wait_until
+
+    actor_then_self = ACTOR.replace('print(info["pid"], flush=True)', 'print(info["pid"], os.getpid(), flush=True)')
+    actor_then_self = actor_then_self.replace("import sys, time", "import os, sys, time")
+    raylet_code = ("import subprocess, sys, time\n"
+                   "subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]])\n"
+                   "time.sleep(300)\n")
+    raylet = subprocess.Popen([sys.executable, "-c", raylet_code, actor_then_self, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    actor_pid = 0
+    try:
+        assert raylet.stdout is not None
+        group, actor_pid = (int(x) for x in raylet.stdout.readline().split())
+        assert len(group_members(group)) == 2
+        os.kill(raylet.pid, signal.SIGKILL)  # the raylet dies; its actor lives on
+        raylet.wait(10)
+        wait_until(lambda: group_members(group) == [], 10, every=0.1, what="the guard stopping the group")
+        os.kill(actor_pid, 0)  # the actor itself still ran when vLLM's group was gone
+    finally:
+        if raylet.poll() is None:
+            raylet.kill()
+        if actor_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(actor_pid, signal.SIGKILL)
 
 
 def test_an_instance_on_the_engines_own_ray_node_is_a_process_of_this_host(tmp_path: Path) -> None:
