@@ -114,8 +114,9 @@ def test_disable_enable_and_delete_with_its_confirmation(api: TestClient) -> Non
     assert api.get("/api/deployments/small").status_code == 200  # nothing deleted
     gone = api.delete("/api/deployments/small", params={"confirm": "small"})
     assert gone.status_code == 200 and gone.json()["revisions"] == 1
-    assert [r["name"] for r in api.get("/api/deployments").json()] == ["demo"]
+    # its row is gone at once; its runtime (the list, its routes) once its instances have stopped
     wait_until(lambda: api.get("/api/deployments/small/status").status_code == 404, 60, what="its runtime gone")
+    assert [r["name"] for r in api.get("/api/deployments").json()] == ["demo"]
     default = api.delete("/api/deployments/demo", params={"confirm": "demo"})
     assert default.status_code == 409 and "disable it instead" in default.json()["detail"]
     actions = {(r["action"], r.get("deployment")) for r in api.get("/api/audit", params={"limit": 50}).json()}
