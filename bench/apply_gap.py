@@ -23,7 +23,6 @@ host's load average during it. Writes ``apply-gap.json`` under ``--out`` as it g
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
@@ -41,7 +40,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.support.load import Load, longest_gap, parse_values, summary  # noqa: E402 - after the path
+from tests.support.load import Load, longest_gap, longest_gap_span, parse_values, summary  # noqa: E402
 
 PASSWORD = "apply-gap-bench-password"
 
@@ -129,9 +128,7 @@ def main() -> None:
             report["steady"] = {"seconds": round(s1 - s0, 1), "longest_gap_s": round(
                 longest_gap(list(load.outcomes), s0, s1), 3), "requests": len(window),
                 "failed": sum(1 for o in window if not o.ok), "load_1m": os.getloadavg()[0]}
-            lag1 = loop_lag(http)
-            report["steady"]["loop_late"] = {le: round(lag1["+Inf"] - lag1[le] - (lag0["+Inf"] - lag0[le]))
-                                             for le in lag1 if le != "+Inf"}
+            report["steady"]["loop_late"] = late_between(lag0, loop_lag(http))
             print(f"steady ({a.steady:.0f} s, no apply): longest gap {report['steady']['longest_gap_s']:.2f} s, "
                   f"{len(window)} requests", flush=True)
             save()
@@ -235,8 +232,7 @@ def one_apply(http: httpx.Client, load: Load, step: str, values: dict[str, Any],
             "longest_gap_s": round(longest_gap(list(load.outcomes), t0, t1), 3),
             "longest_gap_during": gap_context(list(load.outcomes), t0, t1, wall0, events),
             # the engine's event loop during the apply: wake-ups (every 0.1 s) later than each bound
-            "loop_late": {le: round(lag1["+Inf"] - lag1[le] - (lag0["+Inf"] - lag0[le])) for le in lag1
-                          if le != "+Inf"},
+            "loop_late": late_between(lag0, lag1),
             "engine_gap_s": apply.get("longest_gap_s"), "requests": len(window),
             "failed": sum(1 for o in window if not o.ok),
             "wake_s": woke[-1]["data"].get("wake_s") if woke else None,
@@ -253,13 +249,19 @@ def loop_lag(http: httpx.Client) -> dict[str, float]:
     return {"+Inf": 0.0}
 
 
+def late_between(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """Of the loop's wake-ups between two readings of loop_lag, how many were later than each bound."""
+    def late(buckets: dict[str, float], le: str) -> float:
+        return buckets["+Inf"] - buckets.get(le, 0.0)
+
+    return {le: round(late(after, le) - late(before, le)) for le in after if le != "+Inf"}
+
+
 def gap_context(outcomes: list[Any], t0: float, t1: float, wall0: float, events: list[dict[str, Any]]
                 ) -> dict[str, Any]:
     """Where the longest gap fell: its start after the write, and the engine's events from a second before it to
     its end (which step of the apply the clients waited through)."""
-    times = sorted(o.finished for o in outcomes if o.ok and t0 <= o.finished <= t1)
-    edges = [t0, *times, t1]
-    start, end = max(itertools.pairwise(edges), key=lambda pair: pair[1] - pair[0])
+    start, end = longest_gap_span(outcomes, t0, t1)
     lo, hi = wall0 + (start - t0) - 1.0, wall0 + (end - t0)
     near = []
     for e in events:

@@ -45,11 +45,10 @@ LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 class LoopLag:
     """How late the engine's event loop runs what is due: the gateway, the supervisor and every async route share it,
     so a stall here is a stall of every stream through the gateway (``llmops_event_loop_lag_seconds``). It wakes every
-    ``every_s`` and records how much later than asked it woke; ``worst`` is the largest since the engine started."""
+    ``every_s`` and records how much later than asked it woke."""
 
     def __init__(self, registry: CollectorRegistry, every_s: float = 0.1) -> None:
         self.every_s = every_s
-        self.worst = 0.0
         self.histogram = Histogram("llmops_event_loop_lag_seconds", "How much later than due the engine's event loop "
                                    "woke (every 0.1 s): a stall of the gateway itself", buckets=LAG_BUCKETS,
                                    registry=registry)
@@ -62,9 +61,7 @@ class LoopLag:
         while True:
             t0 = time.monotonic()
             await asyncio.sleep(self.every_s)
-            lag = max(0.0, time.monotonic() - t0 - self.every_s)
-            self.worst = max(self.worst, lag)
-            self.histogram.observe(lag)
+            self.histogram.observe(max(0.0, time.monotonic() - t0 - self.every_s))
 
     async def close(self) -> None:
         if self._task is not None:

@@ -135,11 +135,17 @@ def summary(outcomes: list[Outcome]) -> dict[str, int]:
     }
 
 
-def longest_gap(outcomes: list[Outcome], start: float, end: float) -> float:
-    """The longest stretch within [start, end] (monotonic) in which no request completed successfully."""
+def longest_gap_span(outcomes: list[Outcome], start: float, end: float) -> tuple[float, float]:
+    """Where the longest stretch within [start, end] (monotonic) with no request completed successfully lies."""
     times = sorted(o.finished for o in outcomes if o.ok and start <= o.finished <= end)
     edges = [start, *times, end]
-    return max(b - a for a, b in itertools.pairwise(edges))
+    return max(itertools.pairwise(edges), key=lambda pair: pair[1] - pair[0])
+
+
+def longest_gap(outcomes: list[Outcome], start: float, end: float) -> float:
+    """The longest stretch within [start, end] (monotonic) in which no request completed successfully."""
+    a, b = longest_gap_span(outcomes, start, end)
+    return b - a
 
 
 def tokens_per_s(outcomes: list[Outcome], start: float, end: float, max_tokens: int) -> float:
