@@ -25,7 +25,7 @@ from console import drafts  # noqa: E402
 from console.client import ROLES, ApiError, ClientError, EngineClient  # noqa: E402
 from console.session import COOKIE  # noqa: E402
 from console.widgets import PAGES as PAGE_LINKS  # noqa: E402
-from console.widgets import client, go_to, post_to, sign_in_url, sign_out, switcher  # noqa: E402
+from console.widgets import client, go_to, sign_in_url, sign_out, sign_out_form, switcher  # noqa: E402
 from engine.schemas import MeOut  # noqa: E402
 
 # A local icon: a material one is fetched from fonts.gstatic.com, and the console fetches nothing from the internet.
@@ -154,11 +154,9 @@ drafts.arrive(nav.url_path)  # a page kept in drafts restores its fields when it
 with st.sidebar:
     switcher()  # the deployment every page acts on, carried in the address (?deployment=)
     st.caption(f"Signed in as **{me.name}** ({role})")
-    if st.button("Sign out", icon=":material/logout:"):
-        if st.context.cookies.get(COOKIE):  # the console's server revokes the session and clears the cookie
-            sign_out()
-            post_to("/signout", "/signin?why=out", "Signing out…")
-            st.stop()
+    if st.context.cookies.get(COOKIE):  # signed in at the console's server: it ends the session (console/server.py)
+        sign_out_form()
+    elif st.button("Sign out", icon=":material/logout:"):  # signed in here (single sign-on): end it here
         with contextlib.suppress(ClientError):  # already expired or revoked, or the engine is down
             client().logout()
         sign_out()

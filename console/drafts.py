@@ -90,9 +90,10 @@ def settle() -> None:
     st.session_state[ARRIVED] = False
 
 
-def session_key() -> str | None:
-    """This browser session's key in the store: a digest of its sign-in token (None before the sign-in)."""
-    token = st.session_state.get("token")
+def session_key(token: object = None) -> str | None:
+    """A browser session's key in the store: a digest of its sign-in token (this session's when none is given;
+    None before the sign-in)."""
+    token = token if token is not None else st.session_state.get("token")
     return hashlib.sha256(token.encode()).hexdigest() if isinstance(token, str) and token else None
 
 
@@ -129,8 +130,9 @@ def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None,
         STORE.put(session, page, {k: st.session_state[k] for k in keys if k in st.session_state})
 
 
-def forget() -> None:
-    """Drop this session's drafts (at sign-out: the next user of the browser starts from nothing)."""
-    session = session_key()
+def forget(token: str | None = None) -> None:
+    """Drop the drafts of this session, or of the session of ``token`` (at sign-out: the next user of the browser
+    starts from nothing)."""
+    session = session_key(token)
     if session is not None:
         STORE.forget(session)

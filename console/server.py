@@ -37,6 +37,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response  # noqa
 from starlette.routing import Route  # noqa: E402
 from starlette.types import ASGIApp, Receive, Scope, Send  # noqa: E402
 
+from console import drafts  # noqa: E402
 from console.client import ApiError, ClientError, EngineClient  # noqa: E402
 from console.session import COOKIE, safe_next  # noqa: E402
 from engine.schemas import CONSOLE_CLIENT_HEADER, CONSOLE_KEY_HEADER  # noqa: E402
@@ -206,6 +207,7 @@ async def signout(request: Request) -> Response:
         return _page("/", error="Sign-out refused: it was not sent from this console's own page.", status=403)
     if token := request.cookies.get(COOKIE):
         await run_in_threadpool(_revoke, token, request)
+        drafts.forget(token)  # the next user of this browser starts from nothing
     response = RedirectResponse("/signin?" + urlencode({"why": "out"}), status_code=303)
     response.delete_cookie(COOKIE, path="/")
     return response

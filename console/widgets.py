@@ -125,12 +125,17 @@ def go_to(url: str, message: str) -> None:
     st.html(f"<script>window.location.assign({json.dumps(url)});</script>", unsafe_allow_javascript=True)
 
 
-def post_to(url: str, then: str, message: str) -> None:
-    """POST to a route of the console's server (the sign-out takes no GET: a link or an image on another page must
-    not sign anyone out), then go to ``then``. Both are built by the console, never taken from input."""
-    st.markdown(f"{message} [Continue]({then})")
-    st.html(f"<script>fetch({json.dumps(url)}, {{method: 'POST', credentials: 'same-origin'}})"
-            f".finally(() => window.location.assign({json.dumps(then)}));</script>", unsafe_allow_javascript=True)
+def sign_out_form() -> None:
+    """The sidebar's *Sign out* where the browser holds the console's session cookie: a plain form, so the browser
+    itself POSTs to the console's server (which ends the session at the engine, clears the cookie and answers with
+    the sign-in page) with no rerun of this script and no script of the page in between (the sign-out takes no GET:
+    a link or an image on another page must not sign anyone out)."""
+    st.html('<form method="post" action="/signout" style="margin:0">'
+            '<button type="submit" data-testid="llmopsSignOut" style="font-family:inherit;font-size:.875rem;'
+            'color:inherit;cursor:pointer;'
+            'background:transparent;border:1px solid rgba(128,128,128,.45);border-radius:.5rem;'
+            'padding:.25rem .75rem;min-height:2.5rem;line-height:1.6">'
+            '<span aria-hidden="true">&#x21AA;&nbsp;</span>Sign out</button></form>')
 
 
 def unreachable(exc: ClientError) -> NoReturn:

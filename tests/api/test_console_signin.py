@@ -12,7 +12,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
-from console import server
+from console import drafts, server
 from console.client import EngineClient, UnauthorizedError
 from console.session import COOKIE
 from engine.app import create_app
@@ -100,7 +100,11 @@ def test_sign_out_takes_post_only_from_the_console_and_ends_the_session(engine_u
     assert client.post("/signout", headers={"origin": "https://evil.example"}).status_code == 403
     with EngineClient(engine_url[0], token=token) as session:
         assert session.me().name == "admin"  # still signed in
+    key = drafts.session_key(token)
+    assert key is not None
+    drafts.STORE.put(key, "playground", {"prompt": "a draft of the signed-in user"})
     out = client.post("/signout", headers=SAME_SITE)
     assert out.status_code == 303 and out.headers["location"] == "/signin?why=out"
     with EngineClient(engine_url[0], token=token) as session, pytest.raises(UnauthorizedError):
         session.me()
+    assert drafts.STORE.get(key, "playground") == {}  # the next user of this browser does not find it
