@@ -90,11 +90,11 @@ def settle() -> None:
     st.session_state[ARRIVED] = False
 
 
-def session_key(token: object = None) -> str | None:
+def session_key(token: str | None = None) -> str | None:
     """A browser session's key in the store: a digest of its sign-in token (this session's when none is given;
     None before the sign-in)."""
-    token = token if token is not None else st.session_state.get("token")
-    return hashlib.sha256(token.encode()).hexdigest() if isinstance(token, str) and token else None
+    value = token if token is not None else st.session_state.get("token")
+    return hashlib.sha256(value.encode()).hexdigest() if isinstance(value, str) and value else None
 
 
 def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None, *,

@@ -131,8 +131,7 @@ def sign_out_form() -> None:
     the sign-in page) with no rerun of this script and no script of the page in between (the sign-out takes no GET:
     a link or an image on another page must not sign anyone out)."""
     st.html('<form method="post" action="/signout" style="margin:0">'
-            '<button type="submit" data-testid="llmopsSignOut" style="font-family:inherit;font-size:.875rem;'
-            'color:inherit;cursor:pointer;'
+            '<button type="submit" style="font-family:inherit;font-size:.875rem;color:inherit;cursor:pointer;'
             'background:transparent;border:1px solid rgba(128,128,128,.45);border-radius:.5rem;'
             'padding:.25rem .75rem;min-height:2.5rem;line-height:1.6">'
             '<span aria-hidden="true">&#x21AA;&nbsp;</span>Sign out</button></form>')
