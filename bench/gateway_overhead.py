@@ -21,8 +21,10 @@ prefix cache (vLLM's own /metrics counters over the run) and warns above 20 %.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -111,6 +113,8 @@ class Engine:
         a = self.args
         base = self.http.get("/api/settings").json()
         values: dict[str, Any] = {"max_num_seqs": a.max_num_seqs, "served_model_name": "bench"}
+        if a.cap_vs_restart:  # headroom asked for: vLLM runs with --max-num-seqs as its ceiling
+            values["max_num_seqs_ceiling"] = a.max_num_seqs
         if a.model:
             values.update(model=str(Path(a.model).resolve()), gpu_memory_utilization=a.utilization,
                           max_model_len=a.max_model_len, load_format=a.load_format)
@@ -155,6 +159,129 @@ def probe(engine: Engine, item: str) -> dict[str, Any]:
             "steps": [s.get("action") for s in plan.get("step_etas") or []], "errors": r.json().get("errors")}
 
 
+class Beside:
+    """vLLM started by the bench itself, beside the engine's instance, with the engine's own arguments but another
+    port and ``max_num_seqs``: "vLLM restarted with N" of the cap-vs-restart comparison (issue 20, item 4)."""
+
+    def __init__(self, engine: Engine, max_num_seqs: int, workdir: Path) -> None:
+        started = engine.http.get("/api/events", params={"kind": "starting", "newest_first": True, "limit": 1}).json()
+        recorded = list(started[0]["data"]["args"])  # the argv after its executable (nice's, where it ran at one)
+        args = [sys.executable, *recorded[recorded.index("-m"):]]
+        port = _free_port()
+        args[args.index("--port") + 1] = str(port)
+        args[args.index("--max-num-seqs") + 1] = str(max_num_seqs)
+        self.proc = engine.proc  # the engine's CPU is still the one read (it idles: the runs go direct)
+        self.direct_url = f"http://127.0.0.1:{port}"
+        self.vllm_key = None
+        self.log_path = workdir / f"beside-{max_num_seqs}.log"
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+        t0 = time.monotonic()
+        self.child = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+                                      start_new_session=True, cwd=engine.data_dir)
+        self.vllm_pid = self.child.pid
+        deadline = t0 + 900
+        while True:
+            try:
+                if httpx.get(f"{self.direct_url}/v1/models", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if self.child.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"vLLM with max_num_seqs {max_num_seqs} did not come up: see {self.log_path}")
+            time.sleep(0.5)
+        self.ready_s = round(time.monotonic() - t0, 1)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.child.pid, 15)
+        try:
+            self.child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.child.pid, 9)
+            self.child.wait()
+        self.log.close()
+
+
+MEMORY_LINE = re.compile(r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for peak activation, ([\d.]+) GiB "
+                         r"for non-torch memory, and ([\d.]+) GiB for CUDAGraph memory")
+KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+
+
+def start_report(lines: list[str]) -> dict[str, Any]:
+    """What one vLLM start logged of its memory: the last report in ``lines``."""
+    out: dict[str, Any] = {}
+    for line in lines:
+        if m := MEMORY_LINE.search(line):
+            out.update(weights_gib=float(m[1]), activation_gib=float(m[2]), non_torch_gib=float(m[3]),
+                       cuda_graph_gib=float(m[4]))
+        if m := KV_LINE.search(line):
+            out["kv_tokens"] = int(m[1].replace(",", ""))
+    return out
+
+
+def set_value(engine: Engine, key: str, value: int) -> dict[str, Any]:
+    """Write one setting (an apply) and wait for its end: the plan it ran and how long it took."""
+    current = engine.http.get("/api/settings").json()
+    shown = engine.http.get("/api/capacity", params={key: value}).json().get("plan") or {}
+    t0 = time.monotonic()
+    r = engine.http.put("/api/settings", json={"base_revision": current["revision"], "values": {key: value},
+                                               "force": True, "note": "cap-vs-restart bench"})
+    r.raise_for_status()
+    rev = r.json()["revision"]
+    while True:  # a plan in effect now leaves no apply record: the revision serves, and that is the end
+        st = engine.http.get("/api/status").json()
+        apply = st.get("apply") or {}
+        if apply.get("revision") == rev and apply.get("outcome") != "running":
+            break
+        if st.get("running_revision") == rev and apply.get("outcome") != "running":
+            break
+        if time.monotonic() - t0 > 900:
+            raise SystemExit(f"the apply of {key}={value} did not end in 900 s")
+        time.sleep(0.1)
+    return {"revision": rev, "plan_shown": shown.get("kind"),
+            "plan": (apply.get("plan") or {}).get("kind") if apply.get("revision") == rev else shown.get("kind"),
+            "outcome": apply.get("outcome") if apply.get("revision") == rev else "in effect",
+            "apply_s": round(time.monotonic() - t0, 2)}
+
+
+def cap_vs_restart(engine: Engine, a: argparse.Namespace, workdir: Path, report: dict[str, Any],
+                   save: Any) -> None:
+    """For each N: the gateway holding the engine's instance (started with max_num_seqs = the ceiling) to N, against
+    vLLM started with N beside it, at 2N clients: restarted, cap, cap, restarted."""
+    lines = engine.http.get("/api/logs", params={"tail": 5000, "contains": "GiB"}).json()["lines"]
+    lines += engine.http.get("/api/logs", params={"tail": 5000, "contains": "KV cache size"}).json()["lines"]
+    report["cap"] = {"ceiling": a.max_num_seqs, "ceiling_start": start_report(lines), "levels": []}
+    for level_i, n in enumerate(a.cap_vs_restart):
+        applied = set_value(engine, "max_num_seqs", n)
+        beside = Beside(engine, n, workdir)
+        level: dict[str, Any] = {"n": n, "clients": 2 * n, "apply": applied, "restarted_ready_s": beside.ready_s,
+                                 "restarted_start": start_report(beside.log_path.read_text(errors="replace")
+                                                                 .splitlines()), "runs": []}
+        report["cap"]["levels"].append(level)
+        prompts = a.cap_prompts[level_i] if level_i < len(a.cap_prompts) else max(2 * n * a.prompts_per_client,
+                                                                                  a.min_prompts)
+        try:
+            run_once(beside, beside.direct_url, min(2 * n, 8), a, workdir, f"cap-warmup-{n}", prompts=32)
+            for i, (path, who) in enumerate((("restarted", beside), ("cap", engine), ("cap", engine),
+                                             ("restarted", beside))):
+                url = beside.direct_url if who is beside else engine.url
+                run = run_once(who, url, 2 * n, a, workdir, f"cap-{n}-{i}-{path}", prompts=prompts)
+                level["runs"].append({"path": path, **run})
+                save()
+                print(f"N={n}, {2 * n} clients, {path}: {run['output_tok_s']:.0f} tok/s, "
+                      f"P95 latency {run['e2el_p95_ms']:.0f} ms, {run['wall_s']} s", flush=True)
+        finally:
+            beside.stop()
+        for key in ("output_tok_s", "e2el_p95_ms", "ttft_p95_ms"):
+            r = [x[key] for x in level["runs"] if x["path"] == "restarted" and x.get(key) is not None]
+            c = [x[key] for x in level["runs"] if x["path"] == "cap" and x.get(key) is not None]
+            if r and c:
+                level[f"{key}_cap_over_restarted"] = round(statistics.fmean(c) / statistics.fmean(r), 3)
+        save()
+    set_value(engine, "max_num_seqs", a.max_num_seqs)
+
+
 def _free_port() -> int:
     import socket
 
@@ -187,10 +314,12 @@ def cache_over(before: str | None, after: str | None) -> CacheUse | None:
     return cache_use(parse(after, 1.0), parse(before, 0.0) if before is not None else None)
 
 
-def run_once(engine: Engine, base_url: str, concurrency: int, a: argparse.Namespace, workdir: Path,
-             tag: str) -> dict[str, Any]:
+def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace, workdir: Path,
+             tag: str, prompts: int | None = None) -> dict[str, Any]:
+    """One run of vLLM's benchmark against ``base_url``; ``engine`` is an Engine or a Beside (what is measured: its
+    /metrics, its API server's CPU). ``prompts``: this many (default: --prompts-per-client, at least --min-prompts)."""
     out = workdir / f"{tag}.json"
-    prompts = max(concurrency * a.prompts_per_client, a.min_prompts)
+    prompts = prompts or max(concurrency * a.prompts_per_client, a.min_prompts)
     seed = a.seed if a.seed is not None else fresh_seed()
     argv = ["--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions", "--model", "bench",
             "--tokenizer", a.model or str(REPO / "data" / "models" / "demo"), "--dataset-name", "random",
@@ -221,7 +350,8 @@ def run_once(engine: Engine, base_url: str, concurrency: int, a: argparse.Namesp
         "tag": tag, "concurrency": concurrency, "prompts": prompts, "completed": r.get("completed"),
         "failed": r.get("failed", prompts - int(r.get("completed") or 0)),
         "output_tok_s": r.get("output_throughput"), "request_s": r.get("request_throughput"),
-        "ttft_p50_ms": r.get("median_ttft_ms"), "ttft_p99_ms": r.get("p99_ttft_ms"),
+        "ttft_p50_ms": r.get("median_ttft_ms"), "ttft_p95_ms": r.get("p95_ttft_ms"),
+        "ttft_p99_ms": r.get("p99_ttft_ms"), "e2el_p95_ms": r.get("p95_e2el_ms"),
         "itl_p50_ms": r.get("median_itl_ms"), "itl_p99_ms": r.get("p99_itl_ms"),
         "gaps_under_0_5ms": round(sum(1 for g in gaps if g < 0.0005) / len(gaps), 4) if gaps else None,
         "gap_p10_ms": _pct(gaps, 0.10), "gap_p50_ms": _pct(gaps, 0.5), "gap_p90_ms": _pct(gaps, 0.9),
@@ -307,6 +437,12 @@ def main() -> None:
     p.add_argument("--plan-probe", action="append", default=[], metavar="KEY=VALUE",
                    help="once vLLM serves, record the plan the engine would choose for this change (GET /api/capacity)")
     p.add_argument("--plans-only", action="store_true", help="record the plans and stop (no benchmark runs)")
+    p.add_argument("--cap-vs-restart", type=int, nargs="*", default=[], metavar="N",
+                   help="after the runs: the gateway's cap of N (max_num_seqs within the ceiling, no restart) against "
+                   "vLLM started with N beside the engine's instance, at 2N clients (--max-num-seqs is the ceiling; "
+                   "--utilization must leave room for the second vLLM)")
+    p.add_argument("--cap-prompts", type=int, nargs="*", default=[], metavar="P",
+                   help="prompts of each run of each --cap-vs-restart level, in order (to last ≥ 30 s at its rate)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in a.tree] or [("this", REPO)]
@@ -333,7 +469,7 @@ def main() -> None:
             save()
             gateway = engine.url
             for conc in [] if a.plans_only else a.concurrency:
-                run_once(engine, gateway, min(conc, 8), a, workdir, f"{label}-warmup-{conc}")  # warm both paths
+                run_once(engine, gateway, min(conc, 8), a, workdir, f"{label}-warmup-{conc}", prompts=4 * min(conc, 8))
                 for rnd in range(a.rounds):
                     for i, (path, url) in enumerate((("direct", engine.direct_url), ("gateway", gateway),
                                                      ("gateway", gateway), ("direct", engine.direct_url))):
@@ -344,6 +480,8 @@ def main() -> None:
                               f"TTFT p99 {run['ttft_p99_ms']:.0f} ms, engine CPU {run['engine_cpu_pct']} %, "
                               f"seed {run['seed']}, prefix cache hits {run['prefix_cache_hit_pct']} %"
                               + (f" — WARNING: {run['cache_warning']}" if run["cache_warning"] else ""), flush=True)
+            if a.cap_vs_restart:
+                cap_vs_restart(engine, a, workdir, report, save)
         finally:
             engine.stop()
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
