@@ -268,8 +268,8 @@ def cap_vs_restart(engine: Engine, a: argparse.Namespace, workdir: Path, report:
                                                                                   a.min_prompts)
         try:
             run_once(beside, beside.direct_url, min(2 * n, 8), a, workdir, f"cap-warmup-{n}", prompts=32)
-            for i, (path, who) in enumerate((("restarted", beside), ("cap", engine), ("cap", engine),
-                                             ("restarted", beside))):
+            order = (("restarted", beside), ("cap", engine), ("cap", engine), ("restarted", beside))
+            for i, (path, who) in enumerate(order[:a.cap_runs]):
                 url = beside.direct_url if who is beside else engine.url
                 run = run_once(who, url, 2 * n, a, workdir, f"cap-{n}-{i}-{path}", prompts=prompts)
                 level["runs"].append({"path": path, **run})
@@ -448,6 +448,8 @@ def main() -> None:
                    "--utilization must leave room for the second vLLM)")
     p.add_argument("--cap-prompts", type=int, nargs="*", default=[], metavar="P",
                    help="prompts of each run of each --cap-vs-restart level, in order (to last ≥ 30 s at its rate)")
+    p.add_argument("--cap-runs", type=int, default=4, choices=(2, 4),
+                   help="runs per --cap-vs-restart level: restarted, cap (2) or restarted, cap, cap, restarted (4)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in a.tree] or [("this", REPO)]
