@@ -256,7 +256,9 @@ def cap_vs_restart(engine: Engine, a: argparse.Namespace, workdir: Path, report:
     vLLM started with N beside it, at 2N clients: restarted, cap, cap, restarted."""
     lines = engine.http.get("/api/logs", params={"tail": 5000, "contains": "GiB"}).json()["lines"]
     lines += engine.http.get("/api/logs", params={"tail": 5000, "contains": "KV cache size"}).json()["lines"]
-    report["cap"] = {"ceiling": a.max_num_seqs, "ceiling_start": start_report(lines), "levels": []}
+    ready = engine.http.get("/api/events", params={"kind": "ready", "newest_first": True, "limit": 1}).json()
+    report["cap"] = {"ceiling": a.max_num_seqs, "ceiling_start": start_report(lines),
+                     "ceiling_ready_event": ready[0]["data"] if ready else None, "levels": []}
     for level_i, n in enumerate(a.cap_vs_restart):
         applied = set_value(engine, "max_num_seqs", n)
         beside = Beside(engine, n, workdir)
