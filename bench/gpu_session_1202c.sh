@@ -3,7 +3,7 @@
 # run, and its direct runs on Ray had gone to the launch arguments' port, where nothing listened): the engine as the
 # driver of a one-node Ray cluster, one 8B-shaped instance at 0.42 started with max_num_seqs 256 as its ceiling: the
 # gateway against direct vLLM at 64 and 256 clients (direct, gateway, gateway, direct; fresh prompts), three plans;
-# then the gateway's cap of N = 128 against vLLM started with 128 beside it at 256 clients (one run each).
+# (CAP=" ": the gateway runs alone) then the gateway's cap of N = 128 against vLLM started with 128 beside it at 256 clients (one run each).
 set -x
 export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 O=${O:-/var/tmp/out}; mkdir -p $O
@@ -18,7 +18,7 @@ LLMOPS_RAY_ADDRESS=auto timeout 900 python3 bench/gateway_overhead.py --out $O/g
   --load-format dummy --utilization 0.42 --max-num-seqs 256 --max-model-len 4096 --concurrency 64 256 \
   --input-len 200 --output-len 128 --prompts-per-client 10 --min-prompts 1792 \
   --plan-probe max_num_seqs=128 --plan-probe max_model_len=8192 --plan-probe gpu_memory_utilization=0.5 \
-  --cap-vs-restart 128 --cap-prompts 2000 --cap-runs 2 > $O/gw.log 2>&1
+  ${CAP:---cap-vs-restart 128 --cap-prompts 2000 --cap-runs 2} > $O/gw.log 2>&1
 mark gateway and cap done
 python3 -m ray.scripts.scripts stop --force > $O/ray-stop.log 2>&1
 echo done > $O/DONE
