@@ -450,6 +450,8 @@ def main() -> None:
                    "--utilization must leave room for the second vLLM)")
     p.add_argument("--cap-prompts", type=int, nargs="*", default=[], metavar="P",
                    help="prompts of each run of each --cap-vs-restart level, in order (to last ≥ 30 s at its rate)")
+    p.add_argument("--runs-per-round", type=int, default=4, choices=(2, 4),
+                   help="direct, gateway (2: when device time is short) or direct, gateway, gateway, direct (4)")
     p.add_argument("--cap-runs", type=int, default=4, choices=(2, 4),
                    help="runs per --cap-vs-restart level: restarted, cap (2) or restarted, cap, cap, restarted (4)")
     a = p.parse_args()
@@ -480,8 +482,9 @@ def main() -> None:
             for conc in [] if a.plans_only else a.concurrency:
                 run_once(engine, gateway, min(conc, 8), a, workdir, f"{label}-warmup-{conc}", prompts=4 * min(conc, 8))
                 for rnd in range(a.rounds):
-                    for i, (path, url) in enumerate((("direct", engine.direct_url), ("gateway", gateway),
-                                                     ("gateway", gateway), ("direct", engine.direct_url))):
+                    pattern = (("direct", engine.direct_url), ("gateway", gateway), ("gateway", gateway),
+                               ("direct", engine.direct_url))
+                    for i, (path, url) in enumerate(pattern[:a.runs_per_round]):
                         run = run_once(engine, url, conc, a, workdir, f"{label}-{conc}-{rnd}-{i}-{path}")
                         report["runs"].append({"label": label, "path": path, **run})
                         save()

@@ -16,7 +16,7 @@ python3 -m ray.scripts.scripts start --head --num-gpus 1 --disable-usage-stats -
 mark ray started
 LLMOPS_RAY_ADDRESS=auto timeout 900 python3 bench/gateway_overhead.py --out $O/gw --model /tmp/m8b \
   --load-format dummy --utilization 0.42 --max-num-seqs 256 --max-model-len 4096 --concurrency 64 256 \
-  --input-len 200 --output-len 128 --prompts-per-client 10 --min-prompts 1792 \
+  --input-len 200 --output-len 128 --prompts-per-client 10 --min-prompts 1792 ${RUNS:-} \
   --plan-probe max_num_seqs=128 --plan-probe max_model_len=8192 --plan-probe gpu_memory_utilization=0.5 \
   ${CAP:---cap-vs-restart 128 --cap-prompts 2000 --cap-runs 2} > $O/gw.log 2>&1
 mark gateway and cap done
