@@ -60,10 +60,6 @@ class AppConfig(BaseSettings):
                                    "small host its start (the compile above all) took the cores from the instance "
                                    "that serves, and clients saw seconds with no answer; at 19 the start gets what "
                                    "serving leaves and takes longer. vllm_nice or lower: no difference made.")
-    start_beside_one_core: bool = Field(False, description="CPU build, a host of two cores or more: a vLLM instance "
-                                        "started while another serves is also confined to one core (one that no "
-                                        "thread of the serving instances is pinned to) until it serves itself, so "
-                                        "that the instance that serves keeps the other cores whatever the start does.")
     handover_s: float = Field(10.0, ge=0, description="After a new instance takes traffic, how long the instance it "
                               "replaces may keep serving beside it until the new one has ended its first requests "
                               "(a cold instance's first batch is its slowest); then the old one drains.")

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
 import shutil
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-
-import psutil
 
 from engine.revisions import EngineSettings, resolve_local_model
 from engine.schemas import Build
@@ -104,59 +101,6 @@ def at_nice(args: list[str], nice: int | None) -> list[str]:
         return args
     delta = nice - os.getpriority(os.PRIO_PROCESS, 0)
     return args if delta == 0 else [shutil.which("nice") or "/usr/bin/nice", "-n", str(delta), *args]
-
-
-def at_cpus(args: list[str], cpus: set[int] | None) -> list[str]:
-    """``args`` confined to the cores ``cpus`` (None: wherever the engine may run). ``taskset`` execs it: same pid,
-    and every process and thread it makes inherits the mask."""
-    if not cpus:
-        return args
-    return [shutil.which("taskset") or "/usr/bin/taskset", "-c", ",".join(map(str, sorted(cpus))), *args]
-
-
-def _group_threads(pid: int) -> list[int]:
-    """The thread ids of process ``pid`` and of all its descendants (those that can be read)."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-    tids: list[int] = []
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            tids += [t.id for t in proc.threads()]
-    return tids
-
-
-def spare_core(serving_pids: list[int]) -> int | None:
-    """The core for a start beside the instances ``serving_pids``: the highest of the engine's cores that no thread
-    of theirs is pinned to alone (vLLM's CPU worker pins its OpenMP threads, one per core); the highest core where
-    every core is pinned; None on a host of one core."""
-    allowed = sorted(os.sched_getaffinity(0))
-    if len(allowed) < 2:
-        return None
-    pinned: set[int] = set()
-    for pid in serving_pids:
-        for tid in _group_threads(pid):
-            with contextlib.suppress(OSError):
-                if len(cpus := os.sched_getaffinity(tid)) == 1:
-                    pinned |= cpus
-    free = [c for c in allowed if c not in pinned]
-    return (free or allowed)[-1]
-
-
-def release_cpus(pid: int, confined: set[int]) -> int:
-    """Undo at_cpus for process ``pid`` and its descendants: every thread still confined to ``confined`` may run on
-    every core the engine may again (a thread the process pinned itself elsewhere is left alone). How many were
-    released."""
-    allowed = os.sched_getaffinity(0)
-    released = 0
-    for tid in _group_threads(pid):
-        with contextlib.suppress(OSError):
-            if os.sched_getaffinity(tid) == confined:
-                os.sched_setaffinity(tid, allowed)
-                released += 1
-    return released
 
 
 def unbound_omp_threads(tensor_parallel_size: int) -> int:

@@ -69,14 +69,11 @@ from engine.schemas import (
 from engine.serving import applies
 from engine.serving.child import free_port, kill_group, reap_all
 from engine.serving.command import (
-    at_cpus,
     at_nice,
     build_command,
     build_env,
     launch_max_num_seqs,
-    release_cpus,
     renice_group,
-    spare_core,
     unbound_omp_threads,
     vllm_distribution,
 )
@@ -175,7 +172,6 @@ class Instance:
     predicted: dict[str, Any] | None = None
     launched_seqs: int = 0  # the max_num_seqs vLLM was started with (its ceiling)
     lowered: bool = False  # started at start_beside_nice (beside one that serves): raised to vllm_nice once it serves
-    confined: set[int] | None = None  # the core it started on beside one that serves (start_beside_one_core)
     ready_at: float | None = None
     health_failures: int = 0
     last_health: float = 0.0
@@ -655,12 +651,6 @@ class Supervisor:
         args = build_command(settings, python=self.config.vllm_python, port=free_port(), data_dir=data_dir,
                              build=self.build, sleep_mode=sleep,
                              nice=self.config.start_beside_nice if lowered else self.config.vllm_nice)
-        confined: set[int] | None = None
-        if self.build == "cpu" and self.placement.kind == "local" and self.config.start_beside_one_core:
-            serving = [i.child.pid for i in self.instances if i.serving and i.child.pid is not None]
-            if serving and (core := await asyncio.to_thread(spare_core, serving)) is not None:
-                confined = {core}
-                args = at_cpus(args, confined)
         key = secrets.token_urlsafe(32)  # vLLM answers /v1 to the gateway only, not to any local user of the port
         cluster = self.config.ray_address if settings.pipeline_parallel_size > 1 else None
         env = build_env(offline=resolve_local_model(settings.model, data_dir) is not None,
@@ -682,7 +672,7 @@ class Supervisor:
             node=node, gpus=settings.tensor_parallel_size if self.build == "cuda" and
             settings.pipeline_parallel_size == 1 else 0))  # in stages, vLLM's Ray executor places its workers
         inst = Instance(name, child, revision, settings, device=device, bridge=bridge,
-                        launched_seqs=launch_max_num_seqs(settings), lowered=lowered, confined=confined)
+                        launched_seqs=launch_max_num_seqs(settings), lowered=lowered)
         child.on_exit = lambda _: self._spawn_task(self._instance_exited(inst), f"exited-{name}")
         inst.predicted = await asyncio.to_thread(self.planner.predict_now, settings) if self.planner else None
         inst.compile_key = compile_key(settings.model_dump(), env)
@@ -748,9 +738,6 @@ class Supervisor:
         A ``woken`` instance (back from sleep mode) takes traffic again; its start was recorded when it began."""
         assert inst.revision.id is not None
         inst.child.remember_descendants()
-        if inst.confined and inst.child.pid is not None:  # it serves now: every core, as any instance that serves
-            await asyncio.to_thread(release_cpus, inst.child.pid, inst.confined)
-            inst.confined = None
         if inst.lowered and inst.child.pid is not None:  # it serves now: the priority of any instance that serves
             inst.lowered = False
             if problem := renice_group(inst.child.pid, self.config.vllm_nice):

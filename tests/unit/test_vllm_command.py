@@ -5,11 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from engine.revisions import EngineSettings, initial_settings, merge_values, validate_settings
 from engine.serving import build_command, build_env
-from engine.serving.command import at_cpus, release_cpus, renice_group, spare_core, unbound_omp_threads
+from engine.serving.command import renice_group, unbound_omp_threads
 from tests.support.wait import wait_until
 
 
@@ -94,59 +92,3 @@ def test_renice_group_reaches_every_thread_of_every_process_of_the_group() -> No
         os.killpg(proc.pid, 9)
         proc.wait()
     assert renice_group(proc.pid, low) is None  # a group that is gone: nothing to do, no error
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a host of two cores or more")
-def test_a_start_beside_a_serving_instance_gets_the_core_it_does_not_pin_and_every_core_once_it_serves() -> None:
-    """start_beside_one_core: the serving instance's worker pins a thread to one core (as vLLM's CPU worker does);
-    the start goes to another core, every thread and child of it confined there, and is released to all the
-    engine's cores once it serves (a thread it pinned itself stays where it put itself)."""
-    cores = sorted(os.sched_getaffinity(0))
-    pinned_core = cores[-1]
-    pin = ("import os, threading, time; "
-           f"t = threading.Thread(target=lambda: (os.sched_setaffinity(0, {{{pinned_core}}}), time.sleep(60))); "
-           "t.start(); time.sleep(60)")
-    serving = subprocess.Popen([sys.executable, "-c", pin], start_new_session=True)
-    code = ("import subprocess, sys, threading, time; "
-            "[threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(2)]; "
-            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)")
-    starting: subprocess.Popen[bytes] | None = None
-
-    def masks(pid: int) -> list[set[int]]:
-        out = []
-        for p in [pid, *(int(c) for c in _children(pid))]:
-            for t in os.listdir(f"/proc/{p}/task"):
-                try:
-                    out.append(os.sched_getaffinity(int(t)))
-                except OSError:
-                    continue
-        return out
-
-    try:
-        wait_until(lambda: any(m == {pinned_core} for m in masks(serving.pid)), 30, every=0.05,
-                   what="the serving stand-in's pinned thread")
-        core = spare_core([serving.pid])
-        assert core is not None and core != pinned_core
-        starting = subprocess.Popen(at_cpus([sys.executable, "-c", code], {core}), start_new_session=True)
-        wait_until(lambda: len(masks(starting.pid)) >= 4, 30, every=0.05, what="a group of two processes, four threads")
-        assert all(m == {core} for m in masks(starting.pid))  # the child process and every thread too
-        assert release_cpus(starting.pid, {core}) >= 4
-        assert all(m == set(cores) for m in masks(starting.pid))
-        assert any(m == {pinned_core} for m in masks(serving.pid))  # the serving instance is not touched
-    finally:
-        os.killpg(serving.pid, 9)
-        if starting is not None:
-            os.killpg(starting.pid, 9)
-
-
-def _children(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return []
-
-
-def test_no_core_is_chosen_on_a_host_of_one_core(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert spare_core([os.getpid()]) is None
-    assert at_cpus(["vllm"], None) == ["vllm"]
