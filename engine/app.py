@@ -38,7 +38,7 @@ from engine.metrics import HISTORY_METRICS, EngineCollector, LoopLag, RequestMet
 from engine.private import make_private
 from engine.prompts import PromptStore
 from engine.revisions import EngineSettings, RevisionStore, initial_settings
-from engine.serving import PrivateRotatingFileHandler, VllmFlags, redact_secrets, vllm_distribution
+from engine.serving import PrivateRotatingFileHandler, VllmFlags, redact_secrets, session_nice, vllm_distribution
 
 
 class UnsafeConfigError(EngineError):
@@ -88,6 +88,8 @@ def raise_priority(nice: int) -> str | None:
     except PermissionError:
         return (f"engine_nice {nice} was refused (it needs root or CAP_SYS_NICE): the gateway runs at nice "
                 f"{os.getpriority(os.PRIO_PROCESS, 0)}, and on a host whose cores vLLM keeps busy it will add latency")
+    if os.getsid(0) == os.getpid():  # its own session (llmops up starts it so): the session's weight too
+        return session_nice(os.getpid(), nice)
     return None
 
 

@@ -265,7 +265,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                   "--data-dir", str(config.data_dir)]
     console_cmd, console_env = _console_command(config.console_port, engine_url, config.console_host,
                                                 config.console_key_path)
-    procs = [subprocess.Popen(engine_cmd), subprocess.Popen(console_cmd, env=console_env,
+    # the engine leads a session of its own, so that its CPU priority (engine_nice) weighs against vLLM's sessions
+    # (engine/serving/command.py session_nice); this process passes SIGINT and SIGTERM on to it
+    procs = [subprocess.Popen(engine_cmd, start_new_session=True), subprocess.Popen(console_cmd, env=console_env,
                                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     stop = False
 

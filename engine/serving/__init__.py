@@ -12,7 +12,7 @@ from engine.serving.child import (
     reap_all,
     reap_orphans,
 )
-from engine.serving.command import at_nice, build_command, build_env, child_env, vllm_distribution
+from engine.serving.command import at_nice, build_command, build_env, child_env, session_nice, vllm_distribution
 from engine.serving.diagnosis import OOM_KINDS, Diagnosis, diagnose
 from engine.serving.flags import FlagProbeError, VllmFlags
 from engine.serving.logs import ChildLog, PrivateRotatingFileHandler, filter_log, redact_secrets
@@ -55,5 +55,6 @@ __all__ = [
     "reap_all",
     "reap_orphans",
     "redact_secrets",
+    "session_nice",
     "vllm_distribution",
 ]

@@ -5,9 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from engine.revisions import EngineSettings, initial_settings, merge_values, validate_settings
 from engine.serving import build_command, build_env
-from engine.serving.command import renice_group, unbound_omp_threads
+from engine.serving.command import renice_group, session_nice, unbound_omp_threads
 from tests.support.wait import wait_until
 
 
@@ -92,3 +94,27 @@ def test_renice_group_reaches_every_thread_of_every_process_of_the_group() -> No
         os.killpg(proc.pid, 9)
         proc.wait()
     assert renice_group(proc.pid, low) is None  # a group that is gone: nothing to do, no error
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="the kernel groups no sessions (autogroup off)")
+def test_the_nice_of_a_session_of_its_own_is_the_weight_it_competes_with() -> None:
+    """With autogroup, a nice value weighs only within its session, and the engine and each vLLM instance lead
+    sessions of their own: renice_group must also set the session's weight, or a starting instance at nice 19
+    takes as much CPU as the engine's gateway at -10 (on 2 cores a thread at nice -10 woke up to 1.6 s late)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+
+    def weight() -> str:
+        return Path(f"/proc/{proc.pid}/autogroup").read_text().split()[-1]
+
+    try:
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        low = min(19, mine + 9)
+        assert renice_group(proc.pid, low) is None
+        assert weight() == str(low)
+        assert os.getpriority(os.PRIO_PROCESS, proc.pid) == low
+        assert session_nice(proc.pid, min(19, mine + 3)) is None  # raising the weight back needs no privilege
+        assert weight() == str(min(19, mine + 3))
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    assert session_nice(proc.pid, 5) is None  # a process gone is no error
