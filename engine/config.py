@@ -51,15 +51,18 @@ class AppConfig(BaseSettings):
                              "start: its gateway is on the path of every token, and where vLLM keeps every core busy "
                              "(the CPU build) a gateway that waits for a core delays each one (on 2 cores: 0.56 of "
                              "direct throughput at 0, 0.86 at -10). Below 0 needs root or CAP_SYS_NICE; refused, the "
-                             "engine says so and runs at its own. vLLM, benchmarks and the demo model's training "
-                             "run at vllm_nice.")
+                             "engine says so and runs at its own. Where the kernel weighs sessions against each "
+                             "other (autogroup) it is also the weight of the engine's session, when the engine leads "
+                             "one (llmops up starts it so). vLLM, benchmarks and the demo model's training run at "
+                             "vllm_nice.")
     vllm_nice: int = Field(0, ge=-20, le=19, description="CPU priority (nice value) of the processes the engine "
                            "starts: vLLM, its benchmarks, the demo model's training.")
     start_beside_nice: int = Field(19, ge=-20, le=19, description="CPU build: the nice value of a vLLM instance "
                                    "started while another serves, until it serves itself (then vllm_nice). On a "
                                    "small host its start (the compile above all) took the cores from the instance "
                                    "that serves, and clients saw seconds with no answer; at 19 the start gets what "
-                                   "serving leaves and takes longer. vllm_nice or lower: no difference made.")
+                                   "serving leaves and takes longer (its session gets the same weight: each "
+                                   "instance leads one). vllm_nice or lower: no difference made.")
     handover_s: float = Field(10.0, ge=0, description="After a new instance takes traffic, how long the instance it "
                               "replaces may keep serving beside it until the new one has ended its first requests "
                               "(a cold instance's first batch is its slowest); then the old one drains.")
