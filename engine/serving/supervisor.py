@@ -671,7 +671,7 @@ class Supervisor:
             pidfile=self.run_dir / self.deployment.pidfile_name(name), name=name, cwd=data_dir, api_key=key,
             node=node, gpus=settings.tensor_parallel_size if self.build == "cuda" and
             settings.pipeline_parallel_size == 1 else 0,  # in stages, vLLM's Ray executor places its workers
-            nice=self.config.vllm_nice))  # its session's weight: never lowered (session_nice says why)
+            ))
         inst = Instance(name, child, revision, settings, device=device, bridge=bridge,
                         launched_seqs=launch_max_num_seqs(settings), lowered=lowered)
         child.on_exit = lambda _: self._spawn_task(self._instance_exited(inst), f"exited-{name}")
