@@ -62,8 +62,9 @@ class AppConfig(BaseSettings):
                                    "small host its start (the compile above all) took the cores from the instance "
                                    "that serves, and clients saw seconds with no answer; at 19 the start gets what "
                                    "serving leaves and takes longer. Where the kernel weighs sessions (autogroup) "
-                                   "it weighs only inside the instance's own session, which keeps vllm_nice's "
-                                   "weight (a lower one starved the start). vllm_nice or lower: no difference made.")
+                                   "it weighs only inside the instance's own session, which keeps the kernel's "
+                                   "default weight (a lower one starved the start). vllm_nice or lower: no difference "
+                                   "made.")
     handover_s: float = Field(10.0, ge=0, description="After a new instance takes traffic, how long the instance it "
                               "replaces may keep serving beside it until the new one has ended its first requests "
                               "(a cold instance's first batch is its slowest); then the old one drains.")

@@ -134,9 +134,9 @@ def session_nice(pid: int, nice: int) -> str | None:
     its own session; between sessions, each gets an equal share whatever its processes' nice values. The engine
     and each vLLM instance lead sessions of their own, so without this the engine's -10 weighed nothing against
     vLLM (on 2 cores under 16 streaming clients, a thread at nice -10 woke up to 1.6 s late; in a session at -10, at
-    most 0.12 s). A vLLM instance's session gets vllm_nice, never a lower weight: on Linux 6.18 a session at 5 or
-    19 beside a busy one at 0 got no CPU at all (0.4 s in six minutes), where a nice value inside a session slows
-    a thread but never stops it. Without autogroup the file is missing and nothing is needed."""
+    most 0.12 s). vLLM instances' sessions keep the kernel's default weight, never a lower one: on Linux 6.18 a
+    session at 5 or 19 beside a busy one at 0 got no CPU at all (0.4 s in six minutes). Without autogroup the
+    file is missing and nothing is needed."""
     try:
         Path(f"/proc/{pid}/autogroup").write_text(str(nice))
     except (FileNotFoundError, ProcessLookupError):
