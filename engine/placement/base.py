@@ -59,7 +59,6 @@ class ChildSpec:
     api_key: str | None
     node: str | None = None
     gpus: int = 0  # GPUs the instance takes on its node (Ray reserves them)
-    nice: int | None = None  # the CPU weight of its session where it runs on this host (session_nice)
 
 
 class Child(Protocol):

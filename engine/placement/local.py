@@ -21,7 +21,7 @@ class LocalPlacement:
         from engine.serving.child import VllmChild  # serving imports placement: not at module level
 
         return VllmChild(spec.args, spec.env, spec.port, spec.revision_id, spec.log, spec.pidfile, name=spec.name,
-                         cwd=spec.cwd, api_key=spec.api_key, nice=spec.nice)
+                         cwd=spec.cwd, api_key=spec.api_key)
 
     def place(self, index: int, taken: list[str | None], gpus: int = 0) -> str | None:
         return None

@@ -22,7 +22,6 @@ from typing import Any
 import psutil
 
 from engine.errors import PortBusyError, StrayProcessError
-from engine.serving.command import session_nice
 from engine.serving.logs import ChildLog
 from engine.serving.startup import StartTracker
 
@@ -69,10 +68,8 @@ class VllmChild:
 
     def __init__(self, args: list[str], env: dict[str, str], port: int, revision_id: int, log_: ChildLog,
                  pidfile: Path, name: str = "a", keep_lines: int = 5000, cwd: Path | None = None,
-                 on_exit: Callable[[Any], None] | None = None, api_key: str | None = None,
-                 nice: int | None = None) -> None:
+                 on_exit: Callable[[Any], None] | None = None, api_key: str | None = None) -> None:
         self.args = args
-        self.nice = nice  # the CPU weight of its session (session_nice), once started; None: the kernel's default
         self.api_key = api_key  # the instance's own key for vLLM's /v1 (VLLM_API_KEY): only the engine holds it
         self.cwd = cwd  # vLLM's working directory: the data dir, never the engine's (a relative --model is read there)
         self.on_exit = on_exit  # called on the event loop the moment the server process exits
@@ -143,8 +140,6 @@ class VllmChild:
             cwd=str(self.cwd) if self.cwd is not None else None,
         )
         self.started_at = time.monotonic()
-        if self.nice is not None and (problem := session_nice(self.proc.pid, self.nice)):
-            self.log.write(f"[engine] {problem}: it competes for the CPU at the default weight")
         self._watch_exit()
         self.tracker = StartTracker(self.started_at)
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
