@@ -68,6 +68,20 @@ def vllm_key(pid: int) -> str | None:
     return next((v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"VLLM_API_KEY=")), None)
 
 
+def wait_up(url: str, proc: subprocess.Popen[Any], within_s: float, failure: str) -> None:
+    """Poll ``url`` until it answers 200; ``failure`` if ``proc`` exits first or ``within_s`` pass."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(failure)
+        time.sleep(0.3)
+
+
 class Engine:
     """One engine of one checkout, started on its own data dir and port, with vLLM serving the bench settings."""
 
@@ -96,16 +110,7 @@ class Engine:
             for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
                 os.setpriority(os.PRIO_PROCESS, int(task.name), args.engine_nice)
         self.http = httpx.Client(base_url=self.url, timeout=60)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if self.http.get("/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"engine {label} did not come up: see {self.log.name}")
-            time.sleep(0.3)
+        wait_up(f"{self.url}/healthz", self.proc, 120, f"engine {label} did not come up: see {self.log.name}")
         token = self.http.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).json()
         self.http.headers["authorization"] = f"Bearer {token['token']}"
 
@@ -185,16 +190,8 @@ class Beside:
         self.child = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                       start_new_session=True, cwd=engine.data_dir)
         self.vllm_pid = self.child.pid
-        deadline = t0 + 900
-        while True:
-            try:
-                if httpx.get(f"{self.direct_url}/v1/models", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if self.child.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"vLLM with max_num_seqs {max_num_seqs} did not come up: see {self.log_path}")
-            time.sleep(0.5)
+        wait_up(f"{self.direct_url}/v1/models", self.child, 900,
+                f"vLLM with max_num_seqs {max_num_seqs} did not come up: see {self.log_path}")
         self.ready_s = round(time.monotonic() - t0, 1)
 
     def stop(self) -> None:

@@ -648,9 +648,9 @@ class Supervisor:
         # start_beside_nice); a local child only (a Ray node's processes are not this host's to renice)
         lowered = (self.build == "cpu" and self.placement.kind == "local" and any(i.serving for i in self.instances)
                    and self.config.start_beside_nice > self.config.vllm_nice)
-        nice = self.config.start_beside_nice if lowered else self.config.vllm_nice
         args = build_command(settings, python=self.config.vllm_python, port=free_port(), data_dir=data_dir,
-                             build=self.build, sleep_mode=sleep, nice=nice)
+                             build=self.build, sleep_mode=sleep,
+                             nice=self.config.start_beside_nice if lowered else self.config.vllm_nice)
         key = secrets.token_urlsafe(32)  # vLLM answers /v1 to the gateway only, not to any local user of the port
         cluster = self.config.ray_address if settings.pipeline_parallel_size > 1 else None
         env = build_env(offline=resolve_local_model(settings.model, data_dir) is not None,
@@ -670,8 +670,7 @@ class Supervisor:
             args=args, env=env, port=port, revision_id=revision.id, log=self.log,
             pidfile=self.run_dir / self.deployment.pidfile_name(name), name=name, cwd=data_dir, api_key=key,
             node=node, gpus=settings.tensor_parallel_size if self.build == "cuda" and
-            settings.pipeline_parallel_size == 1 else 0,  # in stages, vLLM's Ray executor places its workers
-            ))
+            settings.pipeline_parallel_size == 1 else 0))  # in stages, vLLM's Ray executor places its workers
         inst = Instance(name, child, revision, settings, device=device, bridge=bridge,
                         launched_seqs=launch_max_num_seqs(settings), lowered=lowered)
         child.on_exit = lambda _: self._spawn_task(self._instance_exited(inst), f"exited-{name}")
