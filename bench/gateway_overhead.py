@@ -141,7 +141,8 @@ class Engine:
         # where the gateway reaches it: on Ray the node's actor chooses the address and port, not these args
         serving = [i for i in st.get("instances") or [] if i.get("serving")]
         if serving:
-            self.direct_url = f"http://{serving[0].get('address') or '127.0.0.1'}:{serving[0]['port']}"
+            address = serving[0].get("address") or f"http://127.0.0.1:{serving[0]['port']}"  # a URL (InstanceOut)
+            self.direct_url = address.rstrip("/")
             self.vllm_pid = int(serving[0].get("pid") or st["pid"])
         self.vllm_key = vllm_key(self.vllm_pid)
 

@@ -21,7 +21,7 @@ LLMOPS_RAY_ADDRESS=auto timeout 1300 python3 bench/gateway_overhead.py --out $O/
   --load-format dummy --utilization 0.42 --max-num-seqs 256 --max-model-len 4096 --concurrency 64 256 \
   --input-len 200 --output-len 128 --prompts-per-client 12 --min-prompts 2000 ${RUNS:-} \
   --plan-probe max_num_seqs=128 --plan-probe max_model_len=8192 --plan-probe gpu_memory_utilization=0.5 \
-  --cap-vs-restart 32 128 --cap-prompts 1400 2800 --cap-runs 2 > $O/gw.log 2>&1
+  --cap-vs-restart 128 32 --cap-prompts 2800 1400 --cap-runs 2 > $O/gw.log 2>&1
 mark gateway and cap done rc=$?
 python3 -m ray.scripts.scripts stop --force > $O/ray-stop.log 2>&1
 for i in $(seq 60); do
