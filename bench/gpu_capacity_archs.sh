@@ -15,7 +15,8 @@
 # logged "Free memory on device ... Actual usage is ...", the line after "GPU KV cache size".
 # Environment: OUT (results), MODELS (model folders, default /tmp/capacity-models), BUDGET_S (an architecture whose
 # two starts, ~PAIR_S = 150 s, would end after this many seconds from the script's start is skipped; default 780),
-# START_TIMEOUT_S (one start, default 300), ONLY ("arch arch ...": a subset, e.g. to finish what a budget cut).
+# START_TIMEOUT_S (one start, default 300), ONLY ("arch arch ...": a subset in this order, e.g. to finish what a
+# budget cut).
 set -u
 OUT=${OUT:-/var/tmp/capacity}
 MODELS=${MODELS:-/tmp/capacity-models}
@@ -107,7 +108,7 @@ run_start() {  # arch n util len -> OUT/arch-n.log; 0 when vLLM logged its memor
 wait_gpu_free || true
 printf 'arch\tn\tutil\tlen\tstate\tseconds\n' > "$OUT/starts.tsv"
 python3 bench/capacity_archs.py list > "$OUT/cases.txt"
-for arch in $(cut -d' ' -f1 "$OUT/cases.txt" | uniq); do
+for arch in ${ONLY:-$(cut -d' ' -f1 "$OUT/cases.txt" | uniq)}; do  # ONLY's order where given
   if [ -n "$ONLY" ] && [[ " $ONLY " != *" $arch "* ]]; then continue; fi
   if [ $(( $(date +%s) - T0 + PAIR_S )) -gt "$BUDGET_S" ]; then
     say "skip $arch: its two starts (~${PAIR_S}s) would end past the budget of ${BUDGET_S}s"; continue
