@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -190,6 +191,7 @@ class Beside:
         self.direct_url = f"http://127.0.0.1:{port}"
         self.vllm_key = None
         self.log_path = workdir / f"beside-{max_num_seqs}.log"
+        self.kept = engine.args.out / self.log_path.name  # its start's phases, beside the results
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
         t0 = time.monotonic()
@@ -209,6 +211,7 @@ class Beside:
             os.killpg(self.child.pid, 9)
             self.child.wait()
         self.log.close()
+        shutil.copyfile(self.log_path, self.kept)
 
 
 MEMORY_LINE = re.compile(r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for peak activation, ([\d.]+) GiB "
@@ -272,7 +275,11 @@ def cap_vs_restart(engine: Engine, a: argparse.Namespace, workdir: Path, report:
         prompts = a.cap_prompts[level_i] if level_i < len(a.cap_prompts) else max(2 * n * a.prompts_per_client,
                                                                                   a.min_prompts)
         try:
-            run_once(beside, beside.direct_url, min(2 * n, 8), a, workdir, f"cap-warmup-{n}", prompts=32)
+            # both warmed alike, at the level's own clients and lengths: on the H200 (2026-12-03) the restarted
+            # instance's first run after a 32-prompt warm-up gave a third less than the cap's, and than the same
+            # comparison with fixed lengths the day before
+            for who, url in ((beside, beside.direct_url), (engine, engine.url)):
+                run_once(who, url, 2 * n, a, workdir, f"cap-warmup-{n}", prompts=4 * n)
             order = (("restarted", beside), ("cap", engine), ("cap", engine), ("restarted", beside))
             for i, (path, who) in enumerate(order[:a.cap_runs]):
                 url = beside.direct_url if who is beside else engine.url
