@@ -59,6 +59,15 @@ def vllm_bench(argv: list[str], out: Path) -> None:
     out.write_text(json.dumps(keep, default=str))
 
 
+def _environ(pid: int) -> dict[str, str] | None:
+    """The environment of process ``pid`` (the same user's), None where it cannot be read."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return dict(v.decode(errors="replace").split("=", 1) for v in raw if b"=" in v)
+
+
 def vllm_key(pid: int) -> str | None:
     """The API key the engine gave its vLLM child (VLLM_API_KEY in its environment): the direct path needs it, as
     vLLM refuses /v1 without it. Readable by the same user only, as the engine intends."""
@@ -183,7 +192,9 @@ class Beside:
     def __init__(self, engine: Engine, max_num_seqs: int, workdir: Path) -> None:
         started = engine.http.get("/api/events", params={"kind": "starting", "newest_first": True, "limit": 1}).json()
         recorded = list(started[0]["data"]["args"])  # the argv after its executable (nice's, where it ran at one)
-        args = [sys.executable, *recorded[recorded.index("-m"):]]
+        # the engine's own command and environment, but for the port and max_num_seqs: at its nice value, with what
+        # the engine (or Ray's actor: OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES) gave its process
+        args = ["nice", *recorded] if recorded[0] == "-n" else [sys.executable, *recorded[recorded.index("-m"):]]
         port = _free_port()
         args[args.index("--port") + 1] = str(port)
         args[args.index("--max-num-seqs") + 1] = str(max_num_seqs)
@@ -193,7 +204,7 @@ class Beside:
         self.log_path = workdir / f"beside-{max_num_seqs}.log"
         self.kept = engine.args.out / self.log_path.name  # its start's phases, beside the results
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+        env = {k: v for k, v in (_environ(engine.vllm_pid) or os.environ).items() if k != "VLLM_API_KEY"}
         t0 = time.monotonic()
         self.child = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                       start_new_session=True, cwd=engine.data_dir)
