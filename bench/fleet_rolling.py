@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.support.engine import COLD_START_S, EngineHandle, running_engine  # noqa: E402 - after the path
-from tests.support.load import Load, longest_gap, summary, tokens_per_s  # noqa: E402
+from tests.support.load import Load, longest_gap_span, summary, tokens_per_s  # noqa: E402
 from tests.support.ray_cluster import ray_cluster  # noqa: E402
 from tests.support.wait import wait_until  # noqa: E402
 
@@ -69,10 +69,16 @@ def main() -> None:
         wait_until(applied, 2 * COLD_START_S, every=0.5, what="the rolling apply")
         t_applied = time.monotonic()
         outcomes = list(load.outcomes)
+        gap_from, gap_to = longest_gap_span(outcomes, t_apply, t_applied)
+        wall0 = time.time() - (time.monotonic() - t_apply)  # the apply's write, in wall-clock time
         report["rolling"] = {
             "throughput_before_tok_s": tokens_per_s(outcomes, t_before, t_apply, a.max_tokens),
             "throughput_during_tok_s": tokens_per_s(outcomes, t_apply, t_applied, a.max_tokens),
-            "longest_gap_s": round(longest_gap(outcomes, t_apply, t_applied), 3),
+            "longest_gap_s": round(gap_to - gap_from, 3),
+            "longest_gap_at_s": [round(gap_from - t_apply, 2), round(gap_to - t_apply, 2)],
+            # what the engine did meanwhile, in seconds after the write: where the longest gap lies among them
+            "events": [f"{e.ts.timestamp() - wall0:.2f} s: {e.kind}: {e.message}"[:240] for e in engine.client.events(
+                since=0, limit=1000) if e.ts.timestamp() >= wall0 - 1],
             "apply_s": round(t_applied - t_apply, 1),
             "failed": sum(1 for o in outcomes if not o.ok and o.finished >= t_apply),
             "engine_gap_s": engine.client.status().apply.longest_gap_s,  # type: ignore[union-attr]
