@@ -18,10 +18,15 @@ from tests.support.engine import COLD_START_S, EngineHandle
 from tests.support.load import Load, longest_gap, summary
 from tests.support.wait import wait_until
 
-pytestmark = pytest.mark.integration
+# Each deployment's streaming clients. On a 2-core host the apply's start beside two busy instances took 383 s
+# under 16 + 16, and the test ran past its 900 s (CI and here, 2026-12-03); the figures at 16 are the benchmark's.
+CLIENTS = 6
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
 
 
 def test_two_deployments_serve_side_by_side_and_an_apply_of_one_leaves_the_other(engine: EngineHandle) -> None:
+    """Its own time limit: the engine's cold start, b's, then an apply under load on two cores pass 900 s on a
+    shared host."""
     model = str(engine.data_dir / "models" / "demo")
     created = engine.client.create_deployment("demo-b", {"model": model, "max_num_seqs": 8,
                                                          "cpu_kv_cache_gib": 0.25}, note="test: a second name")
@@ -41,10 +46,10 @@ def test_two_deployments_serve_side_by_side_and_an_apply_of_one_leaves_the_other
         rows = {d.name: d for d in engine.client.deployments()}
         assert rows["demo-b"].serving == 1 and rows["demo"].serving == 1
 
-        load_a = Load(engine.url, clients=16, stream=True, model="demo").start()
-        load_b = Load(engine.url, clients=16, stream=True, model="demo-b").start()
-        load_a.wait_for(32, timeout=300)
-        load_b.wait_for(32, timeout=300)
+        load_a = Load(engine.url, clients=CLIENTS, stream=True, model="demo").start()
+        load_b = Load(engine.url, clients=CLIENTS, stream=True, model="demo-b").start()
+        load_a.wait_for(2 * CLIENTS, timeout=300)
+        load_b.wait_for(2 * CLIENTS, timeout=300)
         t0 = time.monotonic()
         good = b.put_settings(ready_b.desired_revision or 0, {"max_num_seqs": 5}, "test: apply on b")
 
@@ -55,13 +60,15 @@ def test_two_deployments_serve_side_by_side_and_an_apply_of_one_leaves_the_other
 
         done = wait_until(lambda: applied(good.revision), COLD_START_S, every=0.5, what="b's apply")
         assert done.apply is not None and done.apply.outcome == "applied" and done.running_revision == good.revision
-        bad = b.put_settings(good.revision, {"cpu_kv_cache_gib": 0.001}, "test: forced on b", force=True)
+        # a revision vLLM refuses as it starts (a max_model_len above the model's 2,048): forced past the
+        # pre-flight, it fails in seconds, not after a whole start (test_engine's forced revision fails late)
+        bad = b.put_settings(good.revision, {"max_model_len": 4096}, "test: forced on b", force=True)
         wait_until(lambda: b.revision(bad.revision).status == "rejected", COLD_START_S, every=0.5,
                    what="b's forced revision rejected")
         b.wait_for({"ready"}, COLD_START_S, revision=good.revision)
         t1 = time.monotonic()
-        load_a.wait_for(load_a.count() + 16, timeout=300)
-        load_b.wait_for(load_b.count() + 16, timeout=300)
+        load_a.wait_for(load_a.count() + CLIENTS, timeout=300)
+        load_b.wait_for(load_b.count() + CLIENTS, timeout=300)
         out_a, out_b = load_a.stop(), load_b.stop()
         for name, outcomes in (("demo", out_a), ("demo-b", out_b)):
             counts = summary(outcomes)

@@ -125,13 +125,20 @@ def test_an_apply_under_16_streams_never_pauses(engine: EngineHandle) -> None:
     seen: list[int] = []
     starting_nice: set[int] = set()  # the new instance's priority while it starts beside the one that serves
 
+    def starting_pids(status: StatusOut) -> set[int]:
+        return {i.pid for i in status.instances if i.role == "starting" and i.pid is not None}
+
     def applied() -> StatusOut | None:
         status = engine.client.status()
         seen.append(len(status.instances))
-        for inst in status.instances:
-            if inst.role == "starting" and inst.pid is not None:
-                with contextlib.suppress(psutil.Error):
-                    starting_nice.add(psutil.Process(inst.pid).nice())
+        sampled: dict[int, int] = {}
+        for pid in starting_pids(status):
+            with contextlib.suppress(psutil.Error):
+                sampled[pid] = psutil.Process(pid).nice()
+        if sampled:  # a sample counts only if the instance still starts after it: one that began to serve in
+            # between is reniced to vllm_nice (the role changes with the renice, so a later "starting" is proof)
+            still = starting_pids(engine.client.status())
+            starting_nice.update(nice for pid, nice in sampled.items() if pid in still)
         done = status.apply is not None and status.apply.revision == rev.revision and status.apply.outcome != "running"
         return status if done else None
 
