@@ -14,7 +14,7 @@ handover, drain or stop by the earlier ones of this engine. ``expected_s`` is th
 
 - blue/green: start beside + handover + drain + stop;
 - bridge: bridge start + handover + drain + stop, then the new start beside the bridge + handover + drain + stop;
-- rolling: N x (drain + stop + start);
+- rolling: N x (drain + stop + start), a handover between one replica and the next;
 - pause: drain + stop (or sleep) + start.
 """
 
@@ -180,6 +180,8 @@ def plan_apply(inputs: PlanInputs) -> ApplyPlanOut:
             steps += [Step("drain", f"replica {i + 1}: drain it (the others serve)"),
                       Step("stop", f"replica {i + 1}: stop it"),
                       Step("start", f"replica {i + 1}: start the new revision, then it serves", new, "beside")]
+            if i + 1 < running.replicas:  # the next replica drains once this one has ended its first requests
+                steps.append(Step("handover", f"replica {i + 1}: it takes its first requests beside the others"))
         steps += [Step("start", f"start replica {i + 1}", new, "beside") for i in range(running.replicas, new.replicas)]
         plan, _ = _plan(inputs, "rolling", f"{running.replicas} replicas serve: one at a time is replaced", steps)
         plan.pause_s, plan.capacity_dip_pct = 0.0, round(dip, 1)

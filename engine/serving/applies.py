@@ -5,7 +5,7 @@ it): each strategy a function of the supervisor, apart from its reconcile loop.
 - **bridge**: a small instance of the old revision starts beside the old one and takes the traffic; the old one
   drains and stops; the new one starts beside the bridge and takes the traffic; the bridge drains and stops.
 - **rolling** (2 or more replicas): one replica at a time drains, stops and comes back on the new revision, on its
-  node, so capacity never falls below (N-1)/N.
+  node, so capacity never falls below (N-1)/N; the next one drains once the new one has ended its first requests.
 - **pause**: drain, stop (on CUDA with sleep mode: put to sleep), start, serve the queue.
 """
 
@@ -109,7 +109,9 @@ async def rolling(sup: Supervisor, desired: Revision, settings: EngineSettings) 
                 else:
                     await sup._stop(back, "could not bring the replica back")
             return
-        await sup._promote(new)
+        upstream = await sup._promote(new)
+        if index + 1 < len(olds):  # a cold instance's first batch is its slowest: the next one drains after it
+            await sup._handover(new, upstream)
     sup._done("applied")
 
 

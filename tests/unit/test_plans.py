@@ -158,14 +158,15 @@ def test_a_bridge_plan_times_both_starts_by_their_kinds(m8b: Path) -> None:
     assert times.asked[0] == ("bridge", str(plan.bridge.gpu_memory_utilization))  # the bridge's own settings
 
 
-def test_rolling_is_n_times_drain_stop_and_start_and_a_pause_is_drain_stop_start(m8b: Path) -> None:
+def test_rolling_is_n_times_drain_stop_and_start_with_handovers_and_a_pause_is_drain_stop_start(m8b: Path) -> None:
     old, new = gpu(m8b, replicas=2, gpu_memory_utilization=0.45), gpu(m8b, replicas=3, gpu_memory_utilization=0.45)
     inp = inputs(m8b, new, old, used=0.9 * 139.8, replicas=2)
     inp.times = Times(**TIMES)
     rolling = plan_apply(inp)
-    assert etas(rolling) == [("drain", None, 1.5), ("stop", None, 1.0), ("start", "beside", 31.0)] * 2 + [
-        ("start", "beside", 31.0)]
-    assert rolling.expected_s == 2 * 33.5 + 31.0
+    one = [("drain", None, 1.5), ("stop", None, 1.0), ("start", "beside", 31.0)]
+    # the second replica drains once the first new one has taken its first requests (a handover between them)
+    assert etas(rolling) == [*one, ("handover", None, 2.0), *one, ("start", "beside", 31.0)]
+    assert rolling.expected_s == 2 * 33.5 + 2.0 + 31.0
     greedy = gpu(m8b, gpu_memory_utilization=0.95)
     paused = inputs(m8b, greedy, greedy, used=0.95 * 139.8)
     paused.times = Times(**TIMES)
