@@ -3,7 +3,11 @@ throughput before, the longest stretch with no completed request and the through
 the second node killed: how long the gateway still sent new requests to its instance, what failed (only requests
 in flight there may), and how long until the replica served again on the head.
 
-    python bench/fleet_rolling.py --out DIR [--clients 16] [--window 60]
+    python bench/fleet_rolling.py --out DIR [--clients 16] [--window 60] [--node-cores]
+
+``--node-cores``: each Ray node's processes (and what they start: its actors, their vLLM) on a core of its own,
+as on separate machines, where a replica that starts on one node takes no CPU from the one that serves on the
+other; the engine and the clients, the driver's side, keep every core.
 
 Fresh prompts every request (tests/support/load.py); writes ``fleet-rolling.json`` under ``--out``.
 """
@@ -11,7 +15,9 @@ Fresh prompts every request (tests/support/load.py); writes ``fleet-rolling.json
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sqlite3
 import sys
 import tempfile
@@ -28,6 +34,45 @@ from tests.support.ray_cluster import ray_cluster  # noqa: E402
 from tests.support.wait import wait_until  # noqa: E402
 
 
+def confine_nodes(cluster: Any) -> dict[str, list[int]]:
+    """Node i's processes and their descendants on core i (mod the cores here); what they start later inherits
+    it. The cores each node got, by node id."""
+    import psutil
+
+    cores = sorted(os.sched_getaffinity(0))
+    placed: dict[str, list[int]] = {}
+    for i, node in enumerate(cluster.list_all_nodes()):
+        mine = [cores[i % len(cores)]]
+        for _, popen in node.live_processes():
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(popen.pid)
+                for proc in (root, *root.children(recursive=True)):
+                    with contextlib.suppress(psutil.Error):
+                        proc.cpu_affinity(mine)
+        placed[node.node_id] = mine
+    return placed
+
+
+def instance_cores(engine: EngineHandle) -> dict[str, list[int]]:
+    """The cores each instance's processes may run on (its group, threads included), by instance name: with
+    ``--node-cores``, whether vLLM kept to its node's (the CPU build may pin its own threads)."""
+    import psutil
+
+    cores: dict[str, list[int]] = {}
+    for inst in engine.client.status().instances:
+        if inst.pid is None:
+            continue
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(inst.pid)
+            seen: set[int] = set()
+            for proc in (root, *root.children(recursive=True)):
+                with contextlib.suppress(psutil.Error, OSError):  # a thread or process that has just ended
+                    for thread in proc.threads():
+                        seen.update(os.sched_getaffinity(thread.id))
+            cores[inst.name] = sorted(seen)
+    return cores
+
+
 def serving_nodes(engine: EngineHandle) -> set[str]:
     return {i.node or "" for i in engine.client.status().instances if i.serving}
 
@@ -38,6 +83,7 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--window", type=float, default=60.0, help="seconds of steady load measured before the apply")
+    p.add_argument("--node-cores", action="store_true", help="each node on a core of its own (see above)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "clients": a.clients}
@@ -46,8 +92,11 @@ def main() -> None:
         (a.out / "fleet-rolling.json").write_text(json.dumps(report, indent=1, default=str))
 
     data_dir = Path(tempfile.mkdtemp(prefix="fleet-rolling-"))
-    with ray_cluster(nodes=2) as cluster, running_engine(data_dir, env={
+    # the nodes confined before the engine starts any instance: each vLLM inherits its node's core
+    with ray_cluster(nodes=2) as cluster, contextlib.nullcontext(
+            confine_nodes(cluster) if a.node_cores else None) as cores, running_engine(data_dir, env={
             "LLMOPS_RAY_ADDRESS": cluster.address, "LLMOPS_CRASHLOOP_MAX_FAILURES": "20"}) as engine:
+        report["node_cores"] = cores
         engine.client.wait_for({"ready"}, COLD_START_S)
         base = engine.client.settings()
         rev = engine.client.put_settings(base.revision, {"replicas": 2}, "bench: two replicas")
@@ -57,6 +106,7 @@ def main() -> None:
         report["plan"] = plan.model_dump() if plan else None
         load = Load(engine.url, clients=a.clients, stream=True, max_tokens=a.max_tokens).start()
         load.wait_for(2 * a.clients, timeout=600)
+        report["instance_cores_before"] = instance_cores(engine)
         t_before = time.monotonic()
         time.sleep(a.window)  # a measuring window of steady load, not a wait for a state
         t_apply = time.monotonic()
@@ -68,6 +118,7 @@ def main() -> None:
 
         wait_until(applied, 2 * COLD_START_S, every=0.5, what="the rolling apply")
         t_applied = time.monotonic()
+        report["instance_cores_after"] = instance_cores(engine)
         outcomes = list(load.outcomes)
         gap_from, gap_to = longest_gap_span(outcomes, t_apply, t_applied)
         wall0 = time.time() - (time.monotonic() - t_apply)  # the apply's write, in wall-clock time
