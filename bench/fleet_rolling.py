@@ -9,7 +9,9 @@ in flight there may), and how long until the replica served again on the head.
 as on separate machines, where a replica that starts on one node takes no CPU from the one that serves on the
 other; the engine and the clients, the driver's side, keep every core.
 
-Fresh prompts every request (tests/support/load.py); writes ``fleet-rolling.json`` under ``--out``.
+Fresh prompts every request (tests/support/load.py: a random word first, no seed to repeat), the prefix cache's hit
+rate over the window before the apply read from each replica's own metrics; writes ``fleet-rolling.json`` under
+``--out``.
 """
 
 from __future__ import annotations
@@ -25,13 +27,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from engine.benchmarks.runs import cache_warning  # noqa: E402 - after the path
+from engine.metrics import CacheUse, Scrape, cache_use, parse  # noqa: E402
 from tests.support.engine import COLD_START_S, EngineHandle, running_engine  # noqa: E402 - after the path
 from tests.support.load import Load, longest_gap_span, summary, tokens_per_s  # noqa: E402
 from tests.support.ray_cluster import ray_cluster  # noqa: E402
 from tests.support.wait import wait_until  # noqa: E402
+
+
+def _tree(pid: int) -> list[Any]:
+    """Process ``pid`` and its descendants (psutil processes); none if it is gone."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def confine_nodes(cluster: Any) -> dict[str, list[int]]:
@@ -43,12 +60,9 @@ def confine_nodes(cluster: Any) -> dict[str, list[int]]:
     placed: dict[str, list[int]] = {}
     for i, node in enumerate(cluster.list_all_nodes()):
         mine = [cores[i % len(cores)]]
-        for _, popen in node.live_processes():
+        for proc in (p for _, popen in node.live_processes() for p in _tree(popen.pid)):
             with contextlib.suppress(psutil.Error):
-                root = psutil.Process(popen.pid)
-                for proc in (root, *root.children(recursive=True)):
-                    with contextlib.suppress(psutil.Error):
-                        proc.cpu_affinity(mine)
+                proc.cpu_affinity(mine)
         placed[node.node_id] = mine
     return placed
 
@@ -60,17 +74,32 @@ def instance_cores(engine: EngineHandle) -> dict[str, list[int]]:
 
     cores: dict[str, list[int]] = {}
     for inst in engine.client.status().instances:
-        if inst.pid is None:
-            continue
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(inst.pid)
-            seen: set[int] = set()
-            for proc in (root, *root.children(recursive=True)):
-                with contextlib.suppress(psutil.Error, OSError):  # a thread or process that has just ended
-                    for thread in proc.threads():
-                        seen.update(os.sched_getaffinity(thread.id))
+        seen: set[int] = set()
+        for proc in _tree(inst.pid) if inst.pid is not None else []:
+            with contextlib.suppress(psutil.Error, OSError):  # a thread or process that has just ended
+                for thread in proc.threads():
+                    seen.update(os.sched_getaffinity(thread.id))
+        if seen:
             cores[inst.name] = sorted(seen)
     return cores
+
+
+def scrape_serving(engine: EngineHandle) -> dict[str, Scrape]:
+    """Each serving instance's own /metrics (vLLM's; its API key guards /v1 only), by instance name."""
+    out: dict[str, Scrape] = {}
+    for inst in engine.client.status().instances:
+        if inst.serving and inst.address:
+            with contextlib.suppress(httpx.HTTPError):
+                resp = httpx.get(f"{inst.address}/metrics", timeout=10)
+                resp.raise_for_status()
+                out[inst.name] = parse(resp.text, time.time())
+    return out
+
+
+def window_cache(before: dict[str, Scrape], after: dict[str, Scrape]) -> CacheUse | None:
+    """The prefix cache's lookups and hits over a window, summed over the instances that served all of it."""
+    uses = [use for name in before.keys() & after.keys() if (use := cache_use(after[name], before[name]))]
+    return sum(uses[1:], uses[0]) if uses else None
 
 
 def serving_nodes(engine: EngineHandle) -> set[str]:
@@ -107,9 +136,10 @@ def main() -> None:
         load = Load(engine.url, clients=a.clients, stream=True, max_tokens=a.max_tokens).start()
         load.wait_for(2 * a.clients, timeout=600)
         report["instance_cores_before"] = instance_cores(engine)
-        t_before = time.monotonic()
+        t_before, scraped = time.monotonic(), scrape_serving(engine)
         time.sleep(a.window)  # a measuring window of steady load, not a wait for a state
         t_apply = time.monotonic()
+        use = window_cache(scraped, scrape_serving(engine))  # fresh prompts: a high figure would be a fault
         rolled = engine.client.put_settings(rev.revision, {"max_num_seqs": 6}, "bench: rolling apply")
 
         def applied() -> bool:
@@ -124,6 +154,8 @@ def main() -> None:
         wall0 = time.time() - (time.monotonic() - t_apply)  # the apply's write, in wall-clock time
         report["rolling"] = {
             "throughput_before_tok_s": tokens_per_s(outcomes, t_before, t_apply, a.max_tokens),
+            "prefix_cache_hit_pct_before": use.hit_pct if use is not None else None,
+            "cache_warning": cache_warning(use.hit_pct if use is not None else None),
             "throughput_during_tok_s": tokens_per_s(outcomes, t_apply, t_applied, a.max_tokens),
             "longest_gap_s": round(gap_to - gap_from, 3),
             "longest_gap_at_s": [round(gap_from - t_apply, 2), round(gap_to - t_apply, 2)],
