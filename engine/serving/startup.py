@@ -62,18 +62,29 @@ KIND_TEXT: dict[StartKind, str] = {
     "wake": "wake-ups from sleep",
 }
 # What a start of each kind takes against a warm one alone, for a kind this engine has not started yet (then the
-# estimate is a prior and says so), per build. CPU: the demo model on this project's 2-core host, 13 real starts
-# through the engine (bench/start_kinds.py, 2026-12-01, a first run; the second is tests/fixtures/starts/): warm
-# alone 39-44 s, cold 50-54 s (65 s with torch's own cache empty too), beside an instance serving 16 streaming
-# clients 144-186 s (both cores busy: its imports took 103-133 s against 25-31 s alone), a cold one there 218 s.
-# The CPU build makes no bridge and has no sleep mode: theirs are guesses. CUDA: an H200 with an 8B model
-# (tests/fixtures/starts/h200-2026-12-01.json: cold 117.5 s, warm 61.8 s, bridges 88.4 and 64.1 s, a cold start
-# beside the bridge under load 103.3 s, a wake-up 0.74 s).
+# estimate is a prior and says so), per build. CPU: the demo model on this project's 2-core host, 12 real starts
+# through the engine with the scheduler's sessions weighted (bench/start_kinds.py, 2026-12-03,
+# tests/fixtures/starts/cpu-2026-12-03.json): warm alone 48-63 s (median 56), cold 61-81 s (107 s for the first
+# after boot, torch's own cache empty too), beside an instance serving 16 streaming clients 121-145 s (its imports
+# 92-100 s against 34-44 s alone), a cold one there 160 s. Before the sessions were weighted (2026-12-01) a start
+# beside took 3.7 times a warm one. The CPU build makes no bridge and has no sleep mode: theirs are guesses.
+# CUDA: an H200 with an 8B model (tests/fixtures/starts/h200-2026-12-01.json: cold 117.5 s, warm 61.8 s, bridges
+# 88.4 and 64.1 s, a cold start beside the bridge under load 103.3 s, a wake-up 0.74 s).
 PRIOR_RATIO: dict[str, dict[StartKind, float]] = {
-    "cpu": {"warm": 1.0, "cold": 1.25, "beside": 3.7, "beside_cold": 5.0, "bridge": 3.7, "wake": 0.05},
+    "cpu": {"warm": 1.0, "cold": 1.4, "beside": 2.3, "beside_cold": 2.85, "bridge": 2.3, "wake": 0.05},
     "cuda": {"warm": 1.0, "cold": 1.9, "beside": 1.2, "beside_cold": 1.7, "bridge": 1.2, "wake": 0.012},
 }
-PRIOR_WARM_S = {"cpu": 40.0, "cuda": 62.0}  # a warm start alone, with no start at all to go by
+PRIOR_WARM_S = {"cpu": 56.0, "cuda": 62.0}  # a warm start alone, with no start at all to go by
+# The kinds whose process phase (the interpreter, imports, the executor's processes) runs under the same conditions:
+# it does not depend on the compile cache, only on the page cache and on what shares the cores, and it drifts over
+# a host's life (this 2-core host: 62 s for the first start after boot, 43-50 s next, 34-37 s an hour later, so a
+# median of the last five ran 20-34 % over). An estimate from starts of its kind takes that phase from the latest
+# start of its peers, the other phases from the kind's median. CPU: a start beside a serving instance shares its
+# cores; CUDA: they all run on the host's CPUs alike.
+PROCESS_PEERS: dict[str, tuple[frozenset[StartKind], ...]] = {
+    "cpu": (frozenset({"cold", "warm"}), frozenset({"beside", "beside_cold"}), frozenset({"bridge"})),
+    "cuda": (frozenset({"cold", "warm", "beside", "beside_cold", "bridge"}),),
+}
 # The host is loaded for an estimate when its load average now is above both LOADED_PER_CORE runnable threads a
 # core and LOADED_RATIO times the median load of the starts the estimate is taken from (a start beside a busy
 # instance is always taken at a high load: that is its kind, not a surprise).
@@ -158,6 +169,7 @@ class Eta:
     load_1m: float | None = None  # the host's load average when it was made
     cores: int | None = None
     pool_load: float | None = None  # the median load average at the launch of the starts it is taken from
+    process_from: StartKind | None = None  # the kind of the latest start its process phase was taken from
 
     @property
     def loaded(self) -> bool:
@@ -184,6 +196,9 @@ class Eta:
         what = KIND_TEXT[self.kind]
         if self.basis == "kind":
             text = f"the median of {self.samples} earlier {what}"
+            if self.process_from is not None and "process" in self.phases:
+                text += (f", process and imports {self.phases['process']:.0f} s as in the latest "
+                         f"{self.process_from} start")
         elif self.basis == "prior" and self.source is not None:
             text = (f"a prior: no earlier {what} here, so {self.scale:.2g} x the median of {self.samples} "
                     f"{KIND_TEXT[self.source]}")
@@ -319,6 +334,14 @@ def _median_eta(pool: Sequence[PastStart], scale: float = 1.0) -> tuple[float, d
     return total, dict(sorted(phases.items(), key=lambda kv: ORDER.get(kv[0], 99)))
 
 
+def _latest_process(history: Sequence[PastStart], kind: StartKind, build: str) -> PastStart | None:
+    """The latest start whose process phase ran as ``kind``'s will (PROCESS_PEERS), if any."""
+    peers = next((g for g in PROCESS_PEERS.get(build, PROCESS_PEERS["cpu"]) if kind in g), None)
+    if peers is None:
+        return None
+    return next((s for s in reversed(history) if s.effective_kind in peers and "process" in s.phases), None)
+
+
 def estimate(key: str, model: str, history: Sequence[PastStart], recent: int = 5, *,
              company: Company = "alone", kind: StartKind | None = None, build: str = "cpu",
              load_1m: float | None = None, cores: int | None = None) -> Eta:
@@ -326,15 +349,21 @@ def estimate(key: str, model: str, history: Sequence[PastStart], recent: int = 5
     whether its compile cache is cold), from earlier successful starts (oldest first).
 
     The median of the ``recent`` latest starts of the same kind (as they turned out) of the model (of any model
-    when the model has none). Without one of that kind: a prior, the median of the kind the model has most starts
-    of, times the ratio of the two kinds (PRIOR_RATIO of the build); without any start, the build's default."""
+    when the model has none), its process phase as the latest of its peers took it (PROCESS_PEERS). Without one
+    of that kind: a prior, the median of the kind the model has most starts of, times the ratio of the two kinds
+    (PRIOR_RATIO of the build); without any start, the build's default."""
     kind = kind or start_kind(company, cache_cold(key, history))
     # a wake-up takes the same whatever the model's settings; a start, its model's
     of_model = list(history) if kind == "wake" else [s for s in history if s.model == model] or list(history)
     pool = [s for s in of_model if s.effective_kind == kind][-recent:]
     if pool:
         total, phases = _median_eta(pool)
-        return Eta(total, "kind", len(pool), phases, kind, None, 1.0, load_1m, cores, _pool_load(pool))
+        latest = _latest_process(of_model, kind, build)
+        if latest is not None and all("process" in s.phases for s in pool):
+            total = round(total + latest.phases["process"] - phases["process"], 1)
+            phases["process"] = round(latest.phases["process"], 2)
+        return Eta(total, "kind", len(pool), phases, kind, None, 1.0, load_1m, cores, _pool_load(pool),
+                   latest.effective_kind if latest is not None else None)
     by_kind: dict[StartKind, list[PastStart]] = {}
     for s in of_model:
         by_kind.setdefault(s.effective_kind, []).append(s)

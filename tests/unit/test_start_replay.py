@@ -58,19 +58,35 @@ def table(rows: list[Replayed]) -> str:
 
 
 def test_cpu_starts_of_each_kind_are_estimated_within_20_percent_from_the_earlier_ones_of_their_kind() -> None:
-    """The second recorded run on this host (the first gave the CPU priors). Of its estimates made from earlier starts
-    of the same kind on a host not loaded, all but one were within 20 %: a warm start that took 35.4 s against the
-    45.3 s of the two before it (43.0 and 47.6 s), the host at a load of 4.5 after minutes at 25. Asserted: at most
-    one in six outside 20 %, none outside 30 %."""
-    _, starts = records("cpu-2026-12-01.json")
+    """The run of 2026-12-03 on this host, with the scheduler's sessions weighted (the CPU priors come from it). Of
+    its estimates made from earlier starts of the same kind on a host not loaded, all but one are within 20 %; that
+    one is a start beside a serving instance estimated from the single one before it, +20.1 % (121 s against 145 s:
+    its torch.compile phase took 21 s against 32 s). With the median of the last five starts' totals (the estimate
+    before the process phase came from the latest start) five of eight were outside 20 %, up to +34 %: this host's
+    process phase fell from 43-62 s to 34-37 s within the hour. Asserted: at most one in six outside 20 %, none
+    outside 25 %."""
+    _, starts = records("cpu-2026-12-03.json")
     rows = replay(starts, "cpu")
     kinds = {r.kind for r in rows}
-    assert {"cold", "warm", "beside"} <= kinds, kinds  # every kind this host can produce
+    assert {"cold", "warm", "beside", "beside_cold"} <= kinds, kinds  # every kind this host can produce
     measured = [r for r in rows if r.basis == "kind" and not r.loaded]
     assert len(measured) >= 6, table(rows)
     off = [r for r in measured if abs(r.error) > TOLERANCE]
     assert len(off) <= len(measured) // 6, "\n" + table(rows)
-    assert all(abs(r.error) <= 0.30 for r in measured), "\n" + table(rows)
+    assert all(abs(r.error) <= 0.25 for r in measured), "\n" + table(rows)
+
+
+def test_the_earlier_cpu_run_is_estimated_within_20_percent_but_for_one_start() -> None:
+    """The run of 2026-12-01, before the sessions were weighted. All but one estimate from earlier starts of the
+    kind within 20 %: a warm start that took 35.4 s, its process phase 23.7 s against the 38.2 s of the latest start
+    alone before it, the host at a load of 4.5 after minutes at 25 (+46 %; +28 % from the median of the two warm
+    starts before it, whose process phases were 29 and 35 s)."""
+    _, starts = records("cpu-2026-12-01.json")
+    rows = replay(starts, "cpu")
+    measured = [r for r in rows if r.basis == "kind" and not r.loaded]
+    assert len(measured) >= 6, table(rows)
+    off = [r for r in measured if abs(r.error) > TOLERANCE]
+    assert len(off) <= 1 and all(r.kind == "warm" and r is measured[-1] for r in off), "\n" + table(rows)
 
 
 def test_a_start_at_a_load_far_above_its_basis_is_said_to_be_loaded() -> None:
@@ -84,7 +100,7 @@ def test_a_start_at_a_load_far_above_its_basis_is_said_to_be_loaded() -> None:
             assert not r.loaded, table(rows)
 
 
-@pytest.mark.parametrize("name", ["cpu-2026-12-01.json", "h200-2026-12-01.json"])
+@pytest.mark.parametrize("name", ["cpu-2026-12-01.json", "cpu-2026-12-03.json", "h200-2026-12-01.json"])
 def test_a_kind_with_no_earlier_start_gets_a_prior_and_the_next_one_a_measurement(name: str) -> None:
     _, starts = records(name)
     rows = replay(starts, "cuda" if name.startswith("h200") else "cpu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.serving import PastStart, StartTracker, compile_key, estimate, past_start
-from engine.serving.startup import PRIOR_RATIO, PRIOR_WARM_S
+from engine.serving.startup import PRIOR_RATIO, PRIOR_WARM_S, StartKind
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "vllm_logs"
 
@@ -127,6 +127,28 @@ def test_each_kind_of_start_is_estimated_from_starts_of_its_own_kind() -> None:
     beside = estimate("k", "m", history, company="beside")
     assert (beside.kind, beside.total_s, beside.samples) == ("beside", 180.0, 3)
     assert "beside an instance that serves" in beside.describe()
+
+
+def test_the_process_phase_is_taken_from_the_latest_start_of_its_peers() -> None:
+    """This host's imports got faster within the hour (43 s, then 34 s) while the compile phase of a kind stayed:
+    the median of five totals ran 20-34 % over. The process phase comes from the latest start that shared the
+    conditions it runs in (alone on the CPU build; beside a serving instance apart, which shares its cores), the
+    rest from the kind's median."""
+    def start(total: float, process: float, kind: StartKind) -> PastStart:
+        return PastStart("k", "m", total, kind == "cold", {"process": process, "compile": total - process - 5,
+                                                           "api": 5.0}, kind)
+
+    history = [start(60.0, 43.0, "warm"), start(62.0, 44.0, "warm"), start(150.0, 100.0, "beside"),
+               start(70.0, 34.0, "cold")]
+    warm = estimate("k", "m", history, company="alone")
+    assert (warm.kind, warm.samples) == ("warm", 2)
+    assert warm.phases["process"] == 34.0 and warm.total_s == 61.0 - 43.5 + 34.0
+    assert "process and imports 34 s as in the latest cold start" in warm.describe()
+    beside = estimate("k", "m", history, company="beside", load_1m=10.0, cores=2)
+    assert beside.phases["process"] == 100.0 and beside.total_s == 150.0  # the starts alone are not its peers
+    # on a GPU the process phase runs on the host's CPUs whatever shares the GPU: every start is a peer
+    on_gpu = estimate("k", "m", history[:3], company="alone", build="cuda")
+    assert on_gpu.phases["process"] == 100.0 and on_gpu.total_s == 61.0 - 43.5 + 100.0
 
 
 def test_a_start_expected_warm_that_compiled_counts_as_cold() -> None:
