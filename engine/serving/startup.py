@@ -359,7 +359,9 @@ def estimate(key: str, model: str, history: Sequence[PastStart], recent: int = 5
     if pool:
         total, phases = _median_eta(pool)
         latest = _latest_process(of_model, kind, build)
-        if latest is not None and all("process" in s.phases for s in pool):
+        if latest is not None and not all("process" in s.phases for s in pool):
+            latest = None  # records without phases: their totals' median as it is
+        if latest is not None:
             total = round(total + latest.phases["process"] - phases["process"], 1)
             phases["process"] = round(latest.phases["process"], 2)
         return Eta(total, "kind", len(pool), phases, kind, None, 1.0, load_1m, cores, _pool_load(pool),

@@ -149,6 +149,9 @@ def test_the_process_phase_is_taken_from_the_latest_start_of_its_peers() -> None
     # on a GPU the process phase runs on the host's CPUs whatever shares the GPU: every start is a peer
     on_gpu = estimate("k", "m", history[:3], company="alone", build="cuda")
     assert on_gpu.phases["process"] == 100.0 and on_gpu.total_s == 61.0 - 43.5 + 100.0
+    # a start recorded without its phases keeps the totals' median, and the estimate does not claim otherwise
+    bare = estimate("k", "m", [PastStart("k", "m", 30.0, False, {}, "warm"), *history], company="alone")
+    assert bare.total_s == 60.0 and bare.process_from is None and "process and imports" not in bare.describe()
 
 
 def test_a_start_expected_warm_that_compiled_counts_as_cold() -> None:
