@@ -144,6 +144,11 @@ class Engine:
             if time.monotonic() > deadline or st["state"] == "failed":
                 raise SystemExit(f"engine {self.label}: vLLM did not become ready: {st['reason']}")
             time.sleep(1)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Where the instance that serves now listens, its pid and key (again after an apply replaced it)."""
+        st = self.http.get("/api/status").json()
         started = self.http.get("/api/events", params={"kind": "starting", "newest_first": True, "limit": 1}).json()
         args = started[0]["data"]["args"]
         self.direct_url = f"http://127.0.0.1:{args[args.index('--port') + 1]}"
@@ -155,7 +160,6 @@ class Engine:
             self.direct_url = address.rstrip("/")
             self.vllm_pid = int(serving[0].get("pid") or st["pid"])
         self.vllm_key = vllm_key(self.vllm_pid)
-
 
     def stop(self) -> None:
         try:  # the starts and applies as the engine recorded them (their ETAs against what they took: issue 20 item 3)
@@ -187,9 +191,11 @@ def probe(engine: Engine, item: str) -> dict[str, Any]:
 
 class Beside:
     """vLLM started by the bench itself, beside the engine's instance, with the engine's own arguments but another
-    port and ``max_num_seqs``: "vLLM restarted with N" of the cap-vs-restart comparison (issue 20, item 4)."""
+    port and ``max_num_seqs`` (and ``extra`` flags): "vLLM restarted with N" of the cap-vs-restart comparison (issue
+    20, item 4), direct."""
 
-    def __init__(self, engine: Engine, max_num_seqs: int, workdir: Path) -> None:
+    def __init__(self, engine: Engine, max_num_seqs: int, workdir: Path, extra: tuple[str, ...] = (),
+                 label: str = "") -> None:
         started = engine.http.get("/api/events", params={"kind": "starting", "newest_first": True, "limit": 1}).json()
         recorded = list(started[0]["data"]["args"])  # the argv after its executable (nice's, where it ran at one)
         # the engine's own command and environment, but for the port and max_num_seqs: at its nice value, with what
@@ -198,10 +204,12 @@ class Beside:
         port = _free_port()
         args[args.index("--port") + 1] = str(port)
         args[args.index("--max-num-seqs") + 1] = str(max_num_seqs)
+        args += list(extra)
+        self.args = args
         self.proc = engine.proc  # the engine's CPU is still the one read (it idles: the runs go direct)
         self.direct_url = f"http://127.0.0.1:{port}"
         self.vllm_key = None
-        self.log_path = workdir / f"beside-{max_num_seqs}.log"
+        self.log_path = workdir / f"beside-{max_num_seqs}{label}.log"
         self.kept = engine.args.out / self.log_path.name  # its start's phases, beside the results
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         env = {k: v for k, v in (_environ(engine.vllm_pid) or os.environ).items() if k != "VLLM_API_KEY"}
@@ -228,6 +236,8 @@ class Beside:
 MEMORY_LINE = re.compile(r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for peak activation, ([\d.]+) GiB "
                          r"for non-torch memory, and ([\d.]+) GiB for CUDAGraph memory")
 KV_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+GRAPHS_LINE = re.compile(r"Graph capturing finished in (\d+) secs, took ([\d.]+) GiB")
+GRAPH_SIZES = re.compile(r"Capturing CUDA graphs \((FULL|PIECEWISE)\):\s+\d+%\|[^|]*\|\s*\d+/(\d+)")
 
 
 def start_report(lines: list[str]) -> dict[str, Any]:
@@ -239,16 +249,23 @@ def start_report(lines: list[str]) -> dict[str, Any]:
                        cuda_graph_gib=float(m[4]))
         if m := KV_LINE.search(line):
             out["kv_tokens"] = int(m[1].replace(",", ""))
+        if m := GRAPHS_LINE.search(line):
+            out.update(graph_capture_s=int(m[1]), graph_capture_gib=float(m[2]))
+        for kind, sizes in GRAPH_SIZES.findall(line):  # how many batch sizes it captured, per mode
+            out[f"graphs_{kind.lower()}"] = int(sizes)
     return out
 
 
-def set_value(engine: Engine, key: str, value: int) -> dict[str, Any]:
-    """Write one setting (an apply) and wait for its end: the plan it ran and how long it took."""
+def apply_values(engine: Engine, values: dict[str, Any], note: str = "cap-vs-restart bench") -> dict[str, Any]:
+    """Write ``values`` (an apply, forced past pre-flight) and wait for its end: the plan shown before the write, the
+    plan it ran, its outcome, how long it took against the plan's ETA, the start it made (its ready event) and where
+    the gateway reaches the instance that serves after it."""
     current = engine.http.get("/api/settings").json()
-    shown = engine.http.get("/api/capacity", params={key: value}).json().get("plan") or {}
+    shown = engine.http.get("/api/capacity", params=values).json().get("plan") or {}
+    marker = engine.http.get("/api/events", params={"limit": 1, "newest_first": True}).json()[0]["id"]
     t0 = time.monotonic()
-    r = engine.http.put("/api/settings", json={"base_revision": current["revision"], "values": {key: value},
-                                               "force": True, "note": "cap-vs-restart bench"})
+    r = engine.http.put("/api/settings", json={"base_revision": current["revision"], "values": values,
+                                               "force": True, "note": note})
     r.raise_for_status()
     rev = r.json()["revision"]
     while True:  # a plan in effect now leaves no apply record: the revision serves, and that is the end
@@ -259,55 +276,116 @@ def set_value(engine: Engine, key: str, value: int) -> dict[str, Any]:
         if st.get("running_revision") == rev and apply.get("outcome") != "running":
             break
         if time.monotonic() - t0 > 900:
-            raise SystemExit(f"the apply of {key}={value} did not end in 900 s")
+            raise SystemExit(f"the apply of {values} did not end in 900 s")
         time.sleep(0.1)
-    return {"revision": rev, "plan_shown": shown.get("kind"),
-            "plan": (apply.get("plan") or {}).get("kind") if apply.get("revision") == rev else shown.get("kind"),
+    took = round(time.monotonic() - t0, 2)
+    events = engine.http.get("/api/events", params={"since": marker, "limit": 500}).json()
+    engine.refresh()
+    ran = (apply.get("plan") or {}) if apply.get("revision") == rev else {}
+    return {"values": values, "revision": rev, "plan_shown": shown.get("kind"), "reason": shown.get("reason"),
+            "plan": ran.get("kind") or shown.get("kind"),
             "outcome": apply.get("outcome") if apply.get("revision") == rev else "in effect",
-            "apply_s": round(time.monotonic() - t0, 2)}
+            "apply_s": took, "predicted_s": shown.get("expected_s"),
+            "steps_shown": [{"action": x.get("action"), "eta_s": x.get("eta_s"), "basis": x.get("basis")}
+                            for x in shown.get("step_etas") or []],
+            "timings": apply.get("timings") or [] if apply.get("revision") == rev else [],
+            "ready": [e["data"] for e in events if e["kind"] == "ready"],
+            "woken": [e["data"] for e in events if e["kind"] == "woken"],
+            "events": [f"{e['kind']}: {e['message'][:200]}" for e in events]}
+
+
+def graph_lines(engine: Engine) -> list[str]:
+    """vLLM's lines of every start of this engine that say what its CUDA graphs and KV cache took."""
+    lines: list[str] = []
+    for term in ("Graph capturing finished", "Capturing CUDA graphs", "KV cache size", "GiB for weight"):
+        got = engine.http.get("/api/logs", params={"tail": 5000, "contains": term}).json()["lines"]
+        lines += [line[-400:] for line in got]  # a tqdm line carries every step of its bar: its end says the count
+    return lines
+
+
+def capture_size(ceiling: int) -> int:
+    """vLLM's largest CUDA-graph batch for an instance started with max_num_seqs ``ceiling`` (vLLM 0.26's
+    VllmConfig._set_cudagraph_sizes: twice max_num_seqs, at most 512)."""
+    return min(2 * ceiling, 512)
 
 
 def cap_vs_restart(engine: Engine, a: argparse.Namespace, workdir: Path, report: dict[str, Any],
                    save: Any) -> None:
-    """For each N: the gateway holding the engine's instance (started with max_num_seqs = the ceiling) to N, against
-    vLLM started with N beside it, at 2N clients: restarted, cap, cap, restarted."""
-    lines = engine.http.get("/api/logs", params={"tail": 5000, "contains": "GiB"}).json()["lines"]
-    lines += engine.http.get("/api/logs", params={"tail": 5000, "contains": "KV cache size"}).json()["lines"]
+    """For each N, at 2N clients, three ways of running at most N requests at a time:
+
+    - **cap**: the engine's instance, started with the ceiling (--max-num-seqs), held to N by the gateway (a
+      max_num_seqs within the ceiling: no restart), through the gateway;
+    - **graphs**: vLLM started beside it with --max-num-seqs N and the ceiling's CUDA graphs
+      (--max-cudagraph-capture-size, vLLM's default for the ceiling), direct: the cap's like for like;
+    - **restarted**: the engine restarted with N (max_num_seqs_ceiling N: an apply), vLLM's own graphs for N,
+      through the gateway: what an operator gets without a ceiling.
+
+    Runs: graphs, cap, cap, graphs (drift favours neither), then restarted, restarted; then the ceiling back (an
+    apply). Both applies are starts the engine estimates (issue 20 item 3). On 2026-12-03 the cap gave ×1.44-1.56
+    the throughput of vLLM restarted with N: vLLM sizes its CUDA graphs from max_num_seqs (twice it, at most 512),
+    so with N = 128 a step of 128 decodes and a prefill chunk runs without graphs, where the ceiling's 512 hold it."""
+    report["cap"] = {"ceiling": a.max_num_seqs, "capture_size": capture_size(a.max_num_seqs),
+                     "ceiling_start": start_report(graph_lines(engine)), "levels": []}
     ready = engine.http.get("/api/events", params={"kind": "ready", "newest_first": True, "limit": 1}).json()
-    report["cap"] = {"ceiling": a.max_num_seqs, "ceiling_start": start_report(lines),
-                     "ceiling_ready_event": ready[0]["data"] if ready else None, "levels": []}
+    report["cap"]["ceiling_ready_event"] = ready[0]["data"] if ready else None
     for level_i, n in enumerate(a.cap_vs_restart):
-        applied = set_value(engine, "max_num_seqs", n)
-        beside = Beside(engine, n, workdir)
-        level: dict[str, Any] = {"n": n, "clients": 2 * n, "apply": applied, "restarted_ready_s": beside.ready_s,
-                                 "restarted_start": start_report(beside.log_path.read_text(errors="replace")
-                                                                 .splitlines()), "runs": []}
+        level: dict[str, Any] = {"n": n, "clients": 2 * n, "soft": apply_values(engine, {"max_num_seqs": n}),
+                                 "runs": []}
         report["cap"]["levels"].append(level)
+        save()
         prompts = a.cap_prompts[level_i] if level_i < len(a.cap_prompts) else max(2 * n * a.prompts_per_client,
                                                                                   a.min_prompts)
+
+        def measure(path: str, who: Any, url: str, i: int, level: dict[str, Any] = level, n: int = n,
+                    prompts: int = prompts) -> None:
+            run = run_once(who, url, 2 * n, a, workdir, f"cap-{n}-{i}-{path}", prompts=prompts)
+            level["runs"].append({"path": path, **run})
+            save()
+            print(f"N={n}, {2 * n} clients, {path}: {run['output_tok_s']:.0f} tok/s, "
+                  f"P95 latency {run['e2el_p95_ms']:.0f} ms, ITL P50 {run['itl_p50_ms']:.1f} ms, {run['wall_s']} s",
+                  flush=True)
+
         try:
-            # both warmed alike, at the level's own clients and lengths: on the H200 (2026-12-03) the restarted
-            # instance's first run after a 32-prompt warm-up gave a third less than the cap's, and than the same
-            # comparison with fixed lengths the day before
-            for who, url in ((beside, beside.direct_url), (engine, engine.url)):
-                run_once(who, url, 2 * n, a, workdir, f"cap-warmup-{n}", prompts=4 * n)
-            order = (("restarted", beside), ("cap", engine), ("cap", engine), ("restarted", beside))
+            beside: Beside | None = Beside(engine, n, workdir, ("--max-cudagraph-capture-size",
+                                                                str(capture_size(a.max_num_seqs))), "-graphs")
+        except SystemExit as exc:  # the cap and the restart are still measured: say why this one is missing
+            level["graphs_error"] = str(exc)
+            beside = None
+        try:
+            if beside is not None:
+                level["graphs_ready_s"] = beside.ready_s
+                level["graphs_start"] = start_report(beside.log_path.read_text(errors="replace").splitlines())
+            # both warmed alike, at the level's own clients and lengths
+            for who in (beside, engine):
+                if who is not None:
+                    run_once(who, who.direct_url if who is beside else engine.url, 2 * n, a, workdir,
+                             f"cap-warmup-{n}", prompts=4 * n)
+            order = (("graphs", beside), ("cap", engine), ("cap", engine), ("graphs", beside))
             for i, (path, who) in enumerate(order[:a.cap_runs]):
-                url = beside.direct_url if who is beside else engine.url
-                run = run_once(who, url, 2 * n, a, workdir, f"cap-{n}-{i}-{path}", prompts=prompts)
-                level["runs"].append({"path": path, **run})
-                save()
-                print(f"N={n}, {2 * n} clients, {path}: {run['output_tok_s']:.0f} tok/s, "
-                      f"P95 latency {run['e2el_p95_ms']:.0f} ms, {run['wall_s']} s", flush=True)
+                if who is not None:
+                    measure(path, who, who.direct_url if who is beside else engine.url, i)
         finally:
-            beside.stop()
-        for key in ("output_tok_s", "e2el_p95_ms", "ttft_p95_ms"):
-            r = [x[key] for x in level["runs"] if x["path"] == "restarted" and x.get(key) is not None]
-            c = [x[key] for x in level["runs"] if x["path"] == "cap" and x.get(key) is not None]
-            if r and c:
-                level[f"{key}_cap_over_restarted"] = round(statistics.fmean(c) / statistics.fmean(r), 3)
+            if beside is not None:
+                beside.stop()
+        # restarted with N: the engine's own apply (a blue/green beside the instance that serves)
+        level["restart"] = apply_values(engine, {"max_num_seqs_ceiling": n})
         save()
-    set_value(engine, "max_num_seqs", a.max_num_seqs)
+        run_once(engine, engine.url, 2 * n, a, workdir, f"cap-warmup-restarted-{n}", prompts=4 * n)
+        for i in range(a.cap_runs // 2):
+            measure("restarted", engine, engine.url, a.cap_runs + i)
+        level["back"] = apply_values(engine, {"max_num_seqs_ceiling": a.max_num_seqs})
+        for key in ("output_tok_s", "e2el_p95_ms", "ttft_p95_ms", "itl_p50_ms"):
+            by = {path: [x[key] for x in level["runs"] if x["path"] == path and x.get(key) is not None]
+                  for path in ("cap", "graphs", "restarted")}
+            for other in ("graphs", "restarted"):
+                if by["cap"] and by[other]:
+                    level[f"{key}_cap_over_{other}"] = round(statistics.fmean(by["cap"]) /
+                                                             statistics.fmean(by[other]), 3)
+        save()
+    report["cap"]["starts"] = start_report(graph_lines(engine))
+    report["cap"]["graph_lines"] = graph_lines(engine)
+    apply_values(engine, {"max_num_seqs": a.max_num_seqs})
+    save()
 
 
 def _free_port() -> int:
@@ -480,7 +558,12 @@ def main() -> None:
     p.add_argument("--runs-per-round", type=int, default=4, choices=(2, 4),
                    help="direct, gateway (2: when device time is short) or direct, gateway, gateway, direct (4)")
     p.add_argument("--cap-runs", type=int, default=4, choices=(2, 4),
-                   help="runs per --cap-vs-restart level: restarted, cap (2) or restarted, cap, cap, restarted (4)")
+                   help="runs per --cap-vs-restart level: graphs, cap, restarted (2) or graphs, cap, cap, graphs, "
+                   "restarted, restarted (4)")
+    p.add_argument("--after", action="append", default=[], metavar="KEY=JSON[,KEY=JSON]",
+                   help="at the end, an apply of these values (forced), its plan, ETA and outcome recorded: e.g. "
+                   "gpu_memory_utilization=0.95 (a pause), then max_model_len=999999 (a bad revision: on CUDA the "
+                   "old instance sleeps and is woken)")
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in a.tree] or [("this", REPO)]
@@ -521,6 +604,13 @@ def main() -> None:
                               + (f" — WARNING: {run['cache_warning']}" if run["cache_warning"] else ""), flush=True)
             if a.cap_vs_restart:
                 cap_vs_restart(engine, a, workdir, report, save)
+            for item in a.after:  # applies whose starts (and wake-ups) the engine estimates: issue 20 item 3
+                values = dict(kv.split("=", 1) for kv in item.split(","))
+                done = apply_values(engine, {k: json.loads(v) for k, v in values.items()}, "bench: --after")
+                report.setdefault("after", []).append(done)
+                save()
+                print(f"after {item}: plan {done['plan']}, {done['outcome']}, {done['apply_s']} s "
+                      f"(predicted {done['predicted_s']})", flush=True)
         finally:
             engine.stop()
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
