@@ -51,6 +51,9 @@ ALLOWED_EXTRA_FLAGS: frozenset[str] = frozenset(
         "--max-parallel-loading-workers",
         "--async-scheduling",
         "--no-async-scheduling",
+        # CUDA graphs for batches up to this many tokens (vLLM's default: 2 x max_num_seqs, at most 512): a restart
+        # with a smaller max_num_seqs keeps the graphs of a larger one with it (docs/gpu-validation.md, 2026-12-04)
+        "--max-cudagraph-capture-size",
     }
 )
 _EXTRA_ARG = re.compile(r"(--[a-z0-9][a-z0-9-]*)(?:=([^\x00-\x1f\x7f]{1,256}))?")  # fullmatch

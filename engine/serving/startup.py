@@ -69,10 +69,12 @@ KIND_TEXT: dict[StartKind, str] = {
 # 92-100 s against 34-44 s alone), a cold one there 160 s. Before the sessions were weighted (2026-12-01) a start
 # beside took 3.7 times a warm one. The CPU build makes no bridge and has no sleep mode: theirs are guesses.
 # CUDA: an H200 with an 8B model (tests/fixtures/starts/h200-2026-12-01.json: cold 117.5 s, warm 61.8 s, bridges
-# 88.4 and 64.1 s, a cold start beside the bridge under load 103.3 s, a wake-up 0.74 s).
+# 88.4 and 64.1 s, a cold start beside the bridge under load 103.3 s, a wake-up 0.74 s; h200-2026-12-04.json: a
+# bridge 58.3 s, a cold start 55.8 s, a cold one beside 64.8 s). The first start on a fresh machine, the one a
+# default estimates, took 117.5, 102.5, 73.9 and 97.5 s on four days (median 100 s: 1.6 x a warm start).
 PRIOR_RATIO: dict[str, dict[StartKind, float]] = {
     "cpu": {"warm": 1.0, "cold": 1.4, "beside": 2.3, "beside_cold": 2.85, "bridge": 2.3, "wake": 0.05},
-    "cuda": {"warm": 1.0, "cold": 1.9, "beside": 1.2, "beside_cold": 1.7, "bridge": 1.2, "wake": 0.012},
+    "cuda": {"warm": 1.0, "cold": 1.6, "beside": 1.2, "beside_cold": 1.45, "bridge": 1.1, "wake": 0.012},
 }
 PRIOR_WARM_S = {"cpu": 56.0, "cuda": 62.0}  # a warm start alone, with no start at all to go by
 # The kinds whose process phase (the interpreter, imports, the executor's processes) runs under the same conditions:
@@ -135,6 +137,11 @@ def compile_key(values: Mapping[str, Any], env: Mapping[str, str] | None = None)
     """A short digest of the settings (and the instance's environment, COMPILE_ENV) that decide whether vLLM can
     reuse its compile cache."""
     inside: dict[str, Any] = {k: v for k, v in sorted(values.items()) if k not in OUTSIDE_COMPILE}
+    ceiling, seqs = inside.get("max_num_seqs_ceiling"), inside.get("max_num_seqs")
+    if isinstance(ceiling, int) and isinstance(seqs, int):
+        # vLLM is started with the ceiling (launch_max_num_seqs): a max_num_seqs under it is the gateway's, and the
+        # revision starts the vLLM a revision of max_num_seqs = the ceiling and no ceiling starts
+        inside.update(max_num_seqs=max(seqs, ceiling), max_num_seqs_ceiling=None)
     hashed = {k: env[k] for k in COMPILE_ENV if env is not None and k in env}
     if hashed:  # (a start with none of them keeps the key it had before the environment counted)
         inside["__env__"] = hashed

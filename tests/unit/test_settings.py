@@ -76,6 +76,8 @@ def test_unknown_fields_are_refused(data_dir: Path) -> None:
 def test_extra_args_are_allow_listed(data_dir: Path) -> None:
     ok = validate_settings(full(data_dir, extra_args=["--seed=7", "--disable-log-stats"]), data_dir)
     assert ok.extra_args == ["--seed=7", "--disable-log-stats"]
+    graphs = validate_settings(full(data_dir, extra_args=["--max-cudagraph-capture-size=512"]), data_dir)
+    assert graphs.extra_args == ["--max-cudagraph-capture-size=512"]
     assert "not allowed" in bad_fields(data_dir, extra_args=["--port=1"])["extra_args"]
     assert "not allowed" in bad_fields(data_dir, extra_args=["--chat-template=/etc/passwd"])["extra_args"]
     assert "form" in bad_fields(data_dir, extra_args=["--seed=1\n--port=2"])["extra_args"]
