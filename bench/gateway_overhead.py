@@ -288,7 +288,7 @@ def apply_values(engine: Engine, values: dict[str, Any], note: str = "cap-vs-res
             "apply_s": took, "predicted_s": shown.get("expected_s"),
             "steps_shown": [{"action": x.get("action"), "eta_s": x.get("eta_s"), "basis": x.get("basis")}
                             for x in shown.get("step_etas") or []],
-            "timings": apply.get("timings") or [] if apply.get("revision") == rev else [],
+            "timings": (apply.get("timings") or []) if apply.get("revision") == rev else [],
             "ready": [e["data"] for e in events if e["kind"] == "ready"],
             "woken": [e["data"] for e in events if e["kind"] == "woken"],
             "events": [f"{e['kind']}: {e['message'][:200]}" for e in events]}
