@@ -217,8 +217,12 @@ class Beside:
         self.child = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                       start_new_session=True, cwd=engine.data_dir)
         self.vllm_pid = self.child.pid
-        wait_up(f"{self.direct_url}/v1/models", self.child, 900,
-                f"vLLM with max_num_seqs {max_num_seqs} did not come up: see {self.log_path}")
+        try:
+            wait_up(f"{self.direct_url}/v1/models", self.child, 900,
+                    f"vLLM with max_num_seqs {max_num_seqs} did not come up: see {self.log_path}")
+        except SystemExit:  # not left holding the GPU's memory beside the runs that go on without it
+            self.stop()
+            raise
         self.ready_s = round(time.monotonic() - t0, 1)
 
     def stop(self) -> None:
@@ -294,6 +298,19 @@ def apply_values(engine: Engine, values: dict[str, Any], note: str = "cap-vs-res
             "events": [f"{e['kind']}: {e['message'][:200]}" for e in events]}
 
 
+def plan_settles(engine: Engine, values: dict[str, Any], within_s: float) -> float:
+    """Wait (at most ``within_s``) until the engine plans ``values`` as a blue/green: the memory of a vLLM stopped
+    a moment ago is seen free (its GPU sampler reads once a second). How long it took; ``within_s`` if it never
+    did (the apply then runs the plan it gets, recorded with it)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < within_s:
+        plan = engine.http.get("/api/capacity", params=values).json().get("plan") or {}
+        if plan.get("kind") == "blue_green":
+            break
+        time.sleep(1.0)
+    return round(time.monotonic() - t0, 1)
+
+
 def graph_lines(engine: Engine) -> list[str]:
     """vLLM's lines of every start of this engine that say what its CUDA graphs and KV cache took."""
     lines: list[str] = []
@@ -338,7 +355,13 @@ def cap_vs_restart(engine: Engine, a: argparse.Namespace, workdir: Path, report:
 
         def measure(path: str, who: Any, url: str, i: int, level: dict[str, Any] = level, n: int = n,
                     prompts: int = prompts) -> None:
-            run = run_once(who, url, 2 * n, a, workdir, f"cap-{n}-{i}-{path}", prompts=prompts)
+            try:
+                run = run_once(who, url, 2 * n, a, workdir, f"cap-{n}-{i}-{path}", prompts=prompts)
+            except SystemExit as exc:  # recorded; the other arms, levels and --after steps still run
+                level["runs"].append({"path": path, "error": str(exc)[-2000:]})
+                save()
+                print(f"N={n}, {path}: the run failed: {str(exc)[-300:]}", flush=True)
+                return
             level["runs"].append({"path": path, **run})
             save()
             print(f"N={n}, {2 * n} clients, {path}: {run['output_tok_s']:.0f} tok/s, "
@@ -367,12 +390,18 @@ def cap_vs_restart(engine: Engine, a: argparse.Namespace, workdir: Path, report:
         finally:
             if beside is not None:
                 beside.stop()
-        # restarted with N: the engine's own apply (a blue/green beside the instance that serves)
+        # restarted with N: the engine's own apply, a blue/green beside the instance that serves once the engine's
+        # GPU reading has seen the stopped vLLM's memory free (on 2026-12-04, written a second after the stop, it
+        # was planned as a bridge)
+        level["restart_plan_wait_s"] = plan_settles(engine, {"max_num_seqs_ceiling": n}, within_s=30.0)
         level["restart"] = apply_values(engine, {"max_num_seqs_ceiling": n})
         save()
-        run_once(engine, engine.url, 2 * n, a, workdir, f"cap-warmup-restarted-{n}", prompts=4 * n)
-        for i in range(a.cap_runs // 2):
-            measure("restarted", engine, engine.url, a.cap_runs + i)
+        if level["restart"]["outcome"] == "applied":
+            run_once(engine, engine.url, 2 * n, a, workdir, f"cap-warmup-restarted-{n}", prompts=4 * n)
+            for i in range(a.cap_runs // 2):
+                measure("restarted", engine, engine.url, a.cap_runs + i)
+        else:  # the old instance (the ceiling, capped) still serves: its runs would not be a restart's
+            print(f"N={n}: the restart was {level['restart']['outcome']}: no restarted runs", flush=True)
         level["back"] = apply_values(engine, {"max_num_seqs_ceiling": a.max_num_seqs})
         for key in ("output_tok_s", "e2el_p95_ms", "ttft_p95_ms", "itl_p50_ms"):
             by = {path: [x[key] for x in level["runs"] if x["path"] == path and x.get(key) is not None]

@@ -49,9 +49,9 @@ class SettingsValues(BaseModel):
         None, ge=1, le=4096, description="max_num_seqs vLLM itself is started with: the headroom within which "
         "max_num_seqs can change without a restart (the gateway holds each instance to max_num_seqs). Empty: "
         "max_num_seqs itself, so nothing changes unless you ask for headroom. vLLM captures CUDA graphs for batches "
-        "up to twice the ceiling (at most 512 tokens): a cap under it runs at least as fast as vLLM restarted with "
-        "the cap (an 8B model on an H200 at a cap of 128 under 256: 1.20 x the throughput), for CUDA-graph memory "
-        "outside the KV cache (0.59 GiB at 256, 0.41 at 128) and a second or two of start."
+        "up to twice the ceiling (at most 512 tokens) and the cap keeps them, where vLLM restarted with the cap "
+        "has fewer (an 8B model on an H200, a cap of 128 under 256: 1.20 x the throughput of a restart with 128), "
+        "for CUDA-graph memory outside the KV cache (0.59 GiB at 256, 0.41 at 128) and a second or two of start."
     )
     tensor_parallel_size: int = Field(
         1, ge=1, le=64, description="GPUs one model is split across; must divide the attention heads."

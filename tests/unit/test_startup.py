@@ -104,8 +104,8 @@ def test_gpu_memory_utilization_is_outside_the_compile_key_and_max_model_len_ins
 
 def test_the_compile_key_is_of_the_max_num_seqs_vllm_is_started_with() -> None:
     """Under a ceiling vLLM runs with the ceiling and the gateway holds it to max_num_seqs: on the H200 (2026-12-04)
-    the ceiling brought back to 256 over max_num_seqs 128 was estimated as a cold start, though it launched the
-    vLLM of the engine's first start (max_num_seqs 256) again."""
+    the ceiling brought back to 256 over max_num_seqs 128 had a key of its own, though it launched the vLLM of the
+    engine's first start (max_num_seqs 256) again."""
     base = {"model": "m", "max_model_len": 4096, "max_num_seqs": 256, "max_num_seqs_ceiling": None}
     capped = {**base, "max_num_seqs": 128, "max_num_seqs_ceiling": 256}
     assert compile_key(capped) == compile_key(base) == compile_key({**base, "max_num_seqs_ceiling": 256})
