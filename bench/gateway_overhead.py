@@ -411,8 +411,8 @@ def cap_vs_restart(engine: Engine, a: argparse.Namespace, workdir: Path, report:
                     level[f"{key}_cap_over_{other}"] = round(statistics.fmean(by["cap"]) /
                                                              statistics.fmean(by[other]), 3)
         save()
-    report["cap"]["starts"] = start_report(graph_lines(engine))
     report["cap"]["graph_lines"] = graph_lines(engine)
+    report["cap"]["starts"] = start_report(report["cap"]["graph_lines"])
     apply_values(engine, {"max_num_seqs": a.max_num_seqs})
     save()
 

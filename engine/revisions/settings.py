@@ -52,7 +52,7 @@ ALLOWED_EXTRA_FLAGS: frozenset[str] = frozenset(
         "--async-scheduling",
         "--no-async-scheduling",
         # CUDA graphs for batches up to this many tokens (vLLM's default: 2 x max_num_seqs, at most 512): a restart
-        # with a smaller max_num_seqs keeps the graphs of a larger one with it (docs/gpu-validation.md, 2026-12-04)
+        # with a smaller max_num_seqs can ask for the graphs of a larger one (docs/gpu-validation.md, 2026-12-04)
         "--max-cudagraph-capture-size",
     }
 )

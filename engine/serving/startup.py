@@ -140,8 +140,8 @@ def compile_key(values: Mapping[str, Any], env: Mapping[str, str] | None = None)
     inside: dict[str, Any] = {k: v for k, v in sorted(values.items()) if k not in OUTSIDE_COMPILE}
     ceiling, seqs = inside.get("max_num_seqs_ceiling"), inside.get("max_num_seqs")
     if isinstance(ceiling, int) and isinstance(seqs, int):
-        # vLLM is started with the ceiling (launch_max_num_seqs): a max_num_seqs under it is the gateway's, and the
-        # revision starts the vLLM a revision of max_num_seqs = the ceiling and no ceiling starts
+        # vLLM is started with the ceiling (serving/command.py, launch_max_num_seqs) and the gateway holds it to
+        # max_num_seqs: the same vLLM as a revision whose max_num_seqs is the ceiling, with no ceiling
         inside.update(max_num_seqs=max(seqs, ceiling), max_num_seqs_ceiling=None)
     hashed = {k: env[k] for k in COMPILE_ENV if env is not None and k in env}
     if hashed:  # (a start with none of them keeps the key it had before the environment counted)
