@@ -7,11 +7,7 @@
 #   2. capacity on the two architectures the last session's budget cut (Qwen3-30B-A3B, Qwen3-4B; issue 20 #2)
 # Each step is bounded by timeout; a step that fails leaves its log and the next one runs.
 set -x
-export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-O=${O:-/var/tmp/out}; mkdir -p $O
-T0=$(date +%s); mark() { echo "$(( $(date +%s) - T0 )) s: $*" >> $O/progress.txt; }
-python3 .gpu/make_shape_model.py /tmp/m8b > $O/model.log 2>&1
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > $O/gpu.txt
+. bench/gpu_prelude.sh
 python3 -c "import vllm, ray, torch; print('vllm', vllm.__version__, 'ray', ray.__version__, 'torch', torch.__version__)" > $O/versions.txt 2>&1
 git log -1 --format=%h > $O/commit.txt 2>/dev/null
 mark start

@@ -7,11 +7,7 @@
 # 2. Ray stopped, the GPU free: the capacity pair left from the morning (Qwen3-30B-A3B, Qwen3-4B; issue 20 item 2).
 # Progress in $O/progress.txt; $O/DONE at the end.
 set -x
-export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-O=${O:-/var/tmp/out}; mkdir -p $O
-T0=$(date +%s); mark() { echo "$(( $(date +%s) - T0 )) s: $*" >> $O/progress.txt; }
-python3 .gpu/make_shape_model.py /tmp/m8b > $O/model.log 2>&1
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > $O/gpu.txt
+. bench/gpu_prelude.sh
 git log -1 --format='%h %cI' > $O/commit.txt 2>&1 || true
 mark start
 python3 -m ray.scripts.scripts start --head --num-gpus 1 --disable-usage-stats --include-dashboard false \

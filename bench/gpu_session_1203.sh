@@ -11,11 +11,7 @@
 # Staging as in ../shared/gpu/README.md; start it detached and collect $O back to back (the machine is given back
 # after 30 s without a call). Progress in $O/progress.txt; $O/DONE at the end.
 set -x
-export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-O=${O:-/var/tmp/out}; mkdir -p $O
-T0=$(date +%s); mark() { echo "$(( $(date +%s) - T0 )) s: $*" >> $O/progress.txt; }
-python3 .gpu/make_shape_model.py /tmp/m8b > $O/model.log 2>&1
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > $O/gpu.txt
+. bench/gpu_prelude.sh
 mark start
 common="--model /tmp/m8b --load-format dummy --utilization 0.42 --max-num-seqs 256 --max-model-len 4096
   --input-len 200 --output-len 128 --range-ratio 0.5 --prompts-per-client 12 --min-prompts 2000 --concurrency 256"

@@ -14,11 +14,7 @@
 # `[ -d /var/tmp/out ] || { echo gone; exit 9; }` (on 2026-12-04 a call found a bare machine and waited out its
 # limit, which spent the rest of the session). Progress in $O/progress.txt; $O/DONE at the end.
 set -x
-export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
-O=${O:-/var/tmp/out}; mkdir -p $O
-T0=$(date +%s); mark() { echo "$(( $(date +%s) - T0 )) s: $*" >> $O/progress.txt; }
-python3 .gpu/make_shape_model.py /tmp/m8b > $O/model.log 2>&1
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv > $O/gpu.txt
+. bench/gpu_prelude.sh
 python3 -c "import vllm, torch, transformers; print(vllm.__version__, torch.__version__, transformers.__version__)" \
   > $O/versions.txt 2>&1
 mark start
