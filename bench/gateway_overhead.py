@@ -161,12 +161,17 @@ class Engine:
             self.vllm_pid = int(serving[0].get("pid") or st["pid"])
         self.vllm_key = vllm_key(self.vllm_pid)
 
-    def stop(self) -> None:
-        try:  # the starts and applies as the engine recorded them (their ETAs against what they took: issue 20 item 3)
+    def save_events(self) -> None:
+        """The starts and applies as the engine recorded them (their ETAs against what they took: issue 20 item 3),
+        written after each --after step too: on 2026-12-04 a machine taken back before the end kept none."""
+        try:
             events = self.http.get("/api/events", params={"limit": 5000}).json()
             (self.args.out / f"events-{self.label}.json").write_text(json.dumps(events, indent=1))
         except (httpx.HTTPError, ValueError) as exc:
             print(f"engine {self.label}: its events could not be read ({exc})", flush=True)
+
+    def stop(self) -> None:
+        self.save_events()
         self.http.close()
         self.proc.terminate()
         try:
@@ -638,6 +643,7 @@ def main() -> None:
                 done = apply_values(engine, {k: json.loads(v) for k, v in values.items()}, "bench: --after")
                 report.setdefault("after", []).append(done)
                 save()
+                engine.save_events()
                 print(f"after {item}: plan {done['plan']}, {done['outcome']}, {done['apply_s']} s "
                       f"(predicted {done['predicted_s']})", flush=True)
         finally:

@@ -178,6 +178,7 @@ class Eta:
     cores: int | None = None
     pool_load: float | None = None  # the median load average at the launch of the starts it is taken from
     process_from: StartKind | None = None  # the kind of the latest start its process phase was taken from
+    cache_missed: bool = False  # expected cold though its compile key was started before (cache_missed)
 
     @property
     def loaded(self) -> bool:
@@ -212,6 +213,9 @@ class Eta:
                     f"{KIND_TEXT[self.source]}")
         else:
             text = f"a prior for {what}: no earlier start of this engine to go by"
+        if self.cache_missed:
+            text += ("; expected to compile again though these settings were started before: the latest such "
+                     "start here found vLLM's compile cache cold")
         if self.loaded:
             text += f"; {self._load_text()}: expect longer"
         return text
@@ -324,10 +328,27 @@ class PastStart:
         return with_cache(self.kind or "warm", self.compiled)
 
 
+def cache_missed(history: Sequence[PastStart]) -> PastStart | None:
+    """The latest start whose compile key an earlier start had and whose compile cache vLLM's log reported, when
+    vLLM found it cold all the same: on this host vLLM does not keep (or does not find) a key's graphs — its
+    cache was wiped between the starts, or vLLM hashes something the key does not see. On the H200 on 2026-12-04
+    every start compiled again, a new gpu_memory_utilization over the same key too (tests/fixtures/starts/
+    h200-2026-12-04b.json); a repeat found warm later makes the cache count again. None: no such miss."""
+    seen: set[str] = set()
+    latest: PastStart | None = None
+    for s in history:
+        if s.compile_key is not None:
+            if s.compile_key in seen and s.cache in ("warm", "cold"):
+                latest = s
+            seen.add(s.compile_key)
+    return latest if latest is not None and latest.cache == "cold" else None
+
+
 def cache_cold(key: str, history: Sequence[PastStart]) -> bool:
-    """Whether a start with compile key ``key`` finds vLLM's compile cache cold: no earlier start of this engine
-    with that key (each one leaves its compiled graphs in the cache)."""
-    return not any(s.compile_key == key for s in history)
+    """Whether a start with compile key ``key`` is expected to find vLLM's compile cache cold: no earlier start of
+    this engine with that key (each one leaves its compiled graphs in the cache), or the latest repeat of a key
+    found it cold all the same (cache_missed)."""
+    return not any(s.compile_key == key for s in history) or cache_missed(history) is not None
 
 
 def _pool_load(pool: Sequence[PastStart]) -> float | None:
@@ -360,7 +381,9 @@ def estimate(key: str, model: str, history: Sequence[PastStart], recent: int = 5
     when the model has none), its process phase as the latest of its peers took it (PROCESS_PEERS). Without one
     of that kind: a prior, the median of the kind the model has most starts of, times the ratio of the two kinds
     (PRIOR_RATIO of the build); without any start, the build's default."""
+    chosen_here = kind is None
     kind = kind or start_kind(company, cache_cold(key, history))
+    missed = (chosen_here and kind in ("cold", "beside_cold") and any(s.compile_key == key for s in history))
     # a wake-up takes the same whatever the model's settings; a start, its model's
     of_model = list(history) if kind == "wake" else [s for s in history if s.model == model] or list(history)
     pool = [s for s in of_model if s.effective_kind == kind][-recent:]
@@ -373,7 +396,7 @@ def estimate(key: str, model: str, history: Sequence[PastStart], recent: int = 5
             total = round(total + latest.phases["process"] - phases["process"], 1)
             phases["process"] = round(latest.phases["process"], 2)
         return Eta(total, "kind", len(pool), phases, kind, None, 1.0, load_1m, cores, _pool_load(pool),
-                   latest.effective_kind if latest is not None else None)
+                   latest.effective_kind if latest is not None else None, missed)
     by_kind: dict[StartKind, list[PastStart]] = {}
     for s in of_model:
         by_kind.setdefault(s.effective_kind, []).append(s)
@@ -385,7 +408,7 @@ def estimate(key: str, model: str, history: Sequence[PastStart], recent: int = 5
         scale = ratios[kind] / ratios[source]
         total, phases = _median_eta(chosen, scale)
         return Eta(total, "prior", len(chosen), phases, kind, source, round(scale, 3), load_1m, cores,
-                   _pool_load(chosen))
+                   _pool_load(chosen), None, missed)
     warm = PRIOR_WARM_S.get(build, PRIOR_WARM_S["cpu"])
     scale = PRIOR_RATIO.get(build, PRIOR_RATIO["cpu"])[kind]
     return Eta(round(warm * scale, 1), "default", 0, {}, kind, None, scale, load_1m, cores)

@@ -174,6 +174,25 @@ def test_a_start_expected_warm_that_compiled_counts_as_cold() -> None:
     assert estimate("k", "m", [cold], company="alone").kind == "warm"  # the key was seen: the cache is warm now
 
 
+def test_a_host_whose_vllm_missed_its_compile_cache_on_a_repeat_is_expected_to_compile_again() -> None:
+    """On the H200 (2026-12-04) vLLM compiled on every start, a repeat of a compile key too: the start after such
+    a miss was launched as warm, estimated at 56 s, and took 96 s. A repeat that found the cache cold makes the
+    next repeat cold, and the estimate says why; a repeat found warm later makes the cache count again."""
+    phases = {"process": 30.0, "compile": 15.0, "cuda_graphs": 20.0}
+    warm = {"process": 25.0, "compile": 1.5, "cuda_graphs": 15.0}
+    first = PastStart("a", "m", 95.0, True, phases, "cold", cache="cold")
+    missed = PastStart("a", "m", 90.0, True, phases, "warm", cache="cold")  # launched warm, vLLM compiled
+    eta = estimate("a", "m", [first, missed])
+    assert eta.kind == "cold" and eta.cache_missed
+    assert "compile again" in eta.why() and "found vLLM's compile cache cold" in eta.why()
+    assert estimate("b", "m", [first, missed]).cache_missed is False  # a new key is cold anyway: nothing to say
+    hit = PastStart("b", "m", 45.0, False, warm, "warm", cache="warm")
+    again = estimate("a", "m", [first, missed, PastStart("b", "m", 95.0, True, phases, "cold", cache="cold"), hit])
+    assert again.kind == "warm" and not again.cache_missed and "compile again" not in again.why()
+    unknown = PastStart("a", "m", 40.0, False, warm, "warm")  # a log that said neither (older records) counts not
+    assert estimate("a", "m", [first, missed, unknown]).kind == "cold"
+
+
 def test_a_kind_never_started_gets_a_prior_and_says_so() -> None:
     history = [PastStart("k", "m", 20.0, False, {"process": 10.0}, "warm"),
                PastStart("k", "m", 22.0, False, {"process": 12.0}, "warm")]
