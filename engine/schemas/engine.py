@@ -74,7 +74,7 @@ class StepTiming(BaseModel):
     seconds: float
     start_kind: StartKindName | None = None
     in_flight: int = Field(0, description="requests in flight through the gateway when it began")
-    eta_s: float | None = Field(None, description="what the plan expected of a step of this action")
+    eta_s: float | None = Field(None, description="what the plan expected of this step (its n-th of this action)")
 
 
 class ApplyProgress(BaseModel):

@@ -332,8 +332,10 @@ def cache_missed(history: Sequence[PastStart]) -> PastStart | None:
     """The latest start whose compile key an earlier start had and whose compile cache vLLM's log reported, when
     vLLM found it cold all the same: on this host vLLM does not keep (or does not find) a key's graphs — its
     cache was wiped between the starts, or vLLM hashes something the key does not see. On the H200 on 2026-12-04
-    every start compiled again, a new gpu_memory_utilization over the same key too (tests/fixtures/starts/
-    h200-2026-12-04b.json); a repeat found warm later makes the cache count again. None: no such miss."""
+    both repeats of a key compiled again, each over a new gpu_memory_utilization (tests/fixtures/starts/
+    h200-2026-12-04b.json: the rule is fitted to them). It looks at every key and model of this engine's starts
+    (one miss says the cache does not hold here; with instances on Ray nodes, on any node); a repeat found warm
+    later makes the cache count again. None: no such miss."""
     seen: set[str] = set()
     latest: PastStart | None = None
     for s in history:

@@ -715,8 +715,11 @@ class Supervisor:
         """A step of the apply under way as it ran (its time, beside what the plan expected of such a step)."""
         if self.apply is None or self.apply.outcome != "running":
             return
-        expected = next((s.eta_s for s in self.apply.plan.step_etas if s.action == action
-                         and (action != "start" or s.start_kind == start_kind)), None)
+        # the plan's n-th step of this action for the n-th one taken: a start's kind is worked out again at its
+        # launch, and a start that ended meanwhile may change it (a repeat that missed vLLM's compile cache)
+        planned = [s for s in self.apply.plan.step_etas if s.action == action]
+        taken = sum(1 for t in self.apply.timings if t.action == action)
+        expected = planned[taken].eta_s if taken < len(planned) else None
         self.apply.timings.append(StepTiming(action=action, instance=instance, seconds=round(seconds, 2),
                                              start_kind=start_kind, in_flight=in_flight, eta_s=expected))
 

@@ -236,3 +236,28 @@ def test_past_starts_come_from_ready_events_and_old_events_are_skipped() -> None
                                                         "load_1m": 3.5, "cores": 2, "compile_cache": "warm"}})
     assert kinded is not None and (kinded.kind, kinded.load_1m, kinded.cores) == ("beside", 3.5, 2)
     assert not kinded.compiled and kinded.effective_kind == "beside"  # the log said warm: 11 s is a warm compile
+
+
+def test_an_apply_step_is_compared_with_the_plans_step_of_the_same_order_whatever_kind_it_launched_as() -> None:
+    """A start's kind is worked out again at its launch: a bridge that misses vLLM's compile cache during the apply
+    turns the next start from warm to cold. Its timing still carries the plan's ETA for that step (matched by kind
+    it had none)."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from engine.schemas.engine import ApplyProgress
+    from engine.schemas.settings import ApplyPlanOut, PlanStepOut
+    from engine.serving.supervisor import Supervisor
+
+    plan = ApplyPlanOut(kind="bridge", reason="r", step_etas=[
+        PlanStepOut(action="start", text="bridge", start_kind="bridge", eta_s=70.0),
+        PlanStepOut(action="stop", text="old", eta_s=0.7),
+        PlanStepOut(action="start", text="new", start_kind="warm", eta_s=63.7),
+        PlanStepOut(action="stop", text="bridge", eta_s=0.5)])
+    sup = SimpleNamespace(apply=ApplyProgress(revision=2, from_revision=1, plan=plan, step="s",
+                                              started=datetime.now(UTC)))
+    for action, kind, took in (("start", "bridge", 63.4), ("stop", None, 0.6), ("start", "cold", 93.0),
+                               ("stop", None, 0.4)):
+        Supervisor._timed(sup, action, "a", took, 0, kind)  # type: ignore[arg-type]
+    assert [(t.action, t.start_kind, t.eta_s) for t in sup.apply.timings] == [
+        ("start", "bridge", 70.0), ("stop", None, 0.7), ("start", "cold", 63.7), ("stop", None, 0.5)]
