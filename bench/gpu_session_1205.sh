@@ -15,8 +15,6 @@
 # limit, which spent the rest of the session). Progress in $O/progress.txt; $O/DONE at the end.
 set -x
 . bench/gpu_prelude.sh
-python3 -c "import vllm, torch, transformers; print(vllm.__version__, torch.__version__, transformers.__version__)" \
-  > $O/versions.txt 2>&1
 mark start
 timeout 1500 python3 bench/gateway_overhead.py --out $O/cap --model /tmp/m8b --load-format dummy --utilization 0.42 \
   --max-num-seqs 256 --max-model-len 4096 --input-len 200 --output-len 128 --range-ratio 0.5 --plans-only \

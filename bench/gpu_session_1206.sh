@@ -8,8 +8,6 @@
 # are written after each apply. Progress in $O/progress.txt; $O/DONE at the end.
 set -x
 . bench/gpu_prelude.sh
-python3 -c "import vllm, torch, transformers; print(vllm.__version__, torch.__version__, transformers.__version__)" \
-  > $O/versions.txt 2>&1
 mark start
 timeout 1000 python3 bench/gateway_overhead.py --out $O/eta --model /tmp/m8b --load-format dummy --utilization 0.42 \
   --max-num-seqs 256 --max-model-len 4096 --plans-only \

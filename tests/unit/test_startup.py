@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
+from engine.schemas.engine import ApplyProgress
+from engine.schemas.settings import ApplyPlanOut, PlanStepOut
 from engine.serving import PastStart, StartTracker, compile_key, estimate, past_start
 from engine.serving.startup import PRIOR_RATIO, PRIOR_WARM_S, StartKind
+from engine.serving.supervisor import Supervisor
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "vllm_logs"
 
@@ -242,13 +247,6 @@ def test_an_apply_step_is_compared_with_the_plans_step_of_the_same_order_whateve
     """A start's kind is worked out again at its launch: a bridge that misses vLLM's compile cache during the apply
     turns the next start from warm to cold. Its timing still carries the plan's ETA for that step (matched by kind
     it had none)."""
-    from datetime import UTC, datetime
-    from types import SimpleNamespace
-
-    from engine.schemas.engine import ApplyProgress
-    from engine.schemas.settings import ApplyPlanOut, PlanStepOut
-    from engine.serving.supervisor import Supervisor
-
     plan = ApplyPlanOut(kind="bridge", reason="r", step_etas=[
         PlanStepOut(action="start", text="bridge", start_kind="bridge", eta_s=70.0),
         PlanStepOut(action="stop", text="old", eta_s=0.7),
