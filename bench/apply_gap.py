@@ -65,7 +65,7 @@ def main() -> None:
     a = p.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="apply-gap-"))
-    port = int(subprocess.run([sys.executable, "-c", "from engine.serving import free_port; print(free_port())"],
+    port = int(subprocess.run([sys.executable, "-c", "from engine.vllm import free_port; print(free_port())"],
                               capture_output=True, text=True, check=True, cwd=REPO).stdout)
     env = {**os.environ, "LLMOPS_ADMIN_PASSWORD": PASSWORD, "LLMOPS_AUTOSTART": "false",
            "LLMOPS_STARTUP_TIMEOUT_S": "1200"}

@@ -25,7 +25,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from console.client import EngineClient  # noqa: E402 - after the path
+from engine.client import EngineClient  # noqa: E402 - after the path
 from engine.schemas import BenchmarkRunOut  # noqa: E402
 from tests.support.engine import COLD_START_S, running_engine  # noqa: E402
 from tests.support.wait import wait_until  # noqa: E402

@@ -24,7 +24,7 @@ import pynvml
 from engine.capacity import CalibrationStore, Device, load_shape, parse_start, predict
 from engine.db import open_database
 from engine.revisions import EngineSettings
-from engine.serving import ChildLog, VllmChild, build_command, build_env, free_port
+from engine.vllm import ChildLog, VllmChild, build_command, build_env, free_port
 
 CASES: list[dict[str, Any]] = [
     {"gpu_memory_utilization": 0.5, "max_model_len": 8192, "max_num_seqs": 128},

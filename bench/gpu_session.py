@@ -20,8 +20,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from console.client import EngineClient
-from engine.serving import free_port
+from engine.client import EngineClient
+from engine.vllm import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 

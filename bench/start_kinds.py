@@ -26,7 +26,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from console.client import EngineClient  # noqa: E402 - after the path
+from engine.client import EngineClient  # noqa: E402 - after the path
 from tests.support.engine import COLD_START_S, running_engine  # noqa: E402
 from tests.support.load import Load  # noqa: E402
 from tests.support.wait import wait_until  # noqa: E402

@@ -4,7 +4,7 @@ Nobody reaches a page anonymously. The sign-in happens on the console's server (
 engine's session token in an HttpOnly cookie; this script reads it from the request, asks the engine who it is,
 and builds the navigation from the role. A reload or a deep link (``/settings``) keeps the session until it
 expires or the user signs out. Single sign-on goes through Streamlit's st.login where an identity provider is
-configured. Pages live in pages/ and reach the engine only through console/client.py.
+configured. Pages live in pages/ and reach the engine only through engine/client.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:  # streamlit puts console/ on the path, not the pr
 import streamlit as st  # noqa: E402
 
 from console import drafts  # noqa: E402
-from console.client import ROLES, ApiError, ClientError, EngineClient  # noqa: E402
+from engine.client import ROLES, ApiError, ClientError, EngineClient  # noqa: E402
 from console.session import COOKIE  # noqa: E402
 from console.widgets import PAGES as PAGE_LINKS  # noqa: E402
 from console.widgets import client, go_to, sign_in_url, sign_out, sign_out_form, switcher  # noqa: E402

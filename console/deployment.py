@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from console.client import ClientError, EngineClient
+from engine.client import ClientError, EngineClient
 from engine.schemas import DeploymentOut
 
 PARAM = "deployment"  # the address's parameter

@@ -11,7 +11,7 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from console import deployment, drafts, fmt
-from console.client import ClientError, EngineClient, EngineUnreachableError, UnauthorizedError
+from engine.client import ClientError, EngineClient, EngineUnreachableError, UnauthorizedError
 from console.session import safe_next
 from engine.schemas import DeploymentOut, EventOut, GpuView, HostReading, MeOut, StatusOut
 

@@ -1,4 +1,4 @@
-"""Wiring of the engine process: store, supervisor, telemetry, gateway, access control and the API in one app."""
+"""Wiring of the engine process: store, controller, telemetry, gateway, access control and the API in one app."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from engine.metrics import HISTORY_METRICS, EngineCollector, LoopLag, RequestMet
 from engine.private import make_private
 from engine.prompts import PromptStore
 from engine.revisions import EngineSettings, RevisionStore, initial_settings
-from engine.serving import PrivateRotatingFileHandler, VllmFlags, redact_secrets, session_nice, vllm_distribution
+from engine.vllm import PrivateRotatingFileHandler, VllmFlags, redact_secrets, session_nice, vllm_distribution
 
 
 class UnsafeConfigError(EngineError):
@@ -166,12 +166,12 @@ def create_app(config: AppConfig) -> FastAPI:
     local = "127.0.0.1" if config.host in ("0.0.0.0", "::", "localhost") or loopback else config.host
 
     def extras(runtime: Runtime) -> None:
-        """What each deployment has besides its supervisor: the scrape of its vLLM's figures, its benchmarks."""
+        """What each deployment has besides its controller: the scrape of its vLLM's figures, its benchmarks."""
         admission = runtime.admission
         runtime.serving = ServingMonitor(config.serving_scrape_interval_s, lambda: admission.upstream,
                                          lambda: admission.revision, serving_history)
         runtime.benchmarks = Benchmarks(
-            db, runtime.revisions, runtime.events, runtime.supervisor, ledger, f"http://{local}:{config.port}",
+            db, runtime.revisions, runtime.events, runtime.controller, ledger, f"http://{local}:{config.port}",
             sampler.energy_now,
             gateway_key=lambda: auth.create_token("benchmark", "prompter", "gateway", "engine",
                                                   ttl_s=6 * 3600)[0] if gateway_keys else None,
@@ -181,12 +181,12 @@ def create_app(config: AppConfig) -> FastAPI:
     fleet.node_sinks = [telemetry.write, alerts.evaluate]  # the other nodes' samples, labelled by node
     gateway = Gateway(fleet.admission_for, config.upstream_timeout_s, ledger)
     registry.register(EngineCollector(
-        lambda: fleet.default.supervisor.status(),
+        lambda: fleet.default.controller.status(),
         lambda: {"local": sampler.latest, **{node: snap for node, snap in fleet.node_snapshots.items()
                                              if node != getattr(fleet.placement, "own_node", None)}},
         lambda: fleet.default.serving.latest if fleet.default.serving else None,
         lambda: events.event_counts(["rollback", "failed", "crash_loop"]),
-        lambda: [r.supervisor.status() for r in list(fleet.runtimes.values())]))
+        lambda: [r.controller.status() for r in list(fleet.runtimes.values())]))
     limits = RateLimiter()
     keys = GatewayKeys(auth, limits, gateway_keys)
     services = Services(config=config, db=db, events=events, prompts=prompts, auth=auth, audit=audit,

@@ -92,15 +92,15 @@ class SchemaTooNewError(DatabaseError):
 # --- the vLLM child process -----------------------------------------------------------------------------------
 
 
-class SupervisorError(EngineError):
-    """The supervisor could not do what was asked of the vLLM child."""
+class ServingError(EngineError):
+    """The serving controller could not do what was asked of a vLLM instance."""
 
 
-class PortBusyError(SupervisorError):
+class PortBusyError(ServingError):
     pass
 
 
-class StrayProcessError(SupervisorError):
+class StrayProcessError(ServingError):
     """Processes of an earlier vLLM child survived SIGKILL; starting another would fight them for memory."""
 
 

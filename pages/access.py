@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from console import fmt
-from console.client import ROLES, ApiError, ClientError, InvalidRequestError
+from engine.client import ROLES, ApiError, ClientError, InvalidRequestError
 from console.widgets import client, unreachable
 
 st.title("Access")

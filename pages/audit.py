@@ -9,7 +9,7 @@ from typing import Any
 import streamlit as st
 
 from console import drafts, fmt
-from console.client import ClientError
+from engine.client import ClientError
 from console.widgets import client, unreachable
 from engine.schemas import AuditOut
 

@@ -10,7 +10,7 @@ from typing import Any
 import streamlit as st
 
 from console import deployment, fmt
-from console.client import ApiError, ClientError, InvalidRequestError
+from engine.client import ApiError, ClientError, InvalidRequestError
 from console.widgets import base_client, deployment_label, engine_status, me, open_link, unreachable
 from engine.schemas import ROLES, DeploymentOut
 

@@ -9,7 +9,7 @@ import time
 import streamlit as st
 
 from console import drafts, fmt
-from console.client import ClientError
+from engine.client import ClientError
 from console.widgets import SEVERITY_ICON, client, deployment_header, unreachable
 from engine.schemas import EventOut
 

@@ -9,7 +9,7 @@ import time
 import streamlit as st
 
 from console import charts, drafts, fmt
-from console.client import ClientError
+from engine.client import ClientError
 from console.widgets import base_client, client, gpu_card, host_card, unreachable
 from engine.schemas import FleetOut, GpuView, NodeOut
 

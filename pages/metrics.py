@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from console import charts, drafts, fmt
-from console.client import ClientError
+from engine.client import ClientError
 from console.widgets import client, deployment_header, engine_status, restart_banner, unreachable
 
 st.title("Metrics")

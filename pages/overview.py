@@ -8,7 +8,7 @@ import json
 import streamlit as st
 
 from console import fmt
-from console.client import ClientError
+from engine.client import ClientError
 from console.restart import instances, plan_text
 from console.widgets import (
     STATE_BADGE,

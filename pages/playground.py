@@ -14,7 +14,7 @@ import jsonschema
 import streamlit as st
 
 from console import drafts, fmt
-from console.client import ClientError, EngineClient, Run
+from engine.client import ClientError, EngineClient, Run
 from console.widgets import client, deployment_header, engine_status, me, restart_banner, unreachable
 from engine.schemas import PLAYGROUND_MAX_TOKENS, ROLES, PromptOut
 

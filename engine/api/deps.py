@@ -21,7 +21,7 @@ from engine.gpu import AlertEngine, Sampler, TelemetryStore
 from engine.metrics import SeriesStore, ServingMonitor
 from engine.prompts import PromptStore
 from engine.revisions import RevisionStore, SettingsWriter
-from engine.serving import Supervisor
+from engine.serving import Controller
 
 # Every dependency here is async: FastAPI runs a sync one on the shared thread pool, and /healthz and /readyz must
 # not wait for a thread of it (a flood that holds every thread would delay them).
@@ -60,7 +60,7 @@ async def runtime(request: Request) -> Runtime:
 
 
 def _of_runtime(name: str) -> Callable[[Request], Any]:
-    """A dependency that hands a route one part of the request's deployment (its supervisor, revisions, …)."""
+    """A dependency that hands a route one part of the request's deployment (its controller, revisions, …)."""
     async def part(request: Request) -> Any:
         found = _runtime(request)
         value = getattr(found, name)
@@ -80,7 +80,7 @@ WriterDep = Annotated[SettingsWriter, Depends(_of_runtime("writer"))]
 EventsDep = Annotated[EventLog, Depends(_of_runtime("events"))]
 PromptsDep = Annotated[PromptStore, Depends(_part("prompts"))]
 AuthDep = Annotated[Auth, Depends(_part("auth"))]
-SupervisorDep = Annotated[Supervisor, Depends(_of_runtime("supervisor"))]
+ControllerDep = Annotated[Controller, Depends(_of_runtime("controller"))]
 PlannerDep = Annotated[Planner, Depends(_of_runtime("planner"))]
 SamplerDep = Annotated[Sampler, Depends(_part("sampler"))]
 TelemetryDep = Annotated[TelemetryStore, Depends(_part("telemetry"))]

@@ -22,7 +22,7 @@ from engine.schemas import Build
 
 @dataclass
 class Services:
-    """The engine-wide parts; what is one deployment's (its supervisor, revisions, settings writer, events,
+    """The engine-wide parts; what is one deployment's (its controller, revisions, settings writer, events,
     gateway admission, serving figures, benchmarks) is its Runtime in ``fleet`` (engine/api/deps.py picks it)."""
 
     config: AppConfig

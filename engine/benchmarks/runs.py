@@ -36,7 +36,8 @@ from engine.events import EventLog
 from engine.gateway import Ledger
 from engine.metrics import CacheUse, cache_use, parse
 from engine.revisions import RevisionStore, resolve_local_model
-from engine.serving import Supervisor, at_nice, child_env
+from engine.serving import Controller
+from engine.vllm import at_nice, child_env
 
 log = logging.getLogger("llmops.benchmarks")
 
@@ -107,20 +108,20 @@ def bench_env(environ: Mapping[str, str], hf_token: str | None = None) -> dict[s
 
 
 class Benchmarks:
-    def __init__(self, db: Database, revisions: RevisionStore, events: EventLog, supervisor: Supervisor,
+    def __init__(self, db: Database, revisions: RevisionStore, events: EventLog, controller: Controller,
                  ledger: Ledger, gateway_url: str,
                  energy: Callable[[], float | None], gateway_key: Callable[[], str | None] = lambda: None,
                  revoke: Callable[[str], object] = lambda _: None) -> None:
         self.db = db
         self.revisions = revisions
         self.events = events
-        self.supervisor = supervisor
+        self.controller = controller
         self.ledger = ledger
         self.gateway_url = gateway_url
         self.energy = energy
         self.gateway_key = gateway_key  # mints a /v1 key for a run when the gateway requires keys
         self._revoke = revoke
-        config_token = supervisor.config.hf_token
+        config_token = controller.config.hf_token
         self.hf_token = config_token.get_secret_value() if config_token else None
         self._key: str | None = None
         self._closing = False
@@ -169,7 +170,7 @@ class Benchmarks:
                 raise BenchmarkBusyError("a benchmark is already running; wait for it or cancel it")
             run = await asyncio.to_thread(self._save, BenchmarkRun(
                 kind=kind, preset=preset, params=params, author=author, deployment_id=self.deployment_id,
-                revision_id=self.supervisor.running.id if self.supervisor.running else None,
+                revision_id=self.controller.running.id if self.controller.running else None,
                 progress={"stage": "starting", "done": 0, "total": 0}))
             assert run.id is not None
             await self.events.emit("benchmark_started", f"{kind} {run.id} ({preset}) by {author}",
@@ -226,13 +227,13 @@ class Benchmarks:
 
     async def _level(self, run: BenchmarkRun, concurrency: int, num_prompts: int, stage: str) -> dict[str, Any]:
         """vLLM's benchmark at one concurrency, through the gateway, with progress from the request ledger."""
-        rev = self.supervisor.running
-        if rev is None or self.supervisor.sm.state != "ready":
-            raise RuntimeError(f"vLLM is not ready ({self.supervisor.sm.state}): cannot benchmark")
+        rev = self.controller.running
+        if rev is None or self.controller.sm.state != "ready":
+            raise RuntimeError(f"vLLM is not ready ({self.controller.sm.state}): cannot benchmark")
         values = rev.values
         max_len = values.get("max_model_len") or 2048
         inp, out = lengths(run.preset, int(max_len))
-        local = resolve_local_model(str(values["model"]), self.supervisor.config.data_dir.resolve())
+        local = resolve_local_model(str(values["model"]), self.controller.config.data_dir.resolve())
         tag = f"bench-{run.id}-{stage}-c{concurrency}"
         given = run.params.get("seed")  # a seed asked for on purpose: the same prompts at every level (a cache test)
         seed = int(given) if isinstance(given, int) else fresh_seed()
@@ -247,7 +248,7 @@ class Benchmarks:
             self._key = self.gateway_key()  # one key per run, revoked when it ends
         if self._key:  # vLLM's benchmark sends OPENAI_API_KEY as its bearer token
             env["OPENAI_API_KEY"] = self._key
-        args = at_nice(args, self.supervisor.config.vllm_nice)  # the client competes with vLLM as any client would
+        args = at_nice(args, self.controller.config.vllm_nice)  # the client competes with vLLM as any client would
         self._proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
                                                           stderr=asyncio.subprocess.STDOUT, start_new_session=True,
                                                           cwd=str(REPO), env=env)
@@ -282,7 +283,7 @@ class Benchmarks:
     async def _cache_counters(self) -> dict[str, str]:
         """The text of each serving instance's /metrics now, by its address (an instance that does not answer is
         left out: its level gets no hit rate rather than a wrong one)."""
-        instances = [i for i in list(self.supervisor.instances) if i.serving and i.child.started]
+        instances = [i for i in list(self.controller.instances) if i.serving and i.child.started]
         texts: dict[str, str] = {}
         async with httpx.AsyncClient(timeout=5.0) as client:
             for inst in instances:
@@ -349,13 +350,13 @@ class Benchmarks:
         rev = await asyncio.to_thread(self.revisions.create_revision, values, base_revision=None,
                                       author="benchmark", note=note)
         assert rev.id is not None
-        self.supervisor.wake()
+        self.controller.wake()
         if not wait:
             return rev.id
-        deadline = time.monotonic() + self.supervisor.config.startup_timeout_s + 120
+        deadline = time.monotonic() + self.controller.config.startup_timeout_s + 120
         while time.monotonic() < deadline:
-            running = self.supervisor.running
-            if self.supervisor.sm.state == "ready" and running is not None and running.id == rev.id:
+            running = self.controller.running
+            if self.controller.sm.state == "ready" and running is not None and running.id == rev.id:
                 return rev.id
             if (await asyncio.to_thread(self.revisions.get_revision, rev.id)).status == "rejected":
                 return None

@@ -32,7 +32,7 @@ from engine.capacity.model import (
     weight_bytes,
 )
 from engine.capacity.planner import Planner
-from engine.capacity.plans import MARGIN_BYTES, cpu_need_bytes
+from engine.capacity.plans import MARGIN_BYTES, Company, StepEta, StepTimes, cpu_need_bytes
 from engine.capacity.preflight import (
     NEIGHBOUR_MARGIN_BYTES,
     SAFE_UTILIZATION,
@@ -61,6 +61,7 @@ __all__ = [
     "Calibration",
     "CalibrationStore",
     "Cluster",
+    "Company",
     "Device",
     "Finding",
     "KvGroup",
@@ -73,6 +74,8 @@ __all__ = [
     "Prediction",
     "PreflightResult",
     "StartReport",
+    "StepEta",
+    "StepTimes",
     "TrafficNeed",
     "Unmodelled",
     "batched_tokens",

@@ -19,12 +19,11 @@ from engine.capacity.calibration import CalibrationStore, StartReport
 from engine.capacity.model import GIB, Device, ModelShape, batched_tokens, estimate_activation, load_shape, predict
 from engine.capacity.plans import MARGIN_BYTES, PlanInputs, Running, StepTimes, cpu_need_bytes, plan_apply
 from engine.capacity.preflight import Cluster, Neighbour, PreflightResult, TrafficNeed, check, find_model_config
-from engine.revisions import EngineSettings
+from engine.revisions import DeploymentRef, EngineSettings
 from engine.schemas import ApplyPlanOut, Build
 
 if TYPE_CHECKING:  # the sampler is handed in; capacity does not depend on the GPU package
     from engine.gpu import Sampler
-    from engine.serving.scope import DeploymentRef
 
 log = logging.getLogger("llmops.planner")
 

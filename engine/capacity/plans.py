@@ -58,7 +58,7 @@ Company = Literal["alone", "beside", "bridge"]
 
 
 class StepTimes(Protocol):
-    """The ETAs of a plan's steps (the supervisor's, from its earlier starts and applies)."""
+    """The ETAs of a plan's steps (the controller's, from its earlier starts and applies)."""
 
     def start(self, settings: EngineSettings, company: Company) -> StepEta:
         """A start of ``settings``: ``alone``, ``beside`` an instance that serves, or a ``bridge``."""

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from console.client import ClientError, EngineClient
+from engine.client import ClientError, EngineClient
 from engine.config import AppConfig
 from engine.errors import DatabaseError
 from engine.revisions import FIELD_NAMES, field_help
@@ -493,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="Run the engine and the console; print their URLs.")
     server_opts(p, "host", "port", "console_port", "console_host", "data_dir")
     p.set_defaults(func=cmd_up)
-    p = sub.add_parser("engine", help="Run the engine (supervisor, /v1 gateway, /api).")
+    p = sub.add_parser("engine", help="Run the engine (controller, /v1 gateway, /api).")
     server_opts(p, "host", "port", "data_dir")
     p.set_defaults(func=cmd_engine)
     p = sub.add_parser("console", help="Run the Streamlit console.")

@@ -1,4 +1,4 @@
-"""The deployments the engine serves, live: one supervisor (with its own revisions, events, settings writer and
+"""The deployments the engine serves, live: one controller (with its own revisions, events, settings writer and
 gateway admission) per deployment in the database, kept in step with the table.
 
 The registry reconciles toward the table once a second, so a deployment created, disabled or deleted through the
@@ -26,6 +26,7 @@ from engine.access import AuditLog
 from engine.aio import cancel_and_wait
 from engine.benchmarks import Benchmarks
 from engine.capacity import Cluster, Neighbour, Planner, cpu_need_bytes, find_model_config, load_shape
+from engine.clock import SYSTEM_CLOCK, Clock
 from engine.config import AppConfig
 from engine.db import DEFAULT_DEPLOYMENT, Database, Deployment
 from engine.deployments.store import DeploymentNotFoundError, DeploymentStore, is_id
@@ -35,9 +36,10 @@ from engine.gpu import Snapshot
 from engine.gpu.views import gpu_view
 from engine.metrics import ServingMonitor
 from engine.placement import Placement, make_placement
-from engine.revisions import HUB_ID, EngineSettings, FlagSource, RevisionStore, SettingsWriter
-from engine.schemas import FleetInstance, FleetOut, HostReading, NodeOut
-from engine.serving import DeploymentRef, Supervisor, reap_all
+from engine.revisions import HUB_ID, DeploymentRef, EngineSettings, FlagSource, RevisionStore, SettingsWriter
+from engine.schemas import Build, FleetInstance, FleetOut, HostReading, NodeOut
+from engine.serving import Controller
+from engine.vllm import reap_all
 
 log = logging.getLogger("llmops.deployments")
 
@@ -53,7 +55,7 @@ class Runtime:
     events: EventLog
     writer: SettingsWriter
     admission: Admission
-    supervisor: Supervisor
+    controller: Controller
     planner: Planner
     serving: ServingMonitor | None = None  # the scrape of its vLLM's /metrics (attached by the composition root)
     benchmarks: Benchmarks | None = None
@@ -66,8 +68,13 @@ class Runtime:
 class Fleet:
     def __init__(self, config: AppConfig, db: Database, store: DeploymentStore, revisions: RevisionStore,
                  events: EventLog, planner: Planner, audit: AuditLog | None, flags: FlagSource | None,
-                 extras: Callable[[Runtime], None] = lambda _: None) -> None:
+                 extras: Callable[[Runtime], None] = lambda _: None, *, placement: Placement | None = None,
+                 clock: Clock = SYSTEM_CLOCK, build: tuple[Build, str | None] | None = None) -> None:
+        """``placement``, ``clock``, ``build``: the configured placement, the system's clock and the installed vLLM
+        unless given (the console and serving tests give a fake vLLM's placement)."""
         self.config = config
+        self.clock = clock
+        self.build = build
         self.extras = extras
         self.db = db
         self.store = store
@@ -77,7 +84,7 @@ class Fleet:
         self.audit = audit
         self.flags = flags
         self.runtimes: dict[int, Runtime] = {}
-        self.placement: Placement = make_placement(config.ray_address, config.gpu_sample_interval_s)
+        self.placement: Placement = placement or make_placement(config.ray_address, config.gpu_sample_interval_s)
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._started = False
@@ -102,17 +109,15 @@ class Fleet:
         admission = Admission(self.config.queue_size, self.config.queue_timeout_s, deployment_id=row.id,
                               deployment=row.name)
         planner = self.planner.scoped(ref)
-        supervisor = Supervisor(self.config, revisions, events, admission, planner=planner, audit=self.audit,
-                                deployment=ref)
-        supervisor.planner = planner
-        supervisor.placement = self.placement
-        supervisor.room = lambda node, settings: planner.room_for(settings, self._snapshot_of(node))
-        supervisor.others_running = lambda: sum(len(r.supervisor.instances) for r in list(self.runtimes.values())
+        controller = Controller(self.config, revisions, events, admission, planner=planner, audit=self.audit,
+                                deployment=ref, placement=self.placement, clock=self.clock, build=self.build)
+        controller.room = lambda node, settings: planner.room_for(settings, self._snapshot_of(node))
+        controller.others_running = lambda: sum(len(r.controller.instances) for r in list(self.runtimes.values())
                                                 if r.ref is not ref)
-        supervisor.enabled = self.config.autostart and row.enabled
+        controller.enabled = self.config.autostart and row.enabled
         writer = SettingsWriter(revisions, events, planner, self.config.data_dir.resolve(), self.config.model_roots,
-                                wake=supervisor.wake, flags=self.flags)
-        runtime = Runtime(ref, row, revisions, events, writer, admission, supervisor, planner)
+                                wake=controller.wake, flags=self.flags)
+        runtime = Runtime(ref, row, revisions, events, writer, admission, controller, planner)
         self.extras(runtime)
         return runtime
 
@@ -144,7 +149,7 @@ class Fleet:
             await runtime.benchmarks.close()
         if runtime.serving is not None:
             await runtime.serving.stop()
-        await runtime.supervisor.shutdown()
+        await runtime.controller.shutdown()
 
     def wake(self) -> None:
         """Look at the table now (after the API changed it)."""
@@ -177,9 +182,9 @@ class Fleet:
                 changed = True
             if row.enabled != runtime.row.enabled:
                 if row.enabled:
-                    runtime.supervisor.request_start()
+                    runtime.controller.request_start()
                 else:
-                    runtime.supervisor.request_stop(f"deployment {row.name} is disabled; enable it with PATCH "
+                    runtime.controller.request_stop(f"deployment {row.name} is disabled; enable it with PATCH "
                                                     f"/api/deployments/{row.name}")
             runtime.row = row
         for deployment_id, row in rows.items():
@@ -196,7 +201,7 @@ class Fleet:
         self.runtimes[row.id] = runtime
         if not row.enabled:
             await runtime.admission.refuse(f"deployment {row.name} is disabled")
-        await runtime.supervisor.start(reap=False)
+        await runtime.controller.start(reap=False)
         if runtime.serving is not None:
             runtime.serving.start()
 
@@ -238,7 +243,7 @@ class Fleet:
             if runtime.ref.name == model:
                 return runtime
         for runtime in runtimes:
-            if model in runtime.supervisor.served_names():
+            if model in runtime.controller.served_names():
                 return runtime
         return None
 
@@ -252,7 +257,7 @@ class Fleet:
         is nobody's business: ``root`` is the hub id, or the deployment's own name)."""
         out = []
         for runtime in sorted(self.runtimes.values(), key=lambda r: r.ref.id):
-            serving = [i for i in runtime.supervisor.instances if i.serving]
+            serving = [i for i in runtime.controller.instances if i.serving]
             if not serving:
                 continue
             settings = serving[0].settings
@@ -267,7 +272,7 @@ class Fleet:
         """Every vLLM process of the engine with the deployment it serves (from the sampler's thread)."""
         out: dict[int, str | None] = {}
         for runtime in list(self.runtimes.values()):
-            for pid in runtime.supervisor.vllm_pids():
+            for pid in runtime.controller.vllm_pids():
                 out[pid] = runtime.ref.name
         return out
 
@@ -282,7 +287,7 @@ class Fleet:
         while not self._telemetry_stop.wait(interval):
             attribution: dict[str, dict[int, str | None]] = {}
             for runtime in list(self.runtimes.values()):
-                for inst in list(runtime.supervisor.instances):
+                for inst in list(runtime.controller.instances):
                     if inst.child.node and inst.child.pid is not None:  # a Ray instance, on whichever node
                         attribution.setdefault(inst.child.node, {})[inst.child.pid] = runtime.name
             try:
@@ -313,7 +318,7 @@ class Fleet:
         """Nodes → GPUs (or the host) → instances (``local``: the engine host's own latest sample)."""
         instances: dict[str | None, list[FleetInstance]] = {}
         for runtime in sorted(self.runtimes.values(), key=lambda r: r.ref.id):
-            for inst in list(runtime.supervisor.instances):
+            for inst in list(runtime.controller.instances):
                 instances.setdefault(inst.child.node, []).append(FleetInstance(
                     deployment=runtime.name, name=inst.name, role=inst.role, revision=inst.revision.id,
                     address=inst.child.url if inst.child.started else None, serving=inst.serving))
@@ -346,7 +351,7 @@ class Fleet:
         for runtime in list(self.runtimes.values()):
             if (of is not None and runtime.ref.id == of.id) or not runtime.row.enabled:
                 continue
-            rev = runtime.supervisor.running or runtime.revisions.desired_revision()
+            rev = runtime.controller.running or runtime.revisions.desired_revision()
             if rev is None:
                 continue
             settings = EngineSettings.model_construct(**rev.values)

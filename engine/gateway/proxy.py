@@ -2,7 +2,7 @@
 
 Admission decides where a request goes: to the open upstream with the fewest requests outstanding. While none
 is open (an apply, a crash), new requests wait in a bounded queue, up to a longest wait, and go to the next one
-that opens; past either bound they get 503 with Retry-After. On apply the supervisor closes an upstream, waits
+that opens; past either bound they get 503 with Retry-After. On apply the controller closes an upstream, waits
 for its requests in flight (streams included) to finish, and only then stops its vLLM.
 
 The data path is raw ASGI, in front of FastAPI (every token of every stream passes here): the key is checked

@@ -43,7 +43,7 @@ LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 class LoopLag:
-    """How late the engine's event loop runs what is due: the gateway, the supervisor and every async route share it,
+    """How late the engine's event loop runs what is due: the gateway, the controller and every async route share it,
     so a stall here is a stall of every stream through the gateway (``llmops_event_loop_lag_seconds``). It wakes every
     ``every_s`` and records how much later than asked it woke."""
 

@@ -3,7 +3,7 @@ a Ray cluster (``ray``, when ``LLMOPS_RAY_ADDRESS`` is set). One interface (engi
 
 from __future__ import annotations
 
-from engine.placement.base import Child, ChildSpec, NodeInfo, Placement, PlacementError
+from engine.placement.base import NodeInfo, Placement, PlacementError
 from engine.placement.local import LocalPlacement
 
 
@@ -17,4 +17,4 @@ def make_placement(ray_address: str | None, sample_interval_s: float = 1.0) -> P
     return placement
 
 
-__all__ = ["Child", "ChildSpec", "LocalPlacement", "NodeInfo", "Placement", "PlacementError", "make_placement"]
+__all__ = ["LocalPlacement", "NodeInfo", "Placement", "PlacementError", "make_placement"]

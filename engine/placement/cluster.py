@@ -1,7 +1,7 @@
 """Ray placement: the engine is a Ray driver (``LLMOPS_RAY_ADDRESS``); each vLLM instance is started on a node by
 an actor pinned there (engine/placement/actor.py), which streams its log lines back and reports its address. The
 actor's death, or its node's, is the instance's crash: seen at once (the actor's ``wait`` fails), the gateway
-stops sending to it, and the supervisor starts it again on a node with room.
+stops sending to it, and the controller starts it again on a node with room.
 
 Imported only when a Ray address is configured: the local path (``make run``) never imports Ray.
 """
@@ -22,9 +22,8 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from engine.placement.actor import NodeAgentImpl, VllmProcessImpl
-from engine.placement.base import ChildSpec, NodeInfo, PlacementError
-from engine.serving.logs import ChildLog
-from engine.serving.startup import StartTracker
+from engine.placement.base import NodeInfo, PlacementError
+from engine.vllm import ChildLog, ChildSpec, StartTracker
 
 log = logging.getLogger("llmops.placement")
 NAMESPACE = "llmops"

@@ -7,7 +7,8 @@ import socket
 
 import psutil
 
-from engine.placement.base import Child, ChildSpec, NodeInfo
+from engine.placement.base import NodeInfo
+from engine.vllm import Child, ChildSpec, VllmChild
 
 
 class LocalPlacement:
@@ -18,8 +19,6 @@ class LocalPlacement:
                          memory_bytes=int(psutil.virtual_memory().total))]
 
     def child(self, spec: ChildSpec) -> Child:
-        from engine.serving.child import VllmChild  # serving imports placement: not at module level
-
         return VllmChild(spec.args, spec.env, spec.port, spec.revision_id, spec.log, spec.pidfile, name=spec.name,
                          cwd=spec.cwd, api_key=spec.api_key)
 

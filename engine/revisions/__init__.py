@@ -15,6 +15,7 @@ from engine.revisions.models import (
     names_local_path,
     resolve_local_model,
 )
+from engine.revisions.scope import DeploymentRef
 from engine.revisions.service import Change, Checker, SettingsWriter
 from engine.revisions.settings import (
     ALLOWED_EXTRA_FLAGS,
@@ -35,6 +36,7 @@ __all__ = [
     "HUB_ID",
     "Change",
     "Checker",
+    "DeploymentRef",
     "EngineSettings",
     "FlagSource",
     "ModelPathError",

@@ -1,5 +1,5 @@
 """Writing settings: one use case for the API, the CLI and benchmarks. Validate, pre-flight, create the revision
-(compare-and-set on its base), record the change as an event, wake the supervisor; and the audit entry of it.
+(compare-and-set on its base), record the change as an event, wake the controller; and the audit entry of it.
 
 Pre-flight is capacity's: it is handed in (``Checker``), so that revisions do not depend on the capacity model.
 """
@@ -107,7 +107,7 @@ class SettingsWriter:
         return bool(errors), recorded
 
     def _changed(self, rev: Revision, before: dict[str, Any], detail: str, forced: bool) -> Change:
-        """Record the change as an event, wake the supervisor; the audit entry (target, before, after, detail)."""
+        """Record the change as an event, wake the controller; the audit entry (target, before, after, detail)."""
         diff = {k: {"from": before.get(k), "to": v} for k, v in rev.values.items() if before.get(k) != v}
         self.events.add("settings_changed", f"revision {rev.id} by {rev.author}: "
                         + (", ".join(f"{k}={d['to']}" for k, d in diff.items()) or "no change")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from engine.db import RevisionStatus
-from engine.serving.diagnosis import Diagnosis, diagnose
+from engine.vllm import Diagnosis, diagnose
 
 Action = Literal["rollback", "retry", "halt"]
 

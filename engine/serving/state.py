@@ -1,8 +1,9 @@
-"""The supervisor's state machine: stopped → starting → ready → draining → stopping, and failed."""
+"""The deployment's serving state machine: stopped → starting → ready → draining → stopping, and failed."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.errors import EngineError
@@ -30,12 +31,13 @@ class StateMachine:
     state: EngineState = EngineState.STOPPED
     since: float = field(default_factory=lambda: time.time())
     reason: str = "not started yet"
+    clock: Callable[[], float] = field(default=time.time, repr=False)  # wall-clock time (tests: a fake clock's)
 
     def to(self, new: EngineState, reason: str) -> None:
         if new not in TRANSITIONS[self.state]:
             raise InvalidTransitionError(f"{self.state} → {new} is not a transition of the engine ({reason})")
         self.state = new
-        self.since = time.time()
+        self.since = self.clock()
         self.reason = reason
 
     def can(self, new: EngineState) -> bool:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from engine.access import ROLES, BadCredentialsError, LockedError
 from engine.app import UnsafeConfigError, create_app
 from engine.config import AppConfig
-from engine.serving import build_env
+from engine.vllm import build_env
 from tests.support.data import DEMO_SHAPE
 from tests.support.db import dialect, sql
 from tests.support.engine import ADMIN_PASSWORD

@@ -179,14 +179,14 @@ def test_capacity_answers_for_values_not_saved(api: TestClient) -> None:
     assert [r["revision"] for r in api.get("/api/settings/history").json()] == [1]
 
 
-def test_an_internal_error_fails_the_engine_visibly_and_supervision_goes_on(data_dir: Path,
+def test_an_internal_error_fails_the_engine_visibly_and_serving_goes_on(data_dir: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.serving.supervisor
+    import engine.serving.launcher
 
     def broken(*_: object, **__: object) -> list[str]:
         raise RuntimeError("argument builder bug")
 
-    monkeypatch.setattr(engine.serving.supervisor, "build_command", broken)
+    monkeypatch.setattr(engine.serving.launcher, "build_command", broken)
     config = AppConfig(data_dir=data_dir, autostart=True, backoff_max_s=3600)
     with signed_in(create_app(config)) as client:
         wait_until(lambda: client.get("/api/status").json()["state"] == "failed", 10, every=0.05,
@@ -259,7 +259,7 @@ def test_grafana_dashboard_reads_only_metrics_the_engine_exports(api: TestClient
 
 
 def test_log_filters_hide_polling_keep_levels_and_find_text() -> None:
-    from engine.serving import filter_log
+    from engine.vllm import filter_log
 
     lines = ["(APIServer pid=1) INFO 12-01 [x.py:1] Starting vLLM server", 'INFO:     127.0.0.1:1 - "GET /health '
              'HTTP/1.1" 200 OK', 'INFO:     127.0.0.1:1 - "GET /metrics HTTP/1.1" 200 OK',

@@ -13,9 +13,9 @@ from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from console import drafts, server
-from console.client import EngineClient, UnauthorizedError
 from console.session import COOKIE
 from engine.app import create_app
+from engine.client import EngineClient, UnauthorizedError
 from engine.config import AppConfig
 from tests.support.engine import ADMIN_PASSWORD
 from tests.support.served import serve

@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from engine.app import create_app
 from engine.config import AppConfig
 from engine.edge import HostCheck, edge_protocol, head_limits
-from engine.serving import free_port
+from engine.vllm import free_port
 from tests.support.engine import ADMIN_PASSWORD, REPO
 from tests.support.served import get, read_until_closed, serving, status_of, statuses
 from tests.support.wait import wait_until

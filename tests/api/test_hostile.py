@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 
 from engine.app import create_app
 from engine.config import AppConfig
-from engine.serving.logs import ChildLog
+from engine.vllm.logs import ChildLog
 from tests.support.db import dialect, sql
 from tests.support.engine import ADMIN_PASSWORD
 
@@ -270,7 +270,7 @@ def test_a_deleted_vllm_log_is_written_again(tmp_path: Path) -> None:
 
 
 def test_tokens_in_logged_lines_are_redacted() -> None:
-    from engine.serving.logs import redact_secrets
+    from engine.vllm.logs import redact_secrets
 
     line = 'INFO: 127.0.0.1:5 - "GET /v1/models?api_key=llmops_AAAAAAAAAAAAAAAAAAAAAAAA&x=1 HTTP/1.1" 200 OK'
     assert "llmops_AAAA" not in redact_secrets(line) and "x=1" in redact_secrets(line)

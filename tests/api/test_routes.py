@@ -40,7 +40,7 @@ def test_every_api_route_answers_with_a_declared_model(data_dir: Path) -> None:
 
 
 def test_the_console_client_imports_no_sqlite_nvml_or_vllm_code() -> None:
-    probe = ("import sys, console.client, console.serve, engine.edge, engine.schemas; "
+    probe = ("import sys, engine.client, console.serve, engine.edge, engine.schemas; "
              "print(sorted(m for m in ('sqlalchemy', 'sqlmodel', 'pynvml', 'vllm', 'torch', 'engine.db', "
              "'engine.serving', 'engine.gpu') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)

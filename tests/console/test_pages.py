@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from console.client import EngineClient
+from engine.client import EngineClient
 from tests.support.engine import ADMIN_PASSWORD, COLD_START_S, EngineHandle
 from tests.support.wait import wait_until
 

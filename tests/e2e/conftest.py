@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.serving import free_port
+from engine.vllm import free_port
 from tests.support.engine import ADMIN_PASSWORD, COLD_START_S, REPO, EngineHandle
 
 CHROMIUM = "/usr/bin/chromium"

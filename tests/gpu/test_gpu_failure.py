@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.client import SettingsRejectedError
+from engine.client import SettingsRejectedError
 from tests.gpu.conftest import START_S, needs_gpu, report
 from tests.support.engine import EngineHandle
 from tests.support.wait import wait_until

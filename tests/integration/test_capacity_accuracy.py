@@ -16,7 +16,7 @@ import pytest
 
 from engine.capacity import GIB, Device, load_shape, predict
 from engine.revisions import EngineSettings
-from engine.serving import ChildLog, VllmChild, build_command, build_env, free_port
+from engine.vllm import ChildLog, VllmChild, build_command, build_env, free_port
 from tests.support.engine import REPO, ensure_demo_model
 
 pytestmark = pytest.mark.integration

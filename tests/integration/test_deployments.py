@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from engine.schemas import StatusOut
-from engine.serving import group_members
+from engine.vllm import group_members
 from tests.integration.test_engine import PAUSE_BOUND_S
 from tests.support.engine import COLD_START_S, EngineHandle
 from tests.support.load import Load, longest_gap, summary

@@ -15,9 +15,9 @@ import httpx
 import psutil
 import pytest
 
-from console.client import SettingsRejectedError
+from engine.client import SettingsRejectedError
 from engine.schemas import StatusOut
-from engine.serving import group_members
+from engine.vllm import group_members
 from tests.support.engine import COLD_START_S, ENGINE_ONLY_ENV, HF_TOKEN, EngineHandle
 from tests.support.load import Load, longest_gap, summary
 from tests.support.wait import wait_until

@@ -34,8 +34,8 @@ def test_vllm_serves_through_a_postgresql_restart_and_the_engine_writes_again(tm
             # the reconcile loop's first tick in the outage: it cannot read the desired revision (an engine that
             # took that for an internal error stopped vLLM and failed)
             wait_until(lambda: any(line in handle.output() for line in (
-                "the desired revision cannot be read", "supervisor: unexpected error")), 30,
-                what="the supervisor meeting the outage")
+                "the desired revision cannot be read", "controller: unexpected error")), 30,
+                what="the controller meeting the outage")
             assert httpx.get(f"{handle.url}/readyz", timeout=10).json()["state"] == "ready"
             assert [complete() for _ in range(3)] == [200, 200, 200]  # vLLM was not stopped for it
             put = httpx.put(f"{handle.url}/api/settings", headers=handle.auth, timeout=30,
@@ -48,7 +48,7 @@ def test_vllm_serves_through_a_postgresql_restart_and_the_engine_writes_again(tm
                                          ).status_code == 200, 60, what="the engine reading the database again")
             status = handle.client.status()
             assert (status.state, status.running_revision, status.desired_revision) == ("ready", 1, 1)
-            wait_until(lambda: "the database is back" in handle.output(), 30, what="the supervisor's next tick")
+            wait_until(lambda: "the database is back" in handle.output(), 30, what="the controller's next tick")
             kpis = httpx.get(f"{handle.url}/api/kpis", headers=handle.auth, timeout=30,
                              params={"client": "through-the-outage"}).json()
             assert [r["requests"] for r in kpis["revisions"]] == [4]  # the three served in the outage kept

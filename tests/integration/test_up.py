@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from engine.serving import free_port
+from engine.vllm import free_port
 from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from console.client import EngineClient
-from engine.serving import free_port
+from engine.client import EngineClient
+from engine.vllm import free_port
 from tests.support.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]

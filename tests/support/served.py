@@ -12,7 +12,7 @@ from typing import Any
 
 import uvicorn
 
-from engine.serving import free_port
+from engine.vllm import free_port
 from tests.support.wait import wait_until
 
 

@@ -202,7 +202,7 @@ def test_an_instance_is_held_to_its_limit_and_a_new_one_takes_effect_at_once() -
 def test_only_what_a_running_instance_can_take_on_is_a_soft_change() -> None:
     from engine.db import Revision
     from engine.revisions import EngineSettings
-    from engine.serving.supervisor import Instance, gateway_limit, soft_change
+    from engine.serving import Instance, gateway_limit, soft_change
 
     base: dict[str, Any] = {"model": "/m", "served_model_name": "demo", "max_num_seqs": 16, "max_num_seqs_ceiling": 64,
             "replicas": 1, "gpu_memory_utilization": 0.85}

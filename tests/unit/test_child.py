@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from engine.serving import ChildLog, VllmChild, free_port, group_members, reap_orphans
+from engine.vllm import ChildLog, VllmChild, free_port, group_members, reap_orphans
 from tests.support.wait import eventually
 
 # A server that forks a worker; the worker ignores SIGTERM, like a stuck vLLM worker holding memory.
@@ -74,7 +74,7 @@ def test_the_server_exit_is_seen_at_once_though_its_worker_holds_the_log_pipe(tm
 DYING_ENGINE = """
 import asyncio, os, sys
 from pathlib import Path
-from engine.serving import ChildLog, VllmChild, free_port
+from engine.vllm import ChildLog, VllmChild, free_port
 
 async def main():
     folder = Path(sys.argv[1])

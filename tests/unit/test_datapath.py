@@ -456,7 +456,7 @@ def test_a_big_body_is_checked_as_json_without_being_built() -> None:
 def test_an_instance_that_refuses_connections_is_passed_over_at_once() -> None:
     """A lost node's vLLM stops answering before its exit is seen (Ray takes a moment to tell): requests go to the
     instance that answers, and the one that refused gets no new request meanwhile."""
-    from engine.serving import free_port
+    from engine.vllm import free_port
 
     async def vllm(request: web.Request) -> web.Response:
         return web.json_response({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 1,

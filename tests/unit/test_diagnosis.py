@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.serving import diagnose
+from engine.vllm import diagnose
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 SAMPLES = json.loads((FIXTURES / "diagnosis_samples.json").read_text())

@@ -4,8 +4,7 @@ handovers and drains by the traffic in flight, stops and sleeps by the earlier o
 from __future__ import annotations
 
 from engine.revisions import EngineSettings
-from engine.serving import PastStart
-from engine.serving.etas import PRIOR_STEP_S, EtaTable, PastStep, past_steps
+from engine.serving.eta import PRIOR_STEP_S, EtaTable, PastStart, PastStep, past_steps
 
 DEMO = EngineSettings.model_construct(model="m", max_num_seqs=16, replicas=1, tensor_parallel_size=1)
 STARTS = [PastStart(None, "m", 24.0, False, {}, "warm"), PastStart(None, "m", 26.0, False, {}, "warm"),
@@ -14,7 +13,7 @@ STARTS = [PastStart(None, "m", 24.0, False, {}, "warm"), PastStart(None, "m", 26
 
 def key_of_demo() -> list[PastStart]:
     """The starts above, under the demo settings' own compile key (their cache is warm)."""
-    from engine.serving import compile_key
+    from engine.vllm import compile_key
 
     key = compile_key(DEMO.model_dump())
     return [PastStart(key, s.model, s.total_s, s.compiled, s.phases, s.kind) for s in STARTS]

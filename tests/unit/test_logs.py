@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.serving import filter_log
+from engine.vllm import filter_log
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "vllm_logs"
 # A real engine's log (vLLM 0.32 CPU build, the demo model): instance a started, a restart ran blue/green (b

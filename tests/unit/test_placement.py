@@ -49,7 +49,7 @@ def test_the_guard_stops_vllm_when_its_actor_dies(tmp_path: Path) -> None:
 
     import psutil
 
-    from engine.serving import group_members
+    from engine.vllm import group_members
     from tests.support.wait import wait_until
 
     actor = subprocess.Popen([sys.executable, "-c", ACTOR, str(tmp_path)], stdout=subprocess.PIPE, text=True,
@@ -77,7 +77,7 @@ def test_the_guard_stops_vllm_when_its_raylet_dies_before_its_actor(tmp_path: Pa
     import subprocess
     import sys
 
-    from engine.serving import group_members
+    from engine.vllm import group_members
     from tests.support.wait import wait_until
 
     actor_then_self = ACTOR.replace('print(info["pid"], flush=True)', 'print(info["pid"], os.getpid(), flush=True)')
@@ -108,9 +108,9 @@ def test_an_instance_on_the_engines_own_ray_node_is_a_process_of_this_host(tmp_p
     """On the H200, with the engine a driver of a one-node Ray cluster, pre-flight counted its own vLLM's 119 GiB as
     another process's ("only 20.46 GiB of 139.80 GiB is free now") and planned every change as a pause: an
     instance of the engine's own node was not one of the host's vLLM processes. It is; one on another node is not."""
-    from engine.placement.base import ChildSpec
     from engine.placement.cluster import RayChild
-    from engine.serving.logs import ChildLog
+    from engine.vllm import ChildSpec
+    from engine.vllm.logs import ChildLog
 
     def child(node: str) -> RayChild:
         spec = ChildSpec(args=[], env={}, port=0, revision_id=1, log=ChildLog(tmp_path / "vllm.log", 1 << 20, 1),
@@ -122,9 +122,9 @@ def test_an_instance_on_the_engines_own_ray_node_is_a_process_of_this_host(tmp_p
 
 
 def _probed(tmp_path: Path, port: int, lost: list[str]) -> object:
-    from engine.placement.base import ChildSpec
     from engine.placement.cluster import RayChild
-    from engine.serving.logs import ChildLog
+    from engine.vllm import ChildSpec
+    from engine.vllm.logs import ChildLog
 
     spec = ChildSpec(args=[], env={}, port=0, revision_id=1, log=ChildLog(tmp_path / "vllm.log", 1 << 20, 1),
                      pidfile=tmp_path / "pid", name="a", cwd=None, api_key=None, node="worker-2")

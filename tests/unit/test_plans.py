@@ -99,7 +99,7 @@ def test_cpu_build_blue_green_when_the_host_has_room_else_pause(tmp_path: Path) 
 
 
 class Times:
-    """StepTimes as the supervisor's table gives them: a start by its company, each other step by its action."""
+    """StepTimes as the controller's table gives them: a start by its company, each other step by its action."""
 
     def __init__(self, **seconds: float) -> None:
         self.seconds = seconds

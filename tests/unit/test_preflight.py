@@ -174,7 +174,7 @@ def test_a_model_in_stages_is_planned_across_the_cluster(m8b: Path) -> None:
     """pipeline_parallel_size spreads a model too large for one node over several, through vLLM's Ray executor:
     pre-flight wants a cluster with the GPUs, tensor-parallel groups inside a node; each rank holds its stage."""
     from engine.capacity import Cluster, check, kv_bytes_per_token, load_shape, weight_bytes
-    from engine.serving import build_command
+    from engine.vllm import build_command
 
     one = gpu_settings(m8b)
     staged = gpu_settings(m8b, pipeline_parallel_size=2, tensor_parallel_size=2)

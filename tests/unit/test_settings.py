@@ -188,7 +188,7 @@ def test_a_hub_id_shaped_path_means_the_same_to_validation_preflight_and_vllm(da
     there), so a folder beside the engine is never a model; something under the data dir is a path, in the roots
     or refused."""
     from engine.capacity import find_model_config
-    from engine.serving import build_command
+    from engine.vllm import build_command
 
     beside = tmp_path / "cwd"
     (beside / "evil" / "model").mkdir(parents=True)

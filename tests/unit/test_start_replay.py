@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from engine.serving import PastStart, estimate, past_start
-from engine.serving.startup import Company, StartKind, cache_cold, past_wake, start_kind
+from engine.serving.eta import Company, PastStart, StartKind, cache_cold, estimate, past_start, past_wake, start_kind
 
 STARTS = Path(__file__).parent.parent / "fixtures" / "starts"
 TOLERANCE = 0.20

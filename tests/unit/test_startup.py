@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from types import SimpleNamespace
 
 from engine.schemas.engine import ApplyProgress
 from engine.schemas.settings import ApplyPlanOut, PlanStepOut
-from engine.serving import PastStart, StartTracker, compile_key, estimate, past_start
-from engine.serving.startup import PRIOR_RATIO, PRIOR_WARM_S, StartKind
-from engine.serving.supervisor import Supervisor
+from engine.serving.eta import PRIOR_RATIO, PRIOR_WARM_S, PastStart, StartKind, estimate, past_start, start_view
+from engine.serving.progress import Progress
+from engine.vllm import StartTracker, compile_key
+from tests.testkit.clock import FakeClock
 
 LOGS = Path(__file__).parent.parent / "fixtures" / "vllm_logs"
 
@@ -57,7 +57,7 @@ def test_the_view_counts_down_from_the_eta() -> None:
     eta = estimate("k", "m", [PastStart("k", "m", 40.0, False, {"process": 10, "weights": 5, "compile": 2,
                                                                  "kv_cache": 3, "api": 10, "warmup": 10})])
     assert eta is not None
-    view = tracker.view(eta, now=12)
+    view = start_view(tracker, eta, now=12)
     assert view["phase"] == "weights" and view["elapsed_s"] == 12
     assert view["remaining_s"] == 3 + 2 + 3 + 10 + 10  # the rest of this phase, then the ones ahead
 
@@ -81,7 +81,7 @@ def test_a_start_that_overruns_says_by_how_much_and_never_shows_a_frozen_countdo
     for line, at in (("Starting to load model", 10), ("KV cache size: 10 tokens", 15), ("Supported tasks", 25),
                      ("Application startup complete", 37.7)):
         tracker.feed(line, now=at)
-    shown = [tracker.view(eta, now=t) for t in (38.0, 45.0, 80.0, 140.0)]
+    shown = [start_view(tracker, eta, now=t) for t in (38.0, 45.0, 80.0, 140.0)]
     assert shown[0]["remaining_s"] == 2.0 and shown[0]["overrun_s"] is None  # counting down
     overruns = [v["overrun_s"] for v in shown[1:]]
     assert overruns == [5.0, 40.0, 100.0]  # past the ETA of 40 s, growing with the clock
@@ -93,7 +93,7 @@ def test_a_phase_past_its_usual_length_is_an_overrun_before_the_total_eta_is() -
     eta = estimate("k", "m", [PastStart("k", "m", 40.0, False, {"process": 10, "weights": 5, "api": 25})])
     assert eta is not None
     tracker.feed("Starting to load model", now=2)  # process was quick: 2 s of its usual 10
-    early, late = tracker.view(eta, now=6), tracker.view(eta, now=20)
+    early, late = start_view(tracker, eta, now=6), start_view(tracker, eta, now=20)
     assert early["remaining_s"] == 1 + 25 and early["overrun_s"] is None  # weights: 4 s of its usual 5
     assert late["overrun_s"] == 13.0 and late["remaining_s"] is None  # 18 s of 5, while 20 s of 40 have passed
 
@@ -252,10 +252,10 @@ def test_an_apply_step_is_compared_with_the_plans_step_of_the_same_order_whateve
         PlanStepOut(action="stop", text="old", eta_s=0.7),
         PlanStepOut(action="start", text="new", start_kind="warm", eta_s=63.7),
         PlanStepOut(action="stop", text="bridge", eta_s=0.5)])
-    sup = SimpleNamespace(apply=ApplyProgress(revision=2, from_revision=1, plan=plan, step="s",
-                                              started=datetime.now(UTC)))
+    progress = Progress(FakeClock())
+    progress.apply = ApplyProgress(revision=2, from_revision=1, plan=plan, step="s", started=datetime.now(UTC))
     for action, kind, took in (("start", "bridge", 63.4), ("stop", None, 0.6), ("start", "cold", 93.0),
                                ("stop", None, 0.4)):
-        Supervisor._timed(sup, action, "a", took, 0, kind)  # type: ignore[arg-type]
-    assert [(t.action, t.start_kind, t.eta_s) for t in sup.apply.timings] == [
+        progress.timed(action, "a", took, 0, kind)  # type: ignore[arg-type]
+    assert [(t.action, t.start_kind, t.eta_s) for t in progress.apply.timings] == [
         ("start", "bridge", 70.0), ("stop", None, 0.7), ("start", "cold", 63.7), ("stop", None, 0.5)]

@@ -24,10 +24,9 @@ def test_impossible_transitions_are_refused(start: EngineState, target: EngineSt
     assert sm.state == start
 
 
-def test_since_is_the_time_of_the_latest_transition(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = iter([100.0, 250.0, 400.0])
-    monkeypatch.setattr("engine.serving.state.time.time", lambda: next(clock))
-    sm = StateMachine()
+def test_since_is_the_time_of_the_latest_transition() -> None:
+    clock = iter([250.0, 400.0])
+    sm = StateMachine(since=100.0, clock=lambda: next(clock))
     assert sm.since == 100.0
     sm.to(S.STARTING, "go")
     assert sm.since == 250.0

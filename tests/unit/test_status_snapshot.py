@@ -9,7 +9,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
-from engine.serving.supervisor import Supervisor
+from engine.serving.status import StatusView
 
 
 def fake(loop: asyncio.AbstractEventLoop | None, seen: list[tuple[str, int | None]]) -> Any:
@@ -17,7 +17,7 @@ def fake(loop: asyncio.AbstractEventLoop | None, seen: list[tuple[str, int | Non
         seen.append((threading.current_thread().name, desired))
         return SimpleNamespace(desired_revision=desired)
 
-    return SimpleNamespace(_loop=loop, _snapshot=snapshot,
+    return SimpleNamespace(_loop=lambda: loop, snapshot=snapshot,
                            revisions=SimpleNamespace(desired_revision_id=lambda: 7))
 
 
@@ -27,7 +27,7 @@ def test_a_thread_reads_the_status_on_the_event_loop() -> None:
     async def main() -> Any:
         threading.current_thread().name = "the-loop"
         sup = fake(asyncio.get_running_loop(), seen)
-        return await asyncio.to_thread(Supervisor.status, sup)  # as FastAPI runs a sync handler
+        return await asyncio.to_thread(StatusView.status, sup)  # as FastAPI runs a sync handler
 
     out = asyncio.run(main())
     assert out.desired_revision == 7 and seen == [("the-loop", 7)]
@@ -37,17 +37,17 @@ def test_on_the_loop_itself_or_with_no_loop_it_reads_in_place() -> None:
     seen: list[tuple[str, int | None]] = []
 
     async def main() -> Any:
-        return Supervisor.status(fake(asyncio.get_running_loop(), seen))
+        return StatusView.status(fake(asyncio.get_running_loop(), seen))
 
     asyncio.run(main())
-    Supervisor.status(fake(None, seen))
+    StatusView.status(fake(None, seen))
     here = threading.current_thread().name
     assert seen == [(here, 7), (here, 7)]
 
 
 def test_a_blocked_loop_does_not_block_the_reader(monkeypatch: Any) -> None:
     """Should the loop not answer (a step that blocks it), the status is read off the loop rather than never."""
-    import engine.serving.supervisor as module
+    import engine.serving.status as module
 
     monkeypatch.setattr(module, "STATUS_WAIT_S", 0.2)
     seen: list[tuple[str, int | None]] = []
@@ -57,7 +57,7 @@ def test_a_blocked_loop_does_not_block_the_reader(monkeypatch: Any) -> None:
     ran.start()
     loop.call_soon_threadsafe(release.wait, 30)  # the loop is stuck in a blocking call
     try:
-        out = Supervisor.status(fake(loop, seen))
+        out = StatusView.status(fake(loop, seen))
         assert out.desired_revision == 7 and seen == [(threading.current_thread().name, 7)]
     finally:
         release.set()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine.revisions import EngineSettings, initial_settings, merge_values, validate_settings
-from engine.serving import build_command, build_env
-from engine.serving.command import renice_group, session_nice, unbound_omp_threads
+from engine.vllm import build_command, build_env
+from engine.vllm.command import renice_group, session_nice, unbound_omp_threads
 from tests.support.wait import wait_until
 
 

@@ -17,7 +17,7 @@ from engine.capacity import find_model_config, load_shape
 from engine.db import Deployment
 from engine.deployments import DeploymentError, DeploymentExistsError, DeploymentNotFoundError, Fleet, Runtime
 from engine.errors import PreflightError
-from engine.revisions import EngineSettings, allowed_roots, hf_hub_cache, initial_settings, merge_values
+from engine.revisions import DeploymentRef, EngineSettings, allowed_roots, hf_hub_cache, initial_settings, merge_values
 from engine.schemas import (
     AvailableModel,
     CreatedDeploymentOut,
@@ -29,7 +29,6 @@ from engine.schemas import (
     FleetOut,
     ModelsListOut,
 )
-from engine.serving import DeploymentRef
 
 router = APIRouter(tags=["deployments"])
 NAME_PATH = PathParam(min_length=1, max_length=128)
@@ -56,7 +55,7 @@ def memory_of(fleet: Fleet, runtime: Runtime) -> list[DeploymentMemory]:
 
 def deployment_out(fleet: Fleet, runtime: Runtime, row: Deployment | None = None) -> DeploymentOut:
     """``row``: the table's row just written, when the registry has not taken it over yet."""
-    sup, row = runtime.supervisor, row or runtime.row
+    sup, row = runtime.controller, row or runtime.row
     desired = runtime.revisions.desired_revision()
     assert row.id is not None
     return DeploymentOut(
@@ -112,7 +111,7 @@ def create(body: DeploymentIn, request: Request, svc: ServicesDep, fleet: FleetD
     if "model" not in body.values:
         raise HTTPException(422, detail=[{"loc": ["body", "values", "model"], "msg": "a deployment needs a model",
                                           "type": "missing"}])
-    if any(r.name == body.name or body.name in r.supervisor.served_names() for r in fleet.runtimes.values()):
+    if any(r.name == body.name or body.name in r.controller.served_names() for r in fleet.runtimes.values()):
         raise HTTPException(409, detail=f"a deployment named {body.name!r} exists")
     _check_gpus(svc, body.gpus)
     defaults = EngineSettings.model_construct(**initial_settings(svc.config.data_dir.resolve())).model_dump()

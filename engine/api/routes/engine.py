@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from engine.api.deps import EventsDep, NoteDep, RuntimeDep, ServicesDep, SupervisorDep, access, actor
+from engine.api.deps import ControllerDep, EventsDep, NoteDep, RuntimeDep, ServicesDep, access, actor
 from engine.capacity import find_model_config, load_shape, model_card
 from engine.metrics import render
 from engine.revisions import EngineSettings
@@ -15,46 +15,46 @@ router = APIRouter(tags=["engine"])
 
 
 @router.get("/api/status", response_model=StatusOut, dependencies=access("viewer"))
-def status(supervisor: SupervisorDep) -> StatusOut:
+def status(controller: ControllerDep) -> StatusOut:
     """State (and why, since when), running and desired revision, model, vLLM, the gateway, the start's phases."""
-    return supervisor.status()
+    return controller.status()
 
 
-def _act(action: str, request: Request, supervisor: SupervisorDep, events: EventsDep, note: NoteDep) -> ActionOut:
-    before = supervisor.sm.state.value
-    {"start": supervisor.request_start, "stop": supervisor.request_stop,
-     "restart": supervisor.request_restart}[action]()
+def _act(action: str, request: Request, controller: ControllerDep, events: EventsDep, note: NoteDep) -> ActionOut:
+    before = controller.sm.state.value
+    {"start": controller.request_start, "stop": controller.request_stop,
+     "restart": controller.request_restart}[action]()
     events.add(f"{action}_requested", f"{action} requested by {actor(request)}")
     note.target, note.before = "vLLM", {"state": before}
-    return ActionOut(accepted=action, **supervisor.status().model_dump())
+    return ActionOut(accepted=action, **controller.status().model_dump())
 
 
 @router.post("/api/engine/start", status_code=202, response_model=ActionOut,
              dependencies=access("operator", "engine.start"))
-def start(request: Request, supervisor: SupervisorDep, events: EventsDep, note: NoteDep) -> ActionOut:
+def start(request: Request, controller: ControllerDep, events: EventsDep, note: NoteDep) -> ActionOut:
     """Start vLLM (and clear a crash-loop halt); the state in the answer is the state before it takes effect."""
-    return _act("start", request, supervisor, events, note)
+    return _act("start", request, controller, events, note)
 
 
 @router.post("/api/engine/stop", status_code=202, response_model=ActionOut,
              dependencies=access("operator", "engine.stop"))
-def stop(request: Request, supervisor: SupervisorDep, events: EventsDep, note: NoteDep) -> ActionOut:
+def stop(request: Request, controller: ControllerDep, events: EventsDep, note: NoteDep) -> ActionOut:
     """Stop vLLM (in-flight requests finish first; new ones get 503 until it starts)."""
-    return _act("stop", request, supervisor, events, note)
+    return _act("stop", request, controller, events, note)
 
 
 @router.post("/api/engine/restart", status_code=202, response_model=ActionOut,
              dependencies=access("operator", "engine.restart"))
-def restart(request: Request, supervisor: SupervisorDep, events: EventsDep, note: NoteDep) -> ActionOut:
+def restart(request: Request, controller: ControllerDep, events: EventsDep, note: NoteDep) -> ActionOut:
     """Restart vLLM on the desired revision."""
-    return _act("restart", request, supervisor, events, note)
+    return _act("restart", request, controller, events, note)
 
 
 @router.get("/api/gateway", response_model=GatewayInfo, dependencies=access("viewer"))
 def gateway_info(svc: ServicesDep, runtime: RuntimeDep) -> GatewayInfo:
     """How clients reach the deployment's model: the /v1 base URL, whether an API key is needed, the model name
     to send, and the model's card (architecture, parameters, context length, dtype, KV-cache bytes per token)."""
-    rev = runtime.supervisor.running or runtime.revisions.desired_revision()
+    rev = runtime.controller.running or runtime.revisions.desired_revision()
     values = rev.values if rev is not None else {}
     card: ModelCard | None = None
     folder = find_model_config(str(values.get("model") or ""), svc.config.data_dir.resolve())

@@ -7,9 +7,9 @@ from typing import Literal
 from fastapi import APIRouter, Query, Response
 
 from engine.api.convert import event_out
-from engine.api.deps import EventsDep, FleetDep, SupervisorDep, access
+from engine.api.deps import ControllerDep, EventsDep, FleetDep, access
 from engine.schemas import MAX_ID, EventOut, LogsOut
-from engine.serving import filter_log
+from engine.vllm import filter_log
 
 router = APIRouter(tags=["events"])
 
@@ -25,7 +25,7 @@ def events(log: EventsDep, fleet: FleetDep, since: int = Query(0, ge=0, le=MAX_I
 
 
 @router.get("/api/logs", response_model=LogsOut, dependencies=access("viewer"))
-def logs(supervisor: SupervisorDep, tail: int = Query(200, ge=0, le=5000),
+def logs(controller: ControllerDep, tail: int = Query(200, ge=0, le=5000),
          hide_polling: bool = Query(False, description="leave out /health and /metrics access lines"),
          level: Literal["debug", "info", "warning", "error"] = Query(
              "debug", description="the least level, by meaning: 'error' is a failure (tagged or not, tracebacks "
@@ -34,17 +34,17 @@ def logs(supervisor: SupervisorDep, tail: int = Query(200, ge=0, le=5000),
                                       "(case-insensitive)"),
          fold: bool = Query(True, description="the leak reports each stopping vLLM prints as one line")) -> LogsOut:
     """The last ``tail`` lines of vLLM's output that pass the filters (all runs since the engine started)."""
-    lines = filter_log(supervisor.log.tail(5000), hide_polling=hide_polling, level=level, contains=contains,
+    lines = filter_log(controller.log.tail(5000), hide_polling=hide_polling, level=level, contains=contains,
                        fold=fold)
-    return LogsOut(lines=lines[-tail:] if tail else [], path=str(supervisor.log.path))
+    return LogsOut(lines=lines[-tail:] if tail else [], path=str(controller.log.path))
 
 
 @router.get("/api/logs/download", response_class=Response, dependencies=access("viewer"),
             responses={200: {"description": "vLLM's current log file", "content": {"text/plain": {}}}})
-def logs_download(supervisor: SupervisorDep) -> Response:
+def logs_download(controller: ControllerDep) -> Response:
     """vLLM's current log file, whole (it rotates at log_max_bytes)."""
     try:
-        body = supervisor.log.path.read_bytes()[-supervisor.config.log_max_bytes:]
+        body = controller.log.path.read_bytes()[-controller.config.log_max_bytes:]
     except FileNotFoundError:
         body = b""
     return Response(body, media_type="text/plain; charset=utf-8",

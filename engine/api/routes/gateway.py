@@ -28,7 +28,7 @@ def client_of(request: Request) -> str:
 async def generate(body: GenerateRequest, request: Request, svc: ServicesDep) -> Response:
     """Prompt in, text out: ``{"prompt", "temperature", "max_tokens"}`` → ``{"result"}``."""
     default = svc.fleet.default
-    payload = {"model": default.supervisor.served_model() or default.name, "prompt": body.prompt,
+    payload = {"model": default.controller.served_model() or default.name, "prompt": body.prompt,
                "temperature": body.temperature, "max_tokens": body.max_tokens}
     status, content = await svc.gateway.complete("/v1/completions", json.dumps(payload).encode(),
                                                  client_of(request), model=default.name)

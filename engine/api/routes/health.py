@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from engine.api.deps import SupervisorDep, access
+from engine.api.deps import ControllerDep, access
 from engine.schemas import EngineState, HealthOut, ReadyOut
 
 router = APIRouter(tags=["health"])
@@ -20,8 +20,8 @@ async def healthz() -> HealthOut:
 
 @router.get("/readyz", response_model=ReadyOut, dependencies=access(None),
             responses={503: {"description": "vLLM is not ready: state and why", "model": ReadyOut}})
-async def readyz(supervisor: SupervisorDep) -> JSONResponse:
+async def readyz(controller: ControllerDep) -> JSONResponse:
     """vLLM is ready to serve: 200, else 503 with the state and why."""
-    ready = supervisor.sm.state == EngineState.READY
-    body = ReadyOut(ready=ready, state=supervisor.sm.state, reason=supervisor.sm.reason)
+    ready = controller.sm.state == EngineState.READY
+    body = ReadyOut(ready=ready, state=controller.sm.state, reason=controller.sm.reason)
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if ready else 503)

@@ -11,7 +11,7 @@ from fastapi import Path as PathParam
 from pydantic import JsonValue
 
 from engine.api.convert import revision_out
-from engine.api.deps import NoteDep, PlannerDep, RevisionsDep, SupervisorDep, WriterDep, access, actor
+from engine.api.deps import ControllerDep, NoteDep, PlannerDep, RevisionsDep, WriterDep, access, actor
 from engine.revisions import Change, EngineSettings, merge_values
 from engine.schemas import MAX_ID, CapacityOut, RestartEta, RevisionOut, RollbackRequest, SettingsWrite
 
@@ -43,7 +43,7 @@ def settings_schema() -> dict[str, Any]:
             dependencies=access("operator", "settings.write"))
 def put_settings(body: SettingsWrite, request: Request, writer: WriterDep, revisions: RevisionsDep,
                  note: NoteDep) -> RevisionOut:
-    """Write a new revision on top of ``base_revision``; the supervisor applies it with a restart."""
+    """Write a new revision on top of ``base_revision``; the controller applies it with a restart."""
     change = writer.write(body.base_revision, dict(body.values), author=actor(request), note=body.note,
                           force=body.force)
     _note(note, change)
@@ -52,7 +52,7 @@ def put_settings(body: SettingsWrite, request: Request, writer: WriterDep, revis
 
 @router.get("/api/capacity", response_model=CapacityOut, dependencies=access("viewer"))
 def capacity(request: Request, revisions: RevisionsDep, writer: WriterDep, planner: PlannerDep,
-             supervisor: SupervisorDep) -> CapacityOut:
+             controller: ControllerDep) -> CapacityOut:
     """Pre-flight for values not saved yet (query parameters, merged onto the desired revision): the capacity
     prediction, errors and warnings, each naming the value that would fit, how long a restart would take, and the
     plan an apply would follow (blue/green, bridge, rolling or pause) with what clients should expect, also for
@@ -65,10 +65,10 @@ def capacity(request: Request, revisions: RevisionsDep, writer: WriterDep, plann
         changes[key] = raw if key == "extra_args" else (None if raw[-1].lower() in ("", "none", "null") else raw[-1])
     settings = writer.validate(merge_values(base.values, changes))
     result = planner.check(settings).as_dict()
-    plan = supervisor.plan_for(settings)  # a forced apply of values with errors runs a plan too: show it
+    plan = controller.plan_for(settings)  # a forced apply of values with errors runs a plan too: show it
     # the new revision's start, of the kind its apply would run: beside what serves, unless it pauses
-    alone = supervisor.primary is None or (plan is not None and plan.kind in ("pause", "start"))
-    eta = supervisor.eta_for(settings.model_dump(), "alone" if alone else "beside")
+    alone = controller.primary is None or (plan is not None and plan.kind in ("pause", "start"))
+    eta = controller.eta_for(settings.model_dump(), "alone" if alone else "beside")
     restart = RestartEta(seconds=eta.total_s, basis=eta.basis, samples=eta.samples, text=eta.describe(),
                          kind=eta.kind, note=eta.note())
     return CapacityOut.model_validate({"base_revision": base.id, "values": settings.model_dump(), **result,

@@ -22,8 +22,8 @@ from typing import Any
 import psutil
 
 from engine.errors import PortBusyError, StrayProcessError
-from engine.serving.logs import ChildLog
-from engine.serving.startup import StartTracker
+from engine.vllm.logs import ChildLog
+from engine.vllm.phases import StartTracker
 
 log = logging.getLogger("llmops.child")
 
@@ -74,6 +74,7 @@ class VllmChild:
         self.cwd = cwd  # vLLM's working directory: the data dir, never the engine's (a relative --model is read there)
         self.on_exit = on_exit  # called on the event loop the moment the server process exits
         self.exited_at: float | None = None  # monotonic time its exit was seen
+        self.lost: str | None = None  # a local process exits with a code: never lost
         self.env = env
         self.port = port
         self.revision_id = revision_id

@@ -1,51 +1,22 @@
-"""A vLLM start you can watch: its phases as they happen, read from vLLM's own log, and an ETA from this engine's
-earlier starts with the same kind of change.
-
-vLLM logs each step of its start (weights loaded, torch.compile, memory profiling and the KV cache, CUDA graphs,
-the API server up); the engine's own warm-up request ends it. A phase begins at its first marker line and ends
-where the next one begins; phases a start skips (torch.compile with ``enforce_eager``, CUDA graphs on the CPU
-build) are simply absent.
+"""What a vLLM start should take: an ETA from this engine's earlier starts with the same kind of change.
 
 How long a start takes depends on its *kind*: torch.compile's cache cold or warm for its compile settings
-(``gpu_memory_utilization`` is outside vLLM's compile-cache hash, ``max_model_len`` and ``max_num_seqs`` inside it:
-``compile_key`` names the settings that decide it), and what runs beside it (alone, beside an instance that serves,
-a bridge beside the old instance, a wake-up from sleep). Each start is recorded with its kind (its ready event);
-the ETA of a start is the median of recent starts of the same kind (the cache part as it turned out), else a
-prior (another kind's median times the ratio between the two kinds, or a default), and it says which, and says so
-when the host is loaded now.
+(engine/vllm/phases.py ``compile_key``), and what runs beside it (alone, beside an instance that serves, a bridge
+beside the old instance, a wake-up from sleep). Each start is recorded with its kind (its ready event); the ETA of
+a start is the median of recent starts of the same kind (the cache part as it turned out), else a prior (another
+kind's median times the ratio between the two kinds, or a default), and it says which, and says so when the host
+is loaded now. ``start_view`` shows a start in progress against its ETA.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import re
 import statistics
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-# (phase, title, the markers that begin it), in start-up order
-PHASES: tuple[tuple[str, str, re.Pattern[str] | None], ...] = (
-    ("process", "Process and imports", None),
-    ("weights", "Loading weights", re.compile(r"Starting to load model|Loading model from scratch|Loading weights|"
-                                              r"Initializing model took")),
-    ("compile", "torch.compile", re.compile(r"Dynamo bytecode transform|Compiling a graph|torch\.compile took|"
-                                            r"Warming up model for the compilation|Directly load the compiled|"
-                                            r"Using cache directory: .*torch_compile")),
-    ("kv_cache", "Memory profiling and KV cache", re.compile(r"Initial profiling/warmup run|Memory profiling|"
-                                                             r"Available KV cache memory|for KV cache|"
-                                                             r"KV cache size")),
-    ("cuda_graphs", "CUDA graphs", re.compile(r"Capturing CUDA graph|Graph capturing|capturing CUDA graphs")),
-    ("api", "API server up", re.compile(r"init engine \(profile|Supported tasks|Starting vLLM (?:API )?server")),
-    ("warmup", "Warm-up request", re.compile(r"Application startup complete")),
-)
-TITLES = {name: title for name, title, _ in PHASES}
-ORDER = {name: i for i, (name, _, _) in enumerate(PHASES)}
-# Settings outside vLLM's compile cache: changing only these reuses the compiled graphs.
-OUTSIDE_COMPILE = frozenset({"gpu_memory_utilization", "cpu_kv_cache_gib", "served_model_name"})
+from engine.vllm import ORDER, StartTracker, compiled
 
 # The kinds of start, which take different times: the compile cache empty (cold) or warm for the start's compile
 # settings; alone, or beside an instance that serves (on the CPU build they share its cores, on a GPU the GPU);
@@ -127,42 +98,6 @@ def with_cache(kind: StartKind, cold: bool) -> StartKind:
 # vLLM's environment variables that the engine sets per instance and vLLM hashes into its compile cache (all its
 # VLLM_* are, but these are the ones that differ between two starts of one engine): on the CPU build an instance
 # started beside another is not pinned to cores, and its compiled graphs are cached apart from a pinned one's.
-COMPILE_ENV = ("VLLM_CPU_OMP_THREADS_BIND",)
-# vLLM's log says whether its compile cache held the graphs: loaded them (a GPU), or found them and compiled again
-# (the CPU build 0.32: its cached graph fails to load, and the compile is quick on torch's own warm cache)
-CACHE_WARM = re.compile(r"Directly load the compiled|Directly load AOT|Compiling model again due to a load failure")
-CACHE_COLD = re.compile(r"Compiling a graph for|saved AOT compiled function")
-
-
-def compile_key(values: Mapping[str, Any], env: Mapping[str, str] | None = None) -> str:
-    """A short digest of the settings (and the instance's environment, COMPILE_ENV) that decide whether vLLM can
-    reuse its compile cache."""
-    inside: dict[str, Any] = {k: v for k, v in sorted(values.items()) if k not in OUTSIDE_COMPILE}
-    ceiling, seqs = inside.get("max_num_seqs_ceiling"), inside.get("max_num_seqs")
-    if isinstance(ceiling, int) and isinstance(seqs, int):
-        # vLLM is started with the ceiling (serving/command.py, launch_max_num_seqs) and the gateway holds it to
-        # max_num_seqs: the same vLLM as a revision whose max_num_seqs is the ceiling, with no ceiling
-        inside.update(max_num_seqs=max(seqs, ceiling), max_num_seqs_ceiling=None)
-    hashed = {k: env[k] for k in COMPILE_ENV if env is not None and k in env}
-    if hashed:  # (a start with none of them keeps the key it had before the environment counted)
-        inside["__env__"] = hashed
-    return hashlib.sha256(json.dumps(inside, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-@dataclass
-class Phase:
-    name: str
-    started_s: float  # seconds after spawn
-    ended_s: float | None = None
-
-    @property
-    def title(self) -> str:
-        return TITLES[self.name]
-
-    def seconds(self, now_s: float) -> float:
-        return (self.ended_s if self.ended_s is not None else now_s) - self.started_s
-
-
 @dataclass
 class Eta:
     """What this engine expects a start of one kind to take, and on what it bases that."""
@@ -222,89 +157,6 @@ class Eta:
 
     def describe(self) -> str:
         return f"about {self.total_s:.0f} s, {self.why()}"
-
-
-@dataclass
-class StartTracker:
-    """The phases of one start, fed vLLM's log lines as they arrive."""
-
-    t0: float = field(default_factory=time.monotonic)
-    phases: list[Phase] = field(default_factory=lambda: [Phase("process", 0.0)])
-    ready_s: float | None = None
-    failed: str | None = None
-    compile_cache: str | None = None  # "warm" or "cold", as vLLM's log said (None: it said neither, e.g. eager)
-
-    @property
-    def current(self) -> Phase:
-        return self.phases[-1]
-
-    def elapsed(self, now: float | None = None) -> float:
-        return (time.monotonic() if now is None else now) - self.t0
-
-    def feed(self, line: str, now: float | None = None) -> str | None:
-        """Read one log line; return the phase it began, if any."""
-        if self.ready_s is not None or self.failed is not None:
-            return None
-        if self.compile_cache != "warm":
-            if CACHE_WARM.search(line):
-                self.compile_cache = "warm"
-            elif self.compile_cache is None and CACHE_COLD.search(line):
-                self.compile_cache = "cold"
-        at = self.elapsed(now)
-        position = ORDER[self.current.name]
-        for name, _, marker in PHASES[position + 1:]:
-            if marker is not None and marker.search(line):
-                self._begin(name, at)
-                return name
-        return None
-
-    def _begin(self, name: str, at: float) -> None:
-        self.current.ended_s = at
-        self.phases.append(Phase(name, at))
-
-    def ready(self, now: float | None = None) -> float:
-        at = self.elapsed(now)
-        if self.current.name != "warmup":
-            self._begin("warmup", at)
-        self.current.ended_s = at
-        self.ready_s = at
-        return at
-
-    def fail(self, reason: str, now: float | None = None) -> None:
-        self.current.ended_s = self.elapsed(now)
-        self.failed = reason
-
-    def durations(self) -> dict[str, float]:
-        now = self.elapsed()
-        return {p.name: round(p.seconds(now), 2) for p in self.phases}
-
-    def view(self, eta: Eta | None, now: float | None = None) -> dict[str, Any]:
-        """What the API shows of a start in progress (or just ended)."""
-        at = self.elapsed(now)
-        remaining = overrun = None
-        if eta is not None and self.ready_s is None:
-            done = {p.name for p in self.phases[:-1]}
-            ahead = [s for n, s in eta.phases.items() if n not in done and n != self.current.name]
-            expected_here = eta.phases.get(self.current.name, 0.0)
-            current_left = max(0.0, expected_here - self.current.seconds(at))
-            remaining = round(current_left + sum(ahead), 1) if eta.phases else round(max(0.0, eta.total_s - at), 1)
-            # past the ETA, or the phase under way past its usual length: how far over, a figure that grows (the
-            # time left would stand still at the phases ahead)
-            over = max(at - eta.total_s, self.current.seconds(at) - expected_here if eta.phases else 0.0)
-            if over > 0 and self.failed is None:
-                overrun, remaining = round(over, 1), None
-        return {
-            "elapsed_s": round(self.ready_s if self.ready_s is not None else at, 1),
-            "phase": self.current.name, "phase_title": self.current.title,
-            "phases": [{"name": p.name, "title": p.title, "started_s": round(p.started_s, 1),
-                        "seconds": round(p.seconds(at), 1), "done": p.ended_s is not None} for p in self.phases],
-            "eta_s": None if eta is None else round(eta.total_s, 1),
-            "eta_basis": None if eta is None else eta.describe(),
-            "start_kind": None if eta is None else eta.kind,
-            "remaining_s": remaining, "overrun_s": overrun,
-            "ready_s": None if self.ready_s is None else round(self.ready_s, 1),
-            "failed": self.failed,
-        }
 
 
 @dataclass(frozen=True)
@@ -416,11 +268,6 @@ def estimate(key: str, model: str, history: Sequence[PastStart], recent: int = 5
     return Eta(round(warm * scale, 1), "default", 0, {}, kind, None, scale, load_1m, cores)
 
 
-def compiled(phases: Mapping[str, float], threshold_s: float = 5.0) -> bool:
-    """Whether a start's torch.compile phase did real work (a cache load takes a second or two)."""
-    return phases.get("compile", 0.0) >= threshold_s
-
-
 def past_start(data: Mapping[str, Any]) -> PastStart | None:
     """A ready event's data as a PastStart (None for events written before phases were recorded)."""
     startup = data.get("startup")
@@ -449,3 +296,32 @@ def past_wake(data: Mapping[str, Any], model: str | None) -> PastStart | None:
     if not isinstance(seconds, int | float):
         return None
     return PastStart(None, model, float(seconds), False, {}, "wake")
+
+
+def start_view(tracker: StartTracker, eta: Eta | None, now: float | None = None) -> dict[str, Any]:
+    """What the API shows of a start in progress (or just ended), against its ETA."""
+    at = tracker.elapsed(now)
+    remaining = overrun = None
+    if eta is not None and tracker.ready_s is None:
+        done = {p.name for p in tracker.phases[:-1]}
+        ahead = [s for n, s in eta.phases.items() if n not in done and n != tracker.current.name]
+        expected_here = eta.phases.get(tracker.current.name, 0.0)
+        current_left = max(0.0, expected_here - tracker.current.seconds(at))
+        remaining = round(current_left + sum(ahead), 1) if eta.phases else round(max(0.0, eta.total_s - at), 1)
+        # past the ETA, or the phase under way past its usual length: how far over, a figure that grows (the
+        # time left would stand still at the phases ahead)
+        over = max(at - eta.total_s, tracker.current.seconds(at) - expected_here if eta.phases else 0.0)
+        if over > 0 and tracker.failed is None:
+            overrun, remaining = round(over, 1), None
+    return {
+        "elapsed_s": round(tracker.ready_s if tracker.ready_s is not None else at, 1),
+        "phase": tracker.current.name, "phase_title": tracker.current.title,
+        "phases": [{"name": p.name, "title": p.title, "started_s": round(p.started_s, 1),
+                    "seconds": round(p.seconds(at), 1), "done": p.ended_s is not None} for p in tracker.phases],
+        "eta_s": None if eta is None else round(eta.total_s, 1),
+        "eta_basis": None if eta is None else eta.describe(),
+        "start_kind": None if eta is None else eta.kind,
+        "remaining_s": remaining, "overrun_s": overrun,
+        "ready_s": None if tracker.ready_s is None else round(tracker.ready_s, 1),
+        "failed": tracker.failed,
+    }

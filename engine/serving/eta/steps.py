@@ -1,5 +1,5 @@
 """The ETAs of an apply's steps, from what this engine measured before: each start by the earlier starts of its
-kind (engine/serving/startup.py ``estimate``), each handover, drain, stop and sleep by the earlier ones (the
+kind (engine/serving/eta/starts.py ``estimate``), each handover, drain, stop and sleep by the earlier ones (the
 ``timings`` of earlier applies, recorded in their ``apply_done`` events).
 
 A handover and a drain last as long as the requests in flight need: with none in flight now they take no time
@@ -14,10 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.capacity.plans import Company, StepEta
+from engine.capacity import Company, StepEta
 from engine.revisions import EngineSettings
 from engine.schemas import StepAction
-from engine.serving.startup import Eta, PastStart, compile_key, estimate
+from engine.serving.eta.starts import Eta, PastStart, estimate
+from engine.vllm import compile_key
 
 # What a step takes, for one this engine has not measured yet (seconds, with traffic in flight): CPU build, the
 # demo model under 16 streaming clients on 2 cores (bench/start_kinds.py: handovers 0.4-1.8 s, drains 0.0-1.9 s,

@@ -1,5 +1,6 @@
-"""Which deployment a supervisor serves: its id and name, where its instances may run, and what its files are
-called. The registry (engine/deployments) owns these and keeps them current; a supervisor only reads them."""
+"""Which deployment a serving controller serves: its id and name, where its instances may run, and what its files are
+called. The registry (engine/deployments) owns these and keeps them current; the serving controller and the capacity
+planner only read them."""
 
 from __future__ import annotations
 

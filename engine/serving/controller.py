@@ -1,0 +1,437 @@
+"""The controller: keeps one deployment's vLLM instances serving its desired revision, a tick at a time.
+
+Each tick reads the desired revision (or, when the store is down, keeps serving what serves), compares it with the
+instances it has, and takes one next step. A step that has to wait (a start, a drain, a stop) leaves an operation
+under way (engine/serving/operations.py, a plan of engine/serving/strategies/): the next tick resumes it where it
+stopped, so no tick waits for more than one step, and a revision written through the API, the CLI or straight into
+the database is applied the same way. Ticks come at least every reconcile_interval_s and at once when something
+happens (an instance exits, a probe answers, an operation ends, the API asks).
+
+The rooms: the registry of instances (instances.py), the launcher (the only room touching processes and the
+gateway's admission), health (readiness and liveness verdicts), failures (diagnoses into decisions), checks before
+a start, forecasts (ETAs and plans, read-only, safe from the API's threads), the status snapshot, and the recorder
+(events, audit, revision marks). Everything time-dependent reads the injected clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import psutil
+
+from engine.access import AuditLog
+from engine.aio import cancel_and_wait
+from engine.capacity import Planner
+from engine.clock import SYSTEM_CLOCK, Clock
+from engine.config import AppConfig
+from engine.db import UNAVAILABLE, Revision, unavailable_reason
+from engine.errors import ServingError
+from engine.events import EventLog
+from engine.gateway import Admission
+from engine.placement import LocalPlacement, Placement
+from engine.revisions import DeploymentRef, EngineSettings, RevisionStore
+from engine.schemas import ApplyPlanOut, ApplyProgress, Build, EngineState, StatusOut
+from engine.serving.checks import Checks
+from engine.serving.context import ServingContext
+from engine.serving.eta import Company, Eta, PastStart
+from engine.serving.failures import Failures
+from engine.serving.forecast import Forecast, Traffic
+from engine.serving.health import Health
+from engine.serving.instances import Instance, Instances
+from engine.serving.intent import Intent
+from engine.serving.launcher import Launcher
+from engine.serving.operations import Operations
+from engine.serving.progress import Progress
+from engine.serving.recorder import Recorder
+from engine.serving.recovery import RecoveryPolicy
+from engine.serving.state import StateMachine
+from engine.serving.status import StatusView
+from engine.serving.strategies import adopt, adoptable
+from engine.vllm import ChildLog, reap_all, vllm_distribution
+
+log = logging.getLogger("llmops.serving")
+S = EngineState
+DESIRED_EVERY_S = 1.0  # while an operation is under way, the desired revision is read again at most this often
+
+
+class Controller:
+    def __init__(self, config: AppConfig, revisions: RevisionStore, events: EventLog, admission: Admission,
+                 planner: Planner | None = None, audit: AuditLog | None = None,
+                 deployment: DeploymentRef | None = None, *, placement: Placement | None = None,
+                 clock: Clock = SYSTEM_CLOCK, build: tuple[Build, str | None] | None = None) -> None:
+        self.config = config
+        self.deployment = deployment or DeploymentRef()
+        self.revisions = revisions
+        self.events = events
+        self.admission = admission
+        self.clock = clock
+        self.build, self.vllm_version = build or vllm_distribution()
+        self.planner = planner
+        self.placement: Placement = placement or LocalPlacement()  # where instances run (the registry hands its own)
+        # whether one more instance of these settings fits on a node now (None: it does; else why not)
+        self.room: Callable[[str | None, EngineSettings], str | None] = lambda _node, _settings: None
+        # instances of other deployments running on this host now (the CPU build then leaves this one unpinned)
+        self.others_running: Callable[[], int] = lambda: 0
+        self.intent = Intent(enabled=config.autostart)
+        self.instances = Instances()
+        self.progress = Progress(clock)
+        self.recorder = Recorder(events, revisions, audit, self.deployment)
+        self.log = ChildLog(config.logs_dir / self.deployment.log_name, config.log_max_bytes, config.log_backups)
+        self.run_dir = config.data_dir / "run"
+        self.traffic = Traffic(admission, clock)
+        self.forecast = Forecast(config, events, self.instances, self.traffic, self.build, lambda: self.planner,
+                                 lambda: self.others_running())
+        self.launcher = Launcher(config, self.deployment, self.build, admission, self.instances, self.progress,
+                                 self.recorder, self.forecast, clock, self.log, self.run_dir, lambda: self.placement,
+                                 lambda: self.planner, lambda: self.others_running(), self.wake)
+        self.health = Health(config, clock, self.wake)
+        self.policy = RecoveryPolicy(config.backoff_initial_s, config.backoff_max_s, config.crashloop_max_failures,
+                                     config.crashloop_window_s)
+        self.failures = Failures(self.policy, revisions, self.instances, self.launcher, self.progress, self.recorder,
+                                 self.intent, clock)
+        self.checks = Checks(config, self.instances, self.progress, self.recorder, self.intent, clock, self.log)
+        self.ctx = ServingContext(config, self.build, self.instances, self.launcher, self.health, self.failures,
+                                  self.progress, self.recorder, self.intent, clock, self._desired)
+        self.operations = Operations(self.ctx, self.forecast, lambda node, settings: self.room(node, settings))
+        self.view = StatusView(self.deployment, self.progress, self.instances, admission, self.intent, revisions,
+                               self.build, self.vllm_version, lambda: self.launcher.starts,
+                               lambda: self.launcher.last_start, lambda: self._loop)
+        self._work: AsyncIterator[None] | None = None  # the operation under way
+        self.work_name: str | None = None  # what it is, for the log and tests
+        self._desired_seen: tuple[bool, int | None] = (False, None)  # (read, the desired revision's id)
+        self._desired_read_at = float("-inf")
+        self.database_down_since: float | None = None  # the desired revision could not be read since (monotonic)
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._pids: tuple[tuple[int, ...], float, set[int]] = ((), 0.0, set())
+
+    # --- what the API, the registry and the gateway read --------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        return self.intent.enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self.intent.enabled = value
+
+    @property
+    def sm(self) -> StateMachine:
+        return self.progress.sm
+
+    @property
+    def apply(self) -> ApplyProgress | None:
+        return self.progress.apply
+
+    @property
+    def halted(self) -> str | None:
+        return self.intent.halted
+
+    @property
+    def unrecorded(self) -> int:
+        return self.recorder.unrecorded
+
+    @property
+    def primary(self) -> Instance | None:
+        return self.instances.primary
+
+    @property
+    def running(self) -> Revision | None:
+        """The revision that serves (or is starting, when nothing serves)."""
+        p = self.primary
+        return p.revision if p else None
+
+    def served_model(self) -> str | None:
+        p = self.primary
+        return p.settings.served_model_name if p else None
+
+    def served_names(self) -> set[str]:
+        """The names the instances that serve now answer to (vLLM's --served-model-name)."""
+        return {i.settings.served_model_name for i in self.instances.serving()}
+
+    def status(self) -> StatusOut:
+        """What the API shows of the deployment (reads the desired revision: call from a thread)."""
+        return self.view.status()
+
+    def plan_for(self, settings: EngineSettings, restart: bool = False) -> ApplyPlanOut | None:
+        return self.forecast.plan_for(settings, restart)
+
+    def eta_for(self, values: dict[str, Any], company: Company = "alone", env: dict[str, str] | None = None) -> Eta:
+        return self.forecast.eta_for(values, company, env)
+
+    def past_starts(self, limit: int = 100) -> list[PastStart]:
+        return self.forecast.past_starts(limit)
+
+    def vllm_pids(self) -> set[int]:
+        """Pids of every vLLM instance of this deployment and their descendants (called from the sampler thread;
+        cached 5 s)."""
+        roots = tuple(sorted(i.child.pid for i in self.instances if i.child.pid is not None and i.child.local))
+        if not roots:
+            return set()
+        now = time.monotonic()
+        if self._pids[0] != roots or now - self._pids[1] > 5:
+            pids = set(roots)
+            for pid in roots:
+                with contextlib.suppress(psutil.Error):
+                    pids.update(p.pid for p in psutil.Process(pid).children(recursive=True))
+            self._pids = (roots, now, pids)
+        return self._pids[2]
+
+    def pending(self) -> list[asyncio.Task[Any]]:
+        """The tasks serving has under way (probes, operations, watchers): a test waits for them."""
+        return self.launcher.pending() + self.health.pending()
+
+    # --- operators' commands (from the API's threads) ---------------------------------------------------------
+
+    def request_start(self) -> None:
+        self.intent.enabled = True
+        self.intent.stop_reason = None
+        self.intent.halted = None
+        self.policy.reset()
+        self.intent.next_attempt = 0.0
+        self.wake()
+
+    def request_stop(self, reason: str | None = None) -> None:
+        """Stop serving; requests get 503 with ``reason`` (default: stopped by an operator) until it starts."""
+        self.intent.enabled = False
+        self.intent.stop_reason = reason or self._operator_stop()
+        self.wake()
+
+    def request_restart(self) -> None:
+        self.intent.enabled = True
+        self.intent.halted = None
+        self.intent.restart_requested = True
+        self.intent.next_attempt = 0.0
+        self.wake()
+
+    def _operator_stop(self) -> str:
+        where = "/api/engine/start" if self.deployment.default else \
+            f"/api/deployments/{self.deployment.name}/engine/start"
+        return f"vLLM is stopped by an operator; start it with POST {where}"
+
+    def wake(self) -> None:
+        """Tick now. Callable from any thread (sync API handlers run in a thread pool)."""
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._wake.set)
+        else:
+            self._wake.set()
+
+    # --- lifecycle --------------------------------------------------------------------------------------------
+
+    async def start(self, reap: bool = True) -> None:
+        """Begin (from the event loop): stop what a dead engine left (unless the registry did, once for every
+        deployment), then tick."""
+        if reap:
+            stray = await asyncio.to_thread(reap_all, self.run_dir)
+            if stray:
+                await self.recorder.event("stray_killed", f"stopped vLLM processes {stray} left by an engine that "
+                                          "died", "warning")
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._run(), name=f"serving-{self.deployment.name}")
+
+    def attach(self) -> None:
+        """Tick by hand (tests): the loop the status reads on is this one."""
+        self._loop = asyncio.get_running_loop()
+
+    async def shutdown(self) -> None:
+        await cancel_and_wait(self._task)
+        await self._drop_work()
+        await self.admission.close()
+        await self.launcher.close_down()
+        self.progress.enter_if(S.STOPPING, "engine shutting down")
+        self.log.close()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except ServingError as exc:
+                await self._survive(str(exc))
+            except Exception as exc:  # a bug must not stop serving: logged, evented, retried
+                log.exception("serving: unexpected error")
+                await self._survive(f"internal error {type(exc).__name__}: {exc}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.config.reconcile_interval_s)
+            self._wake.clear()
+
+    async def _survive(self, reason: str) -> None:
+        """Record a failure of the loop itself; if even that fails (a full disk, a locked database), log it and
+        go on: the loop must outlive its own errors."""
+        try:
+            await self._loop_failed(reason)
+        except Exception:  # logged; serving continues at the next tick
+            log.exception("serving: could not record the failure (%s)", reason)
+            self.intent.next_attempt = self.clock.monotonic() + self.config.backoff_max_s
+
+    async def _loop_failed(self, reason: str) -> None:
+        await self._drop_work()
+        await self.admission.close()
+        for inst in self.instances:
+            if not inst.child.exited:
+                await inst.child.stop(self.config.stop_timeout_s)
+            self.launcher.forget(inst)
+        self.progress.enter_if(S.FAILED, reason)
+        self.intent.next_attempt = self.clock.monotonic() + self.config.backoff_max_s
+        await self.recorder.event("failed", f"{reason}; next attempt in {self.config.backoff_max_s:.0f} s", "error")
+
+    async def _drop_work(self) -> None:
+        work, self._work, self.work_name = self._work, None, None
+        if work is not None:
+            with contextlib.suppress(Exception):
+                await work.aclose()  # type: ignore[attr-defined]
+
+    # --- the tick ---------------------------------------------------------------------------------------------
+
+    def _desired(self) -> tuple[bool, int | None]:
+        return self._desired_seen
+
+    async def tick(self) -> None:
+        """One step: advance the operation under way, or look at what is desired and begin the next one."""
+        self.traffic.recent()
+        if self._work is None:
+            await self._next()
+            if self._work is None:
+                return
+        else:
+            await self._read_desired()
+        work = self._work
+        try:
+            await work.__anext__()
+        except StopAsyncIteration:
+            self._work, self.work_name = None, None
+            self.wake()  # what comes next is looked at now
+        except BaseException:
+            self._work, self.work_name = None, None
+            raise
+
+    def _begin(self, name: str, work: AsyncIterator[None]) -> None:
+        self._work, self.work_name = work, name
+
+    async def _read_desired(self) -> None:
+        """While an operation is under way: the desired revision, at most every DESIRED_EVERY_S (a start of
+        another is given up). A store that cannot be read changes nothing."""
+        now = self.clock.monotonic()
+        if now - self._desired_read_at < DESIRED_EVERY_S:
+            return
+        self._desired_read_at = now
+        try:
+            self._desired_seen = (True, await asyncio.to_thread(self.revisions.desired_revision_id))
+        except UNAVAILABLE:
+            self._desired_seen = (False, None)
+
+    async def _next(self) -> None:
+        """Between operations: failures first, then what operators asked, then the desired revision."""
+        for inst in self.instances:
+            if inst.child.exited and not inst.child.stop_requested and not inst.gone and not inst.busy \
+                    and inst.role != "starting":
+                code = inst.child.returncode
+                why = f" with code {code}" if code is not None else ""
+                self._failed(inst, f"vLLM instance {inst.name} exited{why} while {inst.role} (not asked to)", code)
+                return
+        if self.intent.halted is not None:
+            return
+        if not self.intent.enabled:
+            await self.launcher.refuse(self.intent.stop_reason or self._operator_stop())
+            if self.instances:
+                self._begin("stop", self.operations.stop_all("stop requested"))
+            elif self.progress.state != S.STOPPED and self.progress.sm.can(S.STOPPED):
+                self.progress.enter(S.STOPPED, "stop requested")
+            return
+        if self.admission.refusal is not None:
+            await self.launcher.refuse(None)
+        desired = await self._desired_revision()
+        if desired is False:
+            return
+        if desired is None:
+            if self.instances:
+                self._begin("stop", self.operations.stop_all("no revision can be applied"))
+            elif self.progress.state != S.FAILED:
+                self.progress.enter(S.FAILED, "no revision can be applied: write new settings")
+            return
+        assert isinstance(desired, Revision) and desired.id is not None
+        now = self.clock.monotonic()
+        serving = self.instances.serving()
+        if not serving:
+            if now >= self.intent.next_attempt and await self._startable(desired):
+                self.intent.restart_requested = False
+                self._begin("start", self.operations.start_fresh(desired))
+            return
+        proper = [i for i in serving if not i.bridge and i.revision.id == desired.id]
+        if len(proper) < len(serving) or self.intent.restart_requested:
+            if not self.intent.restart_requested and adoptable(serving, desired.values):
+                scaling = await adopt(self, desired, serving)  # only replicas or max_num_seqs: nothing restarts
+                self.progress.say(self.instances.text() + scaling)
+                return
+            if await self._startable(desired):
+                restart, self.intent.restart_requested = self.intent.restart_requested, False
+                self._begin("apply", self.operations.apply(desired, restart))
+            return
+        want = int(desired.values.get("replicas") or 1)
+        if len(proper) < want and now >= self.intent.next_attempt:
+            self._begin("replica", self.operations.add_replica(desired, len(proper)))
+        elif len(proper) > want:
+            self._begin("retire", self.operations.retire_replica(
+                proper[-1], f"revision {desired.id} runs {want} replica(s)"))
+        else:
+            for inst in serving:
+                if self.health.unhealthy(inst):
+                    self._failed(inst, f"vLLM instance {inst.name} stopped answering /health (3 probes in a row)",
+                                 None)
+                    return
+
+    def _failed(self, inst: Instance, reason: str, exit_code: int | None) -> None:
+        """An instance failed (exited, or stopped answering): the others serve on, or nothing does."""
+        if any(i.serving for i in self.instances if i is not inst):
+            self._begin("failure", self.failures.beside(inst, reason))
+        else:
+            self._begin("recovery", self.failures.recover(inst, reason, exit_code, was_ready=inst.ready_at is not None))
+
+    async def _desired_revision(self) -> Revision | bool | None:
+        """The desired revision (None: none can be applied); False when the store cannot be read now: what serves
+        goes on serving, and the next tick reads it again."""
+        try:
+            desired = await asyncio.to_thread(self.revisions.desired_revision)
+        except UNAVAILABLE as exc:
+            if self.database_down_since is None:
+                self.database_down_since = self.clock.monotonic()
+                log.warning("serving: the desired revision cannot be read (%s); vLLM keeps serving what it serves "
+                            "until the database is back", unavailable_reason(exc))
+            self._desired_seen = (False, None)
+            return False
+        if self.database_down_since is not None:
+            log.info("serving: the database is back after %.0f s", self.clock.monotonic() - self.database_down_since)
+            self.database_down_since = None
+        self._desired_seen = (True, desired.id if desired is not None else None)
+        self._desired_read_at = self.clock.monotonic()
+        return desired
+
+    async def _startable(self, revision: Revision) -> bool:
+        """The checks before a start; the demo model, when missing, is built first (an operation of its own)."""
+        verdict = await self.checks.verdict(revision)
+        if verdict == "build":
+            self._begin("demo-model", self.checks.build_demo_model())
+        elif verdict == "invalid":
+            self.wake()  # the last good revision is desired now
+        return verdict == "ok"
+
+    # --- what a soft change needs (engine/serving/strategies/soft.py SoftContext) ------------------------------
+
+    async def relabel(self, inst: Instance, revision: Revision, settings: EngineSettings) -> None:
+        await self.launcher.relabel(inst, revision, settings)
+
+    async def mark_applied(self, revision_id: int) -> None:
+        await self.recorder.mark_applied(revision_id)
+
+    async def event(self, kind: str, message: str, severity: str = "info", revision_id: int | None = None,
+                    data: dict[str, Any] | None = None) -> None:
+        await self.recorder.event(kind, message, severity, revision_id, data)
+
+    def monotonic(self) -> float:
+        return self.clock.monotonic()
+
