@@ -52,7 +52,7 @@ from engine.serving.recovery import RecoveryPolicy
 from engine.serving.state import StateMachine
 from engine.serving.status import StatusView
 from engine.serving.strategies import adopt, adoptable
-from engine.vllm import ChildLog, reap_all, vllm_distribution
+from engine.vllm import ChildLog, Prober, reap_all, vllm_distribution
 
 log = logging.getLogger("llmops.serving")
 S = EngineState
@@ -86,10 +86,11 @@ class Controller:
         self.traffic = Traffic(admission, clock)
         self.forecast = Forecast(config, events, self.instances, self.traffic, self.build, lambda: self.planner,
                                  lambda: self.others_running())
+        self.prober = Prober()  # the one HTTP client of this deployment's probes, sleeps and wake-ups
         self.launcher = Launcher(config, self.deployment, self.build, admission, self.instances, self.progress,
                                  self.recorder, self.forecast, clock, self.log, self.run_dir, lambda: self.placement,
-                                 lambda: self.planner, lambda: self.others_running(), self.wake)
-        self.health = Health(config, clock, self.wake)
+                                 lambda: self.planner, lambda: self.others_running(), self.wake, self.prober)
+        self.health = Health(config, clock, self.wake, self.prober)
         self.policy = RecoveryPolicy(config.backoff_initial_s, config.backoff_max_s, config.crashloop_max_failures,
                                      config.crashloop_window_s)
         self.failures = Failures(self.policy, revisions, self.instances, self.launcher, self.progress, self.recorder,
@@ -244,6 +245,7 @@ class Controller:
         await self._drop_work()
         await self.admission.close()
         await self.launcher.close_down()
+        await self.prober.close()
         self.progress.enter_if(S.STOPPING, "engine shutting down")
         self.log.close()
 

@@ -16,7 +16,7 @@ from typing import Any
 from engine.clock import Clock
 from engine.config import AppConfig
 from engine.serving.instances import Instance, Verdict
-from engine.vllm import probe
+from engine.vllm import Prober
 
 PROBE_EVERY_S = 0.5  # a starting instance is probed at most this often
 UNHEALTHY_AFTER = 3  # /health failures in a row
@@ -27,8 +27,9 @@ def _code(returncode: int | None) -> str:
 
 
 class Health:
-    def __init__(self, config: AppConfig, clock: Clock, wake: Callable[[], None]) -> None:
+    def __init__(self, config: AppConfig, clock: Clock, wake: Callable[[], None], prober: Prober) -> None:
         self.config = config
+        self.prober = prober
         self.clock = clock
         self.wake = wake
         self._probes: dict[int, asyncio.Task[bool]] = {}  # id(instance) → its probe under way
@@ -83,7 +84,7 @@ class Health:
             return Verdict(False, f"not ready within {self.config.startup_timeout_s:.0f} s", seconds)
         if not child.started:
             return None
-        answer = self._probe(inst, lambda: probe.ready(child.url, child.headers, inst.settings.served_model_name))
+        answer = self._probe(inst, lambda: self.prober.ready(child.url, child.headers, inst.settings.served_model_name))
         if answer:
             return Verdict(True, "ready", self.clock.monotonic() - inst.launched_at)
         return None
@@ -98,7 +99,7 @@ class Health:
         if held is None:
             inst.last_health = now
             inst.last_probe = None
-        answer = self._probe(inst, lambda: probe.alive(inst.child.url))
+        answer = self._probe(inst, lambda: self.prober.alive(inst.child.url))
         if answer is None:
             return False
         inst.health_failures = 0 if answer else inst.health_failures + 1

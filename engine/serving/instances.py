@@ -51,6 +51,11 @@ class Drain:
     in_flight: int
     upstreams: list[Upstream]
     reason: str
+    watcher: asyncio.Task[None] | None = field(default=None, repr=False)  # wakes the controller once it is over
+
+    def over(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
 
 
 @dataclass(eq=False)
@@ -79,6 +84,7 @@ class Instance:
     verdict: Verdict | None = None
     upstream: Upstream | None = None  # its place in the gateway while it takes traffic
     drain: Drain | None = None
+    handover: asyncio.Task[None] | None = field(default=None, repr=False)  # wakes the controller once it is over
     health_failures: int = 0
     last_health: float = 0.0  # monotonic: its latest /health probe (serving)
     last_probe: float | None = None  # monotonic: its latest readiness probe (starting)

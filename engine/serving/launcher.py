@@ -38,12 +38,12 @@ from engine.vllm import (
     Child,
     ChildLog,
     ChildSpec,
+    Prober,
     build_command,
     build_env,
     compile_key,
     free_port,
     launch_max_num_seqs,
-    probe,
     renice_group,
     unbound_omp_threads,
 )
@@ -58,8 +58,9 @@ class Launcher:
                  instances: Instances, progress: Progress, recorder: Recorder, forecast: Forecast, clock: Clock,
                  log_: ChildLog, run_dir: Path, placement: Callable[[], Placement],
                  planner: Callable[[], Planner | None], others_running: Callable[[], int],
-                 wake: Callable[[], None]) -> None:
+                 wake: Callable[[], None], prober: Prober) -> None:
         self.config = config
+        self.prober = prober
         self.deployment = deployment
         self.build = build
         self.admission = admission
@@ -358,7 +359,7 @@ class Launcher:
         inst.drain = Drain(now, now + self.config.drain_timeout_s, sum(u.outstanding for u in closed), closed,
                            reason)
         if closed:
-            self._task(self._watch_drain(closed), f"drain-{inst.name}")
+            inst.drain.watcher = self._task(self._watch_drain(closed), f"drain-{inst.name}")
 
     async def _watch_drain(self, upstreams: list[Upstream] | None) -> None:
         await self.admission.drain(self.config.drain_timeout_s, upstreams)
@@ -378,6 +379,7 @@ class Launcher:
         if left and now < drain.deadline:
             return False
         inst.drain = None
+        drain.over()
         self.progress.timed("drain", inst.name, now - drain.since, drain.in_flight)
         await self.recorder.event(
             "drained", f"instance {inst.name}: {left} requests still in flight after "
@@ -389,13 +391,16 @@ class Launcher:
     def begin_drain_all(self) -> Drain:
         """Every request in flight gets up to drain_timeout_s to end (the upstreams already closed)."""
         now = self.clock.monotonic()
-        self._task(self._watch_drain(None), "drain-all")
-        return Drain(now, now + self.config.drain_timeout_s, self.admission.in_flight, [], "")
+        return Drain(now, now + self.config.drain_timeout_s, self.admission.in_flight, [], "",
+                     self._task(self._watch_drain(None), "drain-all"))
 
     def drained_all(self, drain: Drain) -> int | None:
         """None while requests are in flight and drain_timeout_s has not passed; else how many are left."""
         left = self.admission.in_flight
-        return None if left and self.clock.monotonic() < drain.deadline else left
+        if left and self.clock.monotonic() < drain.deadline:
+            return None
+        drain.over()
+        return left
 
     def begin_handover(self, new: Instance) -> float | None:
         """``new`` takes its first requests beside the instances it replaces until it has ended as many as it runs
@@ -405,7 +410,7 @@ class Launcher:
         if self.config.handover_s <= 0 or self.admission.in_flight == 0 or upstream is None:
             return None
         target = min(8, max(1, new.settings.max_num_seqs))
-        self._task(self._watch_handover(upstream, target), f"handover-{new.name}")
+        new.handover = self._task(self._watch_handover(upstream, target), f"handover-{new.name}")
         return self.clock.monotonic() + self.config.handover_s
 
     async def _watch_handover(self, upstream: Upstream, target: int) -> None:
@@ -415,8 +420,12 @@ class Launcher:
     def handed_over(self, new: Instance, deadline: float) -> bool:
         upstream = new.upstream
         target = min(8, max(1, new.settings.max_num_seqs))
-        return upstream is None or upstream not in self.admission.upstreams or upstream.finished >= target or \
+        over = upstream is None or upstream not in self.admission.upstreams or upstream.finished >= target or \
             self.clock.monotonic() >= deadline
+        if over and new.handover is not None:
+            new.handover.cancel()
+            new.handover = None
+        return over
 
     # --- stop, sleep, wake (operations) ------------------------------------------------------------------------
 
@@ -498,7 +507,7 @@ class Launcher:
     async def _sleep(self, inst: Instance) -> None:
         t0 = self.clock.monotonic()
         try:
-            error = await probe.sleep(inst.child.url)
+            error = await self.prober.sleep(inst.child.url)
             if error is not None:
                 inst.sleep_error = error
                 await self.recorder.event("sleep_failed", f"instance {inst.name} could not sleep ({error}): "
@@ -523,7 +532,7 @@ class Launcher:
     async def _wake_up(self, inst: Instance) -> None:
         t0 = self.clock.monotonic()
         try:
-            ok = await probe.wake_up(inst.child.url, inst.child.headers, inst.settings.served_model_name)
+            ok = await self.prober.wake_up(inst.child.url, inst.child.headers, inst.settings.served_model_name)
             if not ok:
                 inst.woken = False
                 return

@@ -28,6 +28,7 @@ from engine.vllm.diagnosis import OOM_KINDS, Diagnosis, diagnose
 from engine.vllm.flags import FlagProbeError, VllmFlags
 from engine.vllm.logs import ChildLog, PrivateRotatingFileHandler, filter_log, redact_secrets
 from engine.vllm.phases import COMPILE_ENV, ORDER, PHASES, Phase, StartTracker, compile_key, compiled
+from engine.vllm.probe import Prober
 from engine.vllm.protocol import Child, ChildSpec
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "FlagProbeError",
     "Phase",
     "PrivateRotatingFileHandler",
+    "Prober",
     "StartTracker",
     "VllmChild",
     "VllmFlags",

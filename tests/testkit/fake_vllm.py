@@ -136,14 +136,13 @@ class FakeVllm:
         self.spawned_at = now
         self.tracker = StartTracker(t0=now, clock=self.clock.monotonic)
         script = self.script
+        failing = script.fail_s is not None
         end = script.fail_s if script.fail_s is not None else script.ready_s
-        lines = log_lines(script.log)
-        if script.fail_s is not None and script.fail_log:
-            lines = lines[: len(lines) // 2]  # it gets part of the way
+        lines = log_lines(script.fail_log if failing and script.fail_log else script.log)  # a failed start's own
         for i, line in enumerate(lines):
             self.clock.at(now + end * 0.95 * i / max(1, len(lines)), functools.partial(self._print, line))
         if script.fail_s is not None:
-            self.clock.at(now + script.fail_s, lambda: self.crash(script.exit_code, script.fail_log))
+            self.clock.at(now + script.fail_s, lambda: self.crash(script.exit_code))
         else:
             self.clock.at(now + script.ready_s, self._ready)
         if script.lost_s is not None:
@@ -158,10 +157,10 @@ class FakeVllm:
     # --- faults a test injects ----------------------------------------------------------------------------------
 
     def crash(self, code: int = 1, log: str | None = None) -> None:
-        """It exits on its own with ``code`` (printing ``log``'s last lines first): its connections break."""
+        """It exits on its own with ``code`` (printing ``log`` first): its connections break."""
         if self.exited:
             return
-        for line in log_lines(log)[-40:] if log else []:
+        for line in log_lines(log) if log else []:
             self._print(line)
         self._end(code)
 

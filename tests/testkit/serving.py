@@ -120,6 +120,24 @@ class ScriptedCapacity:
         return self.room
 
 
+@dataclass(frozen=True)
+class Seen:
+    """What one tick left: the clock's time, the instances open in the gateway, and every instance as
+    (name, role, revision, bridge)."""
+
+    at: float
+    open: int
+    instances: tuple[tuple[str, str, int | None, bool], ...]
+
+    def of_role(self, *roles: str) -> list[str]:
+        return [name for name, role, _, _ in self.instances if role in roles]
+
+
+def by_revision(scripts: dict[int, Script], default: Script | None = None) -> Callable[[Any], Script]:
+    """A placement's script per start: ``scripts`` by revision id, else ``default``."""
+    return lambda spec: scripts.get(spec.revision_id, default or Script())
+
+
 @dataclass
 class Result:
     status: int
@@ -180,7 +198,10 @@ class Clients:
 
     async def _loop(self) -> None:
         while not self._stop:
-            self.results.append(await self._one())
+            result = await self._one()
+            self.results.append(result)
+            # a refusal comes back at once: a client waits a moment before it asks again, as Retry-After says
+            await asyncio.sleep(0 if result.ok else 0.005)
 
     def start(self) -> None:
         self._tasks = [asyncio.ensure_future(self._loop()) for _ in range(self.n)]
@@ -227,7 +248,7 @@ class Scenario:
                     "health_interval_s": 5.0, "backoff_initial_s": 2.0, "backoff_max_s": 60.0,
                     "queue_timeout_s": 30.0, "reconcile_interval_s": 0.5, **config}
         self.config = AppConfig(data_dir=make_data_dir(tmp_path / "data"), **settings)
-        self.gaps: list[tuple[float, bool]] = []  # (clock, something serves) at each tick
+        self.seen: list[Seen] = []  # what each tick left
 
     async def __aenter__(self) -> Scenario:
         self.db = open_database(migrated_sqlite(self.tmp_path))
@@ -244,6 +265,7 @@ class Scenario:
                                      planner=cast(Planner, self.capacity), audit=AuditLog(self.db),
                                      deployment=DeploymentRef(), placement=self.placement, clock=self.clock,
                                      build=(self.build, "0.0-fake"))  # type: ignore[arg-type]
+        self.controller.room = lambda _node, settings: self.capacity.room_for(settings)
         self.controller.attach()
         self.gateway = Gateway(lambda _model: self.admission, self.config.upstream_timeout_s)
         keys = cast(Any, _NoKeys())
@@ -271,11 +293,15 @@ class Scenario:
                 await asyncio.wait(pending, timeout=SETTLE_S)
             await asyncio.sleep(0.001)
 
+    def _look(self) -> None:
+        self.seen.append(Seen(self.clock.monotonic(), len(self.admission.upstreams), tuple(
+            (i.name, i.role, i.revision.id, i.bridge) for i in self.controller.instances)))
+
     async def tick(self, step_s: float = 1.0) -> None:
         """One tick of the controller, then the clock moves on by ``step_s``."""
         await self.controller.tick()
         await self.settle()
-        self.gaps.append((self.clock.monotonic(), bool(self.admission.upstreams)))
+        self._look()
         self.clock.advance(step_s)
         await asyncio.sleep(0)
 
@@ -285,7 +311,7 @@ class Scenario:
         while True:
             await self.controller.tick()
             await self.settle()
-            self.gaps.append((self.clock.monotonic(), bool(self.admission.upstreams)))
+            self._look()
             if condition():
                 return self.clock.monotonic()
             if self.clock.monotonic() >= end:
@@ -350,11 +376,15 @@ class Scenario:
                 and (revision is None or apply.revision == revision)
         return check
 
+    def since(self, at: float) -> list[Seen]:
+        return [s for s in self.seen if s.at >= at]
+
     @property
     def longest_gap(self) -> float:
         """The longest stretch of the clock with no instance open in the gateway, after the first one opened."""
         longest, since, opened = 0.0, None, False
-        for at, up in self.gaps:
+        for seen in self.seen:
+            at, up = seen.at, seen.open > 0
             if up:
                 opened = True
                 if since is not None:
