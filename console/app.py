@@ -22,10 +22,10 @@ if str(ROOT) not in sys.path:  # streamlit puts console/ on the path, not the pr
 import streamlit as st  # noqa: E402
 
 from console import drafts  # noqa: E402
-from engine.client import ROLES, ApiError, ClientError, EngineClient  # noqa: E402
 from console.session import COOKIE  # noqa: E402
 from console.widgets import PAGES as PAGE_LINKS  # noqa: E402
 from console.widgets import client, go_to, sign_in_url, sign_out, sign_out_form, switcher  # noqa: E402
+from engine.client import ROLES, ApiError, ClientError, EngineClient  # noqa: E402
 from engine.schemas import MeOut  # noqa: E402
 
 # A local icon: a material one is fetched from fonts.gstatic.com, and the console fetches nothing from the internet.

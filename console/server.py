@@ -38,8 +38,8 @@ from starlette.routing import Route  # noqa: E402
 from starlette.types import ASGIApp, Receive, Scope, Send  # noqa: E402
 
 from console import drafts  # noqa: E402
-from engine.client import ApiError, ClientError, EngineClient  # noqa: E402
 from console.session import COOKIE, safe_next  # noqa: E402
+from engine.client import ApiError, ClientError, EngineClient  # noqa: E402
 from engine.schemas import CONSOLE_CLIENT_HEADER, CONSOLE_KEY_HEADER  # noqa: E402
 
 # Paths Streamlit serves for itself (assets, websocket, its own auth) and ours: never sent to the sign-in.

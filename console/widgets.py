@@ -11,8 +11,8 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from console import deployment, drafts, fmt
-from engine.client import ClientError, EngineClient, EngineUnreachableError, UnauthorizedError
 from console.session import safe_next
+from engine.client import ClientError, EngineClient, EngineUnreachableError, UnauthorizedError
 from engine.schemas import DeploymentOut, EventOut, GpuView, HostReading, MeOut, StatusOut
 
 STATE_BADGE = {"ready": ("green", ":material/check_circle:"), "starting": ("orange", ":material/hourglass_top:"),

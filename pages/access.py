@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from console import fmt
-from engine.client import ROLES, ApiError, ClientError, InvalidRequestError
 from console.widgets import client, unreachable
+from engine.client import ROLES, ApiError, ClientError, InvalidRequestError
 
 st.title("Access")
 st.caption("viewer: health, metrics, events · prompter: and the playground · operator: and settings, restarts, "

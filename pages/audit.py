@@ -9,8 +9,8 @@ from typing import Any
 import streamlit as st
 
 from console import drafts, fmt
-from engine.client import ClientError
 from console.widgets import client, unreachable
+from engine.client import ClientError
 from engine.schemas import AuditOut
 
 st.title("Audit")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import streamlit as st
 
 from console import charts, fmt
-from engine.client import ApiError, ClientError
 from console.restart import plan_box
 from console.widgets import client, deployment_header, engine_status, restart_banner, unreachable
+from engine.client import ApiError, ClientError
 from engine.schemas import BenchmarkRunOut
 
 st.title("Benchmarks")

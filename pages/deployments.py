@@ -10,8 +10,8 @@ from typing import Any
 import streamlit as st
 
 from console import deployment, fmt
-from engine.client import ApiError, ClientError, InvalidRequestError
 from console.widgets import base_client, deployment_label, engine_status, me, open_link, unreachable
+from engine.client import ApiError, ClientError, InvalidRequestError
 from engine.schemas import ROLES, DeploymentOut
 
 st.title("Deployments")

@@ -9,8 +9,8 @@ import time
 import streamlit as st
 
 from console import drafts, fmt
-from engine.client import ClientError
 from console.widgets import SEVERITY_ICON, client, deployment_header, unreachable
+from engine.client import ClientError
 from engine.schemas import EventOut
 
 st.title("Events & logs")

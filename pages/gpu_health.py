@@ -9,8 +9,8 @@ import time
 import streamlit as st
 
 from console import charts, drafts, fmt
-from engine.client import ClientError
 from console.widgets import base_client, client, gpu_card, host_card, unreachable
+from engine.client import ClientError
 from engine.schemas import FleetOut, GpuView, NodeOut
 
 st.title("GPU health")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import streamlit as st
 
 from console import charts, drafts, fmt
-from engine.client import ClientError
 from console.widgets import client, deployment_header, engine_status, restart_banner, unreachable
+from engine.client import ClientError
 
 st.title("Metrics")
 deployment_header("the figures below are its own")

@@ -8,7 +8,6 @@ import json
 import streamlit as st
 
 from console import fmt
-from engine.client import ClientError
 from console.restart import instances, plan_text
 from console.widgets import (
     STATE_BADGE,
@@ -25,6 +24,7 @@ from console.widgets import (
     state_badge,
     unreachable,
 )
+from engine.client import ClientError
 from engine.schemas import SNIPPET_MAX_TOKENS, GatewayInfo
 
 st.title("Overview")

@@ -14,8 +14,8 @@ import jsonschema
 import streamlit as st
 
 from console import drafts, fmt
-from engine.client import ClientError, EngineClient, Run
 from console.widgets import client, deployment_header, engine_status, me, restart_banner, unreachable
+from engine.client import ClientError, EngineClient, Run
 from engine.schemas import PLAYGROUND_MAX_TOKENS, ROLES, PromptOut
 
 st.title("Playground")

@@ -12,9 +12,9 @@ from typing import Any
 import streamlit as st
 
 from console import charts, fmt
-from engine.client import ClientError, SettingsRejectedError, StaleRevisionError
 from console.restart import last_outcome, plan_box, plan_eta_text, progress, watch
 from console.widgets import client, deployment_header, engine_status, restart_banner, unreachable
+from engine.client import ClientError, SettingsRejectedError, StaleRevisionError
 from engine.schemas import CapacityOut, Finding, FitValue, RestartEta, RevisionOut
 
 st.title("Engine settings")

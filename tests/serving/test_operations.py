@@ -3,6 +3,7 @@ room for, a revision written straight into the store that must not start; and a 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from engine.db import RevisionStatus
@@ -76,7 +77,7 @@ async def test_a_bug_in_serving_fails_visibly_and_serving_goes_on(tmp_path: Path
         await sc.until(sc.serving_revision(1))
         broken = sc.controller.operations
 
-        async def bug(*_: object) -> None:
+        async def bug(*_: object) -> AsyncIterator[None]:
             raise RuntimeError("a plan's bug")
             yield  # (an operation is an async generator)
 
