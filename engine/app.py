@@ -35,6 +35,7 @@ from engine.events import EventLog
 from engine.gateway import BodyLimits, DataPath, Gateway, Ledger
 from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
 from engine.metrics import HISTORY_METRICS, EngineCollector, LoopLag, RequestMetrics, SeriesStore, ServingMonitor
+from engine.placement import Placement
 from engine.private import make_private
 from engine.prompts import PromptStore
 from engine.revisions import EngineSettings, RevisionStore, initial_settings
@@ -105,9 +106,10 @@ def free_space_problem(folder: Path, least: int) -> str | None:
     return None
 
 
-def create_app(config: AppConfig) -> FastAPI:
+def create_app(config: AppConfig, *, placement: Placement | None = None) -> FastAPI:
     """The composition root: every service built once, the lifespan that starts and stops them in order, the
-    routes, the access gate and the audit."""
+    routes, the access gate and the audit. ``placement``: where vLLM instances run (default: as configured; the
+    console's tests give a fake vLLM's)."""
     make_private(config.data_dir)
     db = open_database(config.database)
     logging.getLogger("llmops.engine").info("database: %s (%s)", db.where, db.dialect)  # never its password
@@ -177,7 +179,8 @@ def create_app(config: AppConfig) -> FastAPI:
                                                   ttl_s=6 * 3600)[0] if gateway_keys else None,
             revoke=lambda key: auth.revoke(token=key))
 
-    fleet = Fleet(config, db, deployments, revisions, events, planner, audit, flags, extras=extras)
+    fleet = Fleet(config, db, deployments, revisions, events, planner, audit, flags, extras=extras,
+                  placement=placement)
     fleet.node_sinks = [telemetry.write, alerts.evaluate]  # the other nodes' samples, labelled by node
     gateway = Gateway(fleet.admission_for, config.upstream_timeout_s, ledger)
     registry.register(EngineCollector(

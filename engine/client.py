@@ -48,10 +48,30 @@ from engine.schemas import (
 )
 
 DEFAULT_ENGINE_URL = "http://127.0.0.1:8000"
-__all__ = ["ROLES", "ApiError", "ClientError", "EngineClient", "EngineUnreachableError", "ForbiddenError",
-           "InvalidRequestError", "NotFoundError", "Run", "SettingsRejectedError", "StaleRevisionError",
-           "UnauthorizedError"]
+__all__ = [
+    "ROLES",
+    "ApiError",
+    "ClientError",
+    "EngineClient",
+    "EngineUnreachableError",
+    "ForbiddenError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "Run",
+    "SettingsRejectedError",
+    "StaleRevisionError",
+    "UnauthorizedError",
+    "route_through",
+]
 M = TypeVar("M", bound=BaseModel)
+_TRANSPORT: httpx.BaseTransport | None = None
+
+
+def route_through(transport: httpx.BaseTransport | None) -> None:
+    """Every client made from now on sends through ``transport`` instead of the network (None: the network again).
+    For tests: the console's pages reach an engine app in the same process (tests/console), no engine running."""
+    global _TRANSPORT
+    _TRANSPORT = transport
 
 
 class ClientError(Exception):
@@ -158,14 +178,17 @@ PER_DEPLOYMENT = ("/api/status", "/api/engine/", "/api/gateway", "/api/settings"
 
 class EngineClient:
     def __init__(self, base_url: str | None = None, *, timeout: float = 10.0, token: str | None = None,
-                 deployment: str | int | None = None, headers: dict[str, str] | None = None) -> None:
+                 deployment: str | int | None = None, headers: dict[str, str] | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
         """``token``: a bearer token (a console sign-in's, or one from `llmops token create`); default
         LLMOPS_TOKEN. ``deployment``: the deployment (name or id) the per-deployment calls act on (None: the
-        default one). ``headers``: sent with every request (the console's server passes a browser's address)."""
+        default one). ``headers``: sent with every request (the console's server passes a browser's address).
+        ``transport``: how requests reach the engine (default: the network, or what ``route_through`` set)."""
         self.base_url = (base_url or os.environ.get("LLMOPS_ENGINE_URL") or DEFAULT_ENGINE_URL).rstrip("/")
         self.token = token if token is not None else os.environ.get("LLMOPS_TOKEN")
         headers = {**(headers or {}), **({"authorization": f"Bearer {self.token}"} if self.token else {})}
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers,
+                                  transport=transport or _TRANSPORT)
         self._owns_http = True
         self.deployment = deployment
 

@@ -1,4 +1,6 @@
-"""Every console page, run with streamlit.testing.v1.AppTest against the session's real engine and vLLM."""
+"""Every console page, run with streamlit.testing.v1.AppTest against the engine app in this process (its real API,
+store and serving controller, fake vLLM children beneath: tests/testkit/console.py): what a person sees and does on
+each page, no engine process and no vLLM."""
 
 from __future__ import annotations
 
@@ -9,19 +11,25 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from engine.client import EngineClient
-from tests.support.engine import ADMIN_PASSWORD, COLD_START_S, EngineHandle
+from engine.db import BenchmarkRun
 from tests.support.wait import wait_until
+from tests.testkit.console import ADMIN_PASSWORD, InProcessEngine, in_process_engine
 
-pytestmark = pytest.mark.integration
+EngineHandle = InProcessEngine
+
+
+@pytest.fixture(scope="module")
+def engine_here(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessEngine]:
+    with in_process_engine(tmp_path_factory.mktemp("console")) as engine:
+        yield engine
 
 
 @pytest.fixture
-def console_env(engine: EngineHandle, monkeypatch: pytest.MonkeyPatch) -> Iterator[EngineHandle]:
-    monkeypatch.setenv("LLMOPS_ENGINE_URL", engine.url)
-    engine.client.wait_for({"ready"}, COLD_START_S)
-    wait_until(lambda: engine.client.serving().available, 30,  # the first scrape of /metrics after a start
+def console_env(engine_here: InProcessEngine) -> Iterator[InProcessEngine]:
+    engine_here.client.wait_for({"ready"}, 60)
+    wait_until(lambda: engine_here.client.serving().available, 30,  # the first scrape of /metrics after a start
                what="vLLM's first metrics scrape")
-    yield engine
+    yield engine_here
 
 
 def page(name: str, token: str | None = None) -> AppTest:
@@ -174,10 +182,8 @@ def test_events_and_log_tail(console_env: EngineHandle) -> None:
 
 
 def test_metrics_page_shows_history_and_kpis(console_env: EngineHandle) -> None:
-    import httpx
-
-    httpx.post(f"{console_env.url}/v1/completions", json={"model": "demo", "prompt": "Return", "max_tokens": 4},
-               timeout=60)
+    answer = console_env.http.post("/v1/completions", json={"model": "demo", "prompt": "Return", "max_tokens": 4})
+    assert answer.status_code == 200
     at = page("metrics", console_env.token)
     assert len(at.get("plotly_chart")) == 6
     assert len(at.dataframe) == 1  # the KPI table: the request above is in it
@@ -195,9 +201,24 @@ def test_benchmarks_page_offers_presets_sweeps_and_the_search(console_env: Engin
 
 def test_benchmarks_page_shows_each_levels_seed_and_cache_hits_and_warns_of_a_cache_test(
         console_env: EngineHandle) -> None:
-    run = console_env.client.start_sweep("rag", [1, 1], num_prompts=2, seed=777)
-    wait_until(lambda: console_env.client.benchmark(run.id).status != "running", 600, every=1,
-               what=f"the end of benchmark {run.id}")
+    """A finished sweep as the runner stores it (the real one, through vLLM's benchmark module: the system tier's
+    tests/system/test_journeys.py): the same seed asked for twice, the second level served from the cache."""
+    from engine.benchmarks.runs import cache_warning
+
+    revision = console_env.client.status().running_revision
+
+    def level(hit: float) -> dict[str, Any]:
+        out: dict[str, Any] = {"concurrency": 1, "revision": revision, "input_len": 1024, "output_len": 64,
+                               "seed": 777, "completed": 2, "output_throughput": 40.0, "p95_e2el_ms": 900.0,
+                               "mean_ttft_ms": 120.0, "prefix_cache_hit_pct": hit, "prefix_cache_queries": 2048}
+        if (warning := cache_warning(hit)) is not None:
+            out["warnings"] = [warning]
+        return out
+
+    with console_env.services.db.session() as s:
+        s.add(BenchmarkRun(kind="sweep", revision_id=revision, preset="rag", status="done", author="tests",
+                           params={"concurrency": [1, 1], "num_prompts": 2, "seed": 777},
+                           results=[level(0.0), level(93.8)], finished_at=__import__("time").time()))
     at = page("benchmarks", console_env.token)
     table = at.dataframe[0].value  # the newest run, expanded
     assert list(table["seed"]) == ["777", "777"]
@@ -247,6 +268,7 @@ def test_an_expired_sign_in_asks_to_sign_in_again(console_env: EngineHandle) -> 
                                   "metrics", "benchmarks", "audit", "access"])
 def test_unreachable_engine_is_a_message_not_a_traceback(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMOPS_ENGINE_URL", "http://127.0.0.1:9")
+    monkeypatch.setattr("engine.client._TRANSPORT", None)  # the network, where no engine listens
     at = page(name, "llmops_any")
     assert any("The engine is unreachable" in e.value for e in at.error)
 

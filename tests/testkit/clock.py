@@ -3,9 +3,22 @@ due at a time runs when the clock passes it."""
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
+import time
 from collections.abc import Callable
+from typing import Protocol
+
+
+class ScriptClock(Protocol):
+    """What a fake vLLM needs of a clock: the time, and running something when a time comes."""
+
+    def monotonic(self) -> float: ...
+
+    def time(self) -> float: ...
+
+    def at(self, when: float, fn: Callable[[], None]) -> None: ...
 
 
 class FakeClock:
@@ -39,3 +52,17 @@ class FakeClock:
             self._now = max(self._now, when)
             fn()
         self._now = end
+
+
+class LiveClock:
+    """The system's clock with the fake vLLM's ``at``: what is due runs on the event loop that asked, in real time
+    (the console's tests run a fake vLLM in the engine's own loop, without a test moving time)."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def time(self) -> float:
+        return time.time()
+
+    def at(self, when: float, fn: Callable[[], None]) -> None:
+        asyncio.get_running_loop().call_later(max(0.0, when - time.monotonic()), fn)

@@ -26,9 +26,11 @@ from typing import Any
 
 from engine.placement import NodeInfo, PlacementError
 from engine.vllm import Child, ChildSpec, StartTracker
-from tests.testkit.clock import FakeClock
+from tests.testkit.clock import ScriptClock
 
-LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_logs"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+LOGS = FIXTURES / "vllm_logs"
+METRICS = FIXTURES / "vllm-0.32-cpu-metrics.txt"  # a real scrape of vLLM 0.32's /metrics
 START_LOG = "cpu-startup-demo.log"
 OOM_LOG = "cpu-fail-kv-cache-too-small.log"
 
@@ -68,7 +70,7 @@ class Served:
 class FakeVllm:
     """One fake vLLM run (Child), on 127.0.0.1 at the spec's port."""
 
-    def __init__(self, spec: ChildSpec, script: Script, clock: FakeClock, on_lost: Callable[[str], None]) -> None:
+    def __init__(self, spec: ChildSpec, script: Script, clock: ScriptClock, on_lost: Callable[[str], None]) -> None:
         self.spec = spec
         self.script = script
         self.clock = clock
@@ -232,6 +234,8 @@ class FakeVllm:
         if path == "/health":
             ok = self.ready and not self.unhealthy
             return await self._send(writer, 200 if ok else 503, b"")
+        if path == "/metrics":
+            return await self._send(writer, 200, METRICS.read_bytes(), "text/plain; version=0.0.4")
         if path == "/is_sleeping":
             return await self._send(writer, 200, json.dumps({"is_sleeping": self.sleeping}).encode())
         if path == "/sleep" and method == "POST":
@@ -300,7 +304,7 @@ class FakePlacement:
     """Where fake instances run: this host (no ``nodes``), or the named nodes of a pretend cluster, each of which a
     test can lose. ``script`` says how each start goes (one for all, or per spec)."""
 
-    def __init__(self, clock: FakeClock, script: Script | Callable[[ChildSpec], Script] | None = None,
+    def __init__(self, clock: ScriptClock, script: Script | Callable[[ChildSpec], Script] | None = None,
                  nodes: list[str] | None = None) -> None:
         self.clock = clock
         self.script = script or Script()
