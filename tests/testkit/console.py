@@ -41,8 +41,6 @@ class InProcessEngine:
     def services(self) -> Any:
         return self.app.state.services
 
-    def login(self, username: str, password: str) -> EngineClient:
-        return EngineClient(self.url, transport=self.transport).login(username, password)
 
 
 HOP = {"content-encoding", "transfer-encoding", "content-length"}
