@@ -33,6 +33,7 @@ setup: $(STAMP) $(DEMO)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 unit: $(STAMP)
 	$(BIN)/pytest -m "not integration and not e2e and not gpu"
