@@ -209,6 +209,10 @@ def plan_and_eta(cap: CapacityOut | None) -> None:
         st.warning("The engine gave no plan for these values (it could not read the device or the model): vLLM "
                    f"restarts with them, in {eta_text(cap.restart_eta if cap else None)}.", icon=":material/help:")
         return
+    if plan.kind == "soft":
+        st.markdown("The instances that serve take the new values on now, **without a restart**, by this plan:")
+        plan_box(plan)
+        return
     st.markdown("vLLM restarts with the new values, by this plan:")
     plan_box(plan)
     st.caption("If the new revision cannot start, it is rejected and diagnosed"
@@ -226,7 +230,8 @@ def confirm_apply(changes: dict[str, Any], cap: CapacityOut | None) -> None:
     if errors:
         st.error(f"Pre-flight found {len(errors)} error(s): this revision is unlikely to start.")
         force = st.checkbox("Force it anyway (recorded as forced; the rollback still applies)")
-    if st.button("Apply & restart", type="primary", disabled=bool(errors) and not force):
+    soft = cap is not None and cap.plan is not None and cap.plan.kind == "soft"
+    if st.button("Apply now" if soft else "Apply & restart", type="primary", disabled=bool(errors) and not force):
         try:
             rev = client().put_settings(desired.revision, changes, note, force=force)
         except StaleRevisionError:

@@ -1,43 +1,91 @@
-"""Shared fixtures: a data dir with a demo-model stand-in (config.json only) for API and unit tests, the session's
-one real engine for the integration, console and browser tests, and the database the stores run on.
+"""One harness for every tier (tests/testkit), the tiers a folder each, cheapest first:
 
-The store's tests (every test under tests/api but those marked ``postgres``, and those marked ``store``) run on
-SQLite by default, and on PostgreSQL with ``LLMOPS_TEST_DATABASE=postgres`` (``make test`` runs them both ways): a
-throwaway server
-(tests/support/postgres.py) starts before collection, and each test gets a fresh database through
-LLMOPS_DATABASE_URL, which every AppConfig, CLI and engine process of the test reads."""
+- **unit**: functions and small objects, no database;
+- **service**: the API and the store, each test on SQLite *and* on PostgreSQL (one parameter, ``database``: a
+  throwaway server from Debian's postgresql, tests/testkit/postgres.py, a fresh database per test copied from a
+  template migrated once);
+- **serving**: the controller's scenarios over fake vLLM children and a clock the test moves (tests/testkit/serving.py);
+- **console**: every page through AppTest against the engine app in this process, fake vLLM beneath it;
+- **system**: the real engine with real vLLM (the CPU build here), PostgreSQL and a Ray cluster: a handful of journeys;
+- **browser**: the console's journeys in Chromium against the system tier's engine;
+- **gpu**: the real engine on an NVIDIA GPU (skipped where NVML finds none).
+
+Each test is marked with its tier (``pytest -m "unit or service"``); the end of a run says what each tier took.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.data import make_data_dir
-from tests.support.engine import COLD_START_S, EngineHandle, running_engine
-from tests.support.postgres import PostgresServer, bindir_or_skip, find_bindir, fresh_database, required
+from tests.testkit.data import make_data_dir
+from tests.testkit.engine import COLD_START_S, EngineHandle, running_engine
+from tests.testkit.postgres import PostgresServer, bindir_or_skip, fresh_database
 
-ON_POSTGRES = os.environ.get("LLMOPS_TEST_DATABASE", "sqlite") == "postgres"
+TESTS = Path(__file__).parent
+TIERS = ("unit", "service", "serving", "console", "system", "browser", "gpu")
 _SERVER = pytest.StashKey[PostgresServer]()
 
+# The apps the tests build answer the Host that Starlette's TestClient and schemathesis send ("testserver"), beside
+# their own names (engine/edge.py's Host check); tests/service/test_edge.py sets its own allowed_hosts.
+os.environ.setdefault("LLMOPS_ALLOWED_HOSTS", '["testserver"]')
 
-def pytest_configure(config: pytest.Config) -> None:
-    if not ON_POSTGRES:
+
+def tier_of(path: Path) -> str | None:
+    try:
+        part = path.relative_to(TESTS).parts[0]
+    except ValueError:
+        return None
+    return part if part in TIERS else None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item.path)
+        if tier is not None:
+            item.add_marker(getattr(pytest.mark, tier))
+    # the cheapest tiers first, whatever order the paths were given in
+    items.sort(key=lambda item: TIERS.index(tier_of(item.path) or "gpu"))
+
+
+def _on_both(definition: pytest.Function) -> bool:
+    """A test of the store: every service test, and those marked ``store`` elsewhere; but not those about the SQLite
+    file itself (``sqlite_file``), nor those that use a PostgreSQL server of their own (``postgres``) or choose their
+    databases themselves (``own_database``)."""
+    if any(definition.get_closest_marker(m) for m in ("sqlite_file", "postgres", "own_database")):
+        return False
+    return tier_of(definition.path) == "service" or definition.get_closest_marker("store") is not None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "database" in metafunc.fixturenames and _on_both(metafunc.definition):
+        metafunc.parametrize("database", ["sqlite", "postgres"], indirect=True)
+
+
+_TIER_TIMES: dict[str, list[float]] = {}  # tier → [seconds of its tests' setup, call and teardown, tests]
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = tier_of(TESTS.parent / report.location[0])
+    if tier is not None:
+        spans = _TIER_TIMES.setdefault(tier, [0.0, 0.0])
+        spans[0] += report.duration
+        spans[1] += report.when == "call"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    times = _TIER_TIMES
+    if not times:
         return
-    bindir = find_bindir()
-    if bindir is None:
-        if required():
-            raise pytest.UsageError("LLMOPS_REQUIRE_POSTGRES=1 and LLMOPS_TEST_DATABASE=postgres, but there are no "
-                                    "PostgreSQL server binaries (initdb, pg_ctl): `apt-get install postgresql`, or "
-                                    "set LLMOPS_TEST_POSTGRES_BIN")
-        return  # each test of the pass skips, saying why (bindir_or_skip)
-    server = PostgresServer(bindir)
-    server.start()
-    config.stash[_SERVER] = server
-    # what a module builds at import (the fuzzer's app) runs on PostgreSQL too: a database for the session
-    os.environ["LLMOPS_DATABASE_URL"] = fresh_database(server, "session")[1]
+    terminalreporter.section("time per tier")
+    for tier in TIERS:
+        if tier in times:
+            seconds, count = times[tier]
+            terminalreporter.write_line(f"{tier:8} {int(count):4d} tests {seconds:8.1f} s ({seconds / 60:.1f} min)")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -46,28 +94,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         server.remove()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    api = Path(__file__).parent / "api"
-    for item in items:  # those marked postgres run on a server of their own, in the first pass
-        if item.path.is_relative_to(api) and item.get_closest_marker("postgres") is None:
-            item.add_marker(pytest.mark.store)
-        if ON_POSTGRES and item.get_closest_marker("sqlite_file") is not None:
-            item.add_marker(pytest.mark.skip(reason="about the data dir's SQLite file: the SQLite pass runs it"))
+# --- the database a test runs on -----------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
-def postgres(request: pytest.FixtureRequest) -> Iterator[PostgresServer]:
-    """The session's PostgreSQL server (skipped where there is none, failed under CI)."""
-    shared = request.config.stash.get(_SERVER, None)
-    if shared is not None:
-        yield shared
-        return
-    server = PostgresServer(bindir_or_skip())
-    try:
+def postgres(request: pytest.FixtureRequest) -> PostgresServer:
+    """The session's PostgreSQL server, started on first use (skipped where there is none, failed under CI)."""
+    server = request.config.stash.get(_SERVER, None)
+    if server is None:
+        server = PostgresServer(bindir_or_skip())
         server.start()
-        yield server
-    finally:
-        server.remove()
+        request.config.stash[_SERVER] = server
+    return server
 
 
 @pytest.fixture
@@ -79,25 +117,40 @@ def pg_url(postgres: PostgresServer) -> Iterator[str]:
 
 
 @pytest.fixture(autouse=True)
-def _store_database(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
-    """On the PostgreSQL pass: this test's own database, for everything that reads LLMOPS_DATABASE_URL."""
-    if not ON_POSTGRES:
+def database(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """Where the test's engine keeps its state: SQLite in its data dir (None), or, for a store test's
+    ``postgres`` parameter, a database of its own on the session's server, named in LLMOPS_DATABASE_URL (which
+    every AppConfig, CLI and engine process of the test reads)."""
+    if getattr(request, "param", "sqlite") != "postgres":
         return None
-    if _SERVER not in request.config.stash:
-        bindir_or_skip()
     url: str = request.getfixturevalue("pg_url")
     monkeypatch.setenv("LLMOPS_DATABASE_URL", url)
     return url
 
 
 @pytest.fixture
-def db_target(tmp_path: Path, _store_database: str | None) -> Path | str:
-    """Where a store test opens its database: a SQLite file, or on the PostgreSQL pass the test's database."""
-    return _store_database or tmp_path / "store.db"
+def db_target(tmp_path: Path, database: str | None) -> Path | str:
+    """Where a store test opens its database: a SQLite file, or on the PostgreSQL parameter the test's database."""
+    return database or tmp_path / "store.db"
 
-# The apps the tests build answer the Host that Starlette's TestClient and schemathesis send ("testserver"), beside
-# their own names (engine/edge.py's Host check); tests/api/test_edge.py sets its own allowed_hosts.
-os.environ.setdefault("LLMOPS_ALLOWED_HOSTS", '["testserver"]')
+
+# --- cheap password hashes -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _cheap_password_hashes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """argon2 at its lowest cost for the engines the tests build in process (tests only: the engine's own is
+    argon2's recommended 64 MiB, 3 passes, 4 lanes); a hash made at any cost is still verified by its own. The tests
+    of the hashing pool's bounds (``real_hashes``) keep the real cost."""
+    if request.node.get_closest_marker("real_hashes"):
+        return
+    from argon2 import PasswordHasher
+
+    monkeypatch.setattr("engine.access.auth.PasswordHasher",
+                        functools.partial(PasswordHasher, time_cost=1, memory_cost=64, parallelism=1))
+
+
+# --- data dirs and the real engine --------------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -107,7 +160,7 @@ def data_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
-    """The session's real engine, ready: shared by the integration, console and browser tests."""
+    """The session's real engine (real vLLM), ready: shared by the system and browser tiers."""
     with running_engine(tmp_path_factory.mktemp("engine")) as handle:
         handle.client.wait_for({"ready"}, COLD_START_S)
         yield handle

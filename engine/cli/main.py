@@ -148,7 +148,7 @@ def cmd_db(args: argparse.Namespace) -> int:
             print("nothing to migrate: engine/db/tables.py declares what the newest revision makes (--empty writes "
                   "a revision to fill in by hand)")
             return 1
-        print(f"wrote {path}: read it, then run `pytest tests/unit/test_schema.py` (and `make test` for PostgreSQL)")
+        print(f"wrote {path}: read it, then run `pytest tests/service/test_schema.py` (and `make test` for PostgreSQL)")
         return 0
     if args.action == "upgrade":
         db = open_database(config.database)

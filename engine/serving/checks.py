@@ -46,6 +46,8 @@ class Checks:
         self.log = log_
         self._missing: int | None = None  # the revision whose missing model folder was said
         self._built_failed = False  # the latest demo-model build failed: say so before building again
+        # how the demo model is built: `llmops demo-model` on the data dir (tests give a quicker command)
+        self.demo_command = [config.vllm_python, "-m", "engine.cli", "demo-model", "--data-dir", str(config.data_dir)]
 
     async def verdict(self, revision: Revision) -> Verdict:
         """Whether ``revision`` may start now: ok; build the demo model first; wait (its model is missing); or
@@ -94,8 +96,7 @@ class Checks:
         """Train the demo model into the data dir (about two minutes on two cores), its progress as the reason."""
         self.progress.enter(S.STARTING, "building the demo model: the first run of this data dir (about 2 minutes)")
         await self.recorder.event("demo_model_building", "building the demo model for the first run of this data dir")
-        args = at_nice([self.config.vllm_python, "-m", "engine.cli", "demo-model", "--data-dir",
-                        str(self.config.data_dir)], self.config.vllm_nice)
+        args = at_nice(list(self.demo_command), self.config.vllm_nice)
         proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
                                                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                                                     start_new_session=True, cwd=str(REPO))

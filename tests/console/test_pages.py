@@ -12,8 +12,8 @@ from streamlit.testing.v1 import AppTest
 
 from engine.client import EngineClient
 from engine.db import BenchmarkRun
-from tests.support.wait import wait_until
 from tests.testkit.console import ADMIN_PASSWORD, InProcessEngine, in_process_engine
+from tests.testkit.wait import wait_until
 
 EngineHandle = InProcessEngine
 

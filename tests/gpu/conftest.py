@@ -4,7 +4,7 @@ Skipped where NVML finds no GPU. On the H200 they serve a Llama-3-8B-shaped mode
 (``LLMOPS_GPU_MODEL``, written by ../shared/gpu/make_shape_model.py). The data dir (``LLMOPS_GPU_DATA_DIR``)
 outlives one pytest run, so a later run on the same machine starts calibrated. Figures go to
 ``LLMOPS_GPU_REPORT_DIR`` as JSON for docs/gpu-validation.md. The engine comes from the same harness as the CPU
-suites (tests/support/engine.py)."""
+suites (tests/testkit/engine.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from tests.support.engine import REPO, EngineHandle, running_engine
+from tests.testkit.engine import REPO, EngineHandle, running_engine
 
 MODEL = os.environ.get("LLMOPS_GPU_MODEL", "/tmp/m8b")
 DATA_DIR = Path(os.environ.get("LLMOPS_GPU_DATA_DIR", "/tmp/llmops-gpu"))

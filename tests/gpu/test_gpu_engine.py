@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 from engine.schemas import GpuView
 from tests.gpu.conftest import SETTINGS, START_S, bench, needs_gpu, report
-from tests.support.engine import EngineHandle
-from tests.support.wait import wait_until
+from tests.testkit.engine import EngineHandle
+from tests.testkit.wait import wait_until
 
 pytestmark = needs_gpu
 GIB = 1 << 30

@@ -6,8 +6,8 @@ import pytest
 
 from engine.client import SettingsRejectedError
 from tests.gpu.conftest import START_S, needs_gpu, report
-from tests.support.engine import EngineHandle
-from tests.support.wait import wait_until
+from tests.testkit.engine import EngineHandle
+from tests.testkit.wait import wait_until
 
 pytestmark = needs_gpu
 

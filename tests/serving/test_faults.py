@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.db import RevisionStatus
-from tests.support.db import sql
+from tests.testkit.db import sql
 from tests.testkit.fake_vllm import Script
 from tests.testkit.serving import Scenario, by_revision
 

@@ -91,3 +91,40 @@ async def test_a_bug_in_serving_fails_visibly_and_serving_goes_on(tmp_path: Path
         assert status.state == "failed" and "a plan's bug" in status.reason
         assert "a plan's bug" in sc.event_list("failed")[-1].message
         assert sc.controller.intent.next_attempt > sc.clock.monotonic()  # retried after the backoff, not spun
+
+
+async def test_a_data_dir_without_the_demo_model_builds_it_then_starts_vllm(tmp_path: Path) -> None:
+    """The first run of a fresh data dir: the demo model is built (its progress as the reason), then started. The
+    build is `llmops demo-model` (about two minutes: the CLI's own tests train it); here a command that writes its
+    config as the build would."""
+    import json
+    import sys
+
+    from tests.testkit.data import DEMO_SHAPE
+
+    async with Scenario(tmp_path) as sc:
+        config = sc.config.demo_model_dir / "config.json"
+        config.unlink()
+        sc.controller.checks.demo_command = [
+            sys.executable, "-c", f"import pathlib,sys; print('step    1/2', flush=True); "
+            f"pathlib.Path({str(config)!r}).write_text({json.dumps(DEMO_SHAPE)!r}); print('step    2/2')"]
+        await sc.tick()
+        status = sc.snapshot()
+        assert status.state == "starting" and "building the demo model" in status.reason and not status.instances
+        await sc.until(sc.serving_revision(1))
+        kinds = [k for k in sc.kinds() if k in ("demo_model_building", "demo_model_built", "starting", "model_missing")]
+        assert kinds == ["demo_model_building", "demo_model_built", "starting"]
+        assert config.is_file()
+
+
+async def test_a_missing_model_folder_is_named_with_what_to_do_and_vllm_is_not_started(tmp_path: Path) -> None:
+    mine = tmp_path / "data" / "models" / "mine"
+    async with Scenario(tmp_path) as sc:
+        rev = sc.write({"model": str(mine)})  # the folder went away before the start (a moved disk, a typo)
+        await sc.ticks(12)
+        status = sc.snapshot()
+        assert status.state == "failed" and str(mine) in status.reason and "has no config.json" in status.reason
+        assert not sc.fakes  # vLLM was never started
+        missing = sc.event_list("model_missing")
+        assert len(missing) == 1 and missing[0].revision_id == rev.id  # said once, not every look
+        assert sc.revisions.get_revision(rev.id or 0).status == "pending"  # not rejected: copy the model back

@@ -19,8 +19,8 @@ from starlette.testclient import TestClient
 from engine.app import create_app
 from engine.client import EngineClient, route_through
 from engine.config import AppConfig
-from tests.support.data import make_data_dir
 from tests.testkit.clock import LiveClock
+from tests.testkit.data import make_data_dir
 from tests.testkit.fake_vllm import FakePlacement, Script
 
 URL = "http://testserver"  # the Host every in-process request carries (LLMOPS_ALLOWED_HOSTS has it in tests)

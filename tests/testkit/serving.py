@@ -34,8 +34,8 @@ from engine.gateway import Admission, BodyLimits, DataPath, Gateway
 from engine.revisions import DeploymentRef, EngineSettings, RevisionStore, initial_settings
 from engine.schemas import ApplyPlanOut, BridgeOut, PlanKind, PlanStepOut, StatusOut
 from engine.serving import Controller
-from tests.support.data import make_data_dir
 from tests.testkit.clock import FakeClock
+from tests.testkit.data import make_data_dir
 from tests.testkit.fake_vllm import FakePlacement, FakeVllm, Script
 
 SETTLE_S = 0.5  # longest real wait for serving's own tasks (probes, operations, watchers) after a tick

@@ -11,7 +11,7 @@ import pytest
 
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.gateway import Admission
-from tests.support.wait import eventually
+from tests.testkit.wait import eventually
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 
 from engine.vllm import ChildLog, VllmChild, free_port, group_members, reap_orphans
-from tests.support.wait import eventually
+from tests.testkit.wait import eventually
 
 # A server that forks a worker; the worker ignores SIGTERM, like a stuck vLLM worker holding memory.
 TREE = """

@@ -2,7 +2,7 @@
 
 The faults (an answer garbled mid-stream, a client that hangs up) come from a scripted upstream, named as such:
 real vLLM cannot garble its chunked encoding on demand. What real vLLM does through the path (usage, streams,
-TTFT) is tested against it in tests/integration/test_engine.py.
+TTFT) is tested against it in tests/system/test_engine.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from aiohttp import web
 from engine.access import GatewayKeys, RateLimiter
 from engine.bodies import BodyBudget, BodyError, V1Body, inspect_v1
 from engine.gateway import Admission, BodyLimits, DataPath, Gateway, StreamMeter, check_path, forward_query, with_usage
-from tests.support.wait import eventually
+from tests.testkit.wait import eventually
 
 
 class FakeAuth:

@@ -50,7 +50,7 @@ def test_the_guard_stops_vllm_when_its_actor_dies(tmp_path: Path) -> None:
     import psutil
 
     from engine.vllm import group_members
-    from tests.support.wait import wait_until
+    from tests.testkit.wait import wait_until
 
     actor = subprocess.Popen([sys.executable, "-c", ACTOR, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                              cwd=Path(__file__).resolve().parents[2])
@@ -78,7 +78,7 @@ def test_the_guard_stops_vllm_when_its_raylet_dies_before_its_actor(tmp_path: Pa
     import sys
 
     from engine.vllm import group_members
-    from tests.support.wait import wait_until
+    from tests.testkit.wait import wait_until
 
     actor_then_self = ACTOR.replace('print(info["pid"], flush=True)', 'print(info["pid"], os.getpid(), flush=True)')
     actor_then_self = actor_then_self.replace("import sys, time", "import os, sys, time")

@@ -13,7 +13,7 @@ from engine.capacity.model import GIB, Device, load_shape
 from engine.capacity.plans import Company, PlanInputs, Running, StepEta, plan_apply
 from engine.revisions import EngineSettings
 from engine.schemas import ApplyPlanOut, StepAction
-from tests.support.data import DEMO_SHAPE
+from tests.testkit.data import DEMO_SHAPE
 
 LLAMA8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
            "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256,

@@ -1,6 +1,6 @@
 """The status a thread reads (the API's sync handlers, /metrics) is taken on the event loop between two of its
 steps: read field by field from a thread, it once showed an apply "applied" beside the reason of its last step,
-"draining instance a" (CI, tests/integration/test_engine.py)."""
+"draining instance a" (CI, tests/system/test_engine.py)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from engine.gpu import AlertEngine, AlertThresholds, Sampler, Snapshot
-from tests.support.nvml_double import FakeGpu, NvmlDouble
+from tests.testkit.nvml_double import FakeGpu, NvmlDouble
 
 GIB = 1 << 30
 

@@ -10,7 +10,7 @@ import pytest
 from engine.revisions import EngineSettings, initial_settings, merge_values, validate_settings
 from engine.vllm import build_command, build_env
 from engine.vllm.command import renice_group, session_nice, unbound_omp_threads
-from tests.support.wait import wait_until
+from tests.testkit.wait import wait_until
 
 
 def settings(data_dir: Path, **changes: object) -> EngineSettings:
