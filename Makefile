@@ -14,19 +14,20 @@ TORCH_INDEX := $(if $(HAS_GPU),,$(if $(wildcard $(PIP_FIND_LINKS)/torch-2.13.0+c
 STAMP := $(VENV)/.installed-$(VLLM_EXTRA)
 DEMO := $(DATA_DIR)/models/demo/config.json
 
-.PHONY: run test test-postgres setup lint unit demo-model clean
+.PHONY: run test fast setup lint demo-model clean
 
 run: $(STAMP) $(DEMO)
 	$(BIN)/llmops up --data-dir $(DATA_DIR)
 
+# Every tier this machine can run, cheapest first (tests/conftest.py): unit, service (SQLite and PostgreSQL),
+# serving, console, then system and browser with the real vLLM, and gpu where NVML finds one. The run ends with the
+# time each tier took.
 test: $(STAMP) $(DEMO) lint
 	$(BIN)/pytest
-	$(MAKE) test-postgres
 
-# The store's tests (tests/api and those marked `store`) a second time, on PostgreSQL: a throwaway server from
-# Debian's postgresql package (tests/support/postgres.py), a fresh database per test.
-test-postgres: $(STAMP)
-	LLMOPS_TEST_DATABASE=postgres $(BIN)/pytest -m store tests/api tests/unit
+# The tiers without a real vLLM (about five minutes on two cores): what to run after each change.
+fast: $(STAMP)
+	$(BIN)/pytest tests/unit tests/service tests/serving tests/console
 
 setup: $(STAMP) $(DEMO)
 
@@ -35,8 +36,6 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-unit: $(STAMP)
-	$(BIN)/pytest -m "not integration and not e2e and not gpu"
 
 demo-model: $(DEMO)
 

@@ -24,11 +24,10 @@ import pytest
 
 from tests.testkit.data import make_data_dir
 from tests.testkit.engine import COLD_START_S, EngineHandle, running_engine
-from tests.testkit.postgres import PostgresServer, bindir_or_skip, fresh_database
+from tests.testkit.postgres import PostgresServer, bindir_or_skip, fresh_database, shared_server
 
 TESTS = Path(__file__).parent
 TIERS = ("unit", "service", "serving", "console", "system", "browser", "gpu")
-_SERVER = pytest.StashKey[PostgresServer]()
 
 # The apps the tests build answer the Host that Starlette's TestClient and schemathesis send ("testserver"), beside
 # their own names (engine/edge.py's Host check); tests/service/test_edge.py sets its own allowed_hosts.
@@ -88,23 +87,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
             terminalreporter.write_line(f"{tier:8} {int(count):4d} tests {seconds:8.1f} s ({seconds / 60:.1f} min)")
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    server = config.stash.get(_SERVER, None)
-    if server is not None:
-        server.remove()
-
-
 # --- the database a test runs on -----------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
-def postgres(request: pytest.FixtureRequest) -> PostgresServer:
-    """The session's PostgreSQL server, started on first use (skipped where there is none, failed under CI)."""
-    server = request.config.stash.get(_SERVER, None)
-    if server is None:
-        server = PostgresServer(bindir_or_skip())
-        server.start()
-        request.config.stash[_SERVER] = server
+def postgres() -> PostgresServer:
+    """The test process's PostgreSQL server, started on first use (skipped where there is none, failed under CI)."""
+    bindir_or_skip()
+    server = shared_server()
+    assert server is not None
     return server
 
 

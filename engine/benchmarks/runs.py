@@ -97,7 +97,7 @@ REPO = Path(__file__).resolve().parents[2]  # where `python -m engine.benchmarks
 
 
 def bench_env(environ: Mapping[str, str], hf_token: str | None = None) -> dict[str, str]:
-    """The benchmark's environment: the allow-listed part of the engine's (engine/serving/command.py child_env),
+    """The benchmark's environment: the allow-listed part of the engine's (engine/vllm/command.py child_env),
     nothing of the engine's own (no LLMOPS_* setting: the admin password, the hub token, tokens). A hub tokenizer
     gets the hub token as HF_TOKEN, as vLLM does."""
     env = child_env(environ)

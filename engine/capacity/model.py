@@ -134,7 +134,7 @@ def _kv_dtype_bytes(shape: ModelShape, settings: EngineSettings) -> int:
 
 
 def vllm_max_num_seqs(settings: EngineSettings) -> int:
-    """What vLLM is started with: the ceiling when one is set (engine/serving/command.py)."""
+    """What vLLM is started with: the ceiling when one is set (engine/vllm/command.py)."""
     return max(settings.max_num_seqs, settings.max_num_seqs_ceiling or 0)
 
 

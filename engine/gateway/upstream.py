@@ -3,8 +3,8 @@ over as it arrives, and nothing else.
 
 Every token of every stream passes through here, so a read costs one event-loop wake-up: the protocol parses
 what the socket delivered (chunked or sized), appends the payload to one buffer and wakes the reader, which takes
-all of it at once. Measured against httpx and aiohttp in bench/gateway_overhead.py; aiohttp's C parser also hung
-for good on a malformed chunk (it neither raised nor timed out), which this parser answers with an error.
+all of it at once. Measured against httpx and aiohttp by `python -m bench gateway-overhead`; aiohttp's C parser also
+hung for good on a malformed chunk (it neither raised nor timed out), which this parser answers with an error.
 
 A connection is reused only after its response was read to the end; one given up mid-body (a client that left)
 is closed, which makes vLLM abort the request. Idle connections older than ``idle_s`` are dropped before vLLM's

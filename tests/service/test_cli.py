@@ -88,7 +88,7 @@ def test_console_command_runs_the_console_behind_the_edge() -> None:
     where the CLI found it."""
     import importlib.util
 
-    from engine.cli.main import _console_command
+    from engine.cli.processes import _console_command
 
     cmd, env = _console_command(8501, "http://127.0.0.1:8000")
     assert cmd[1:3] == ["-m", "console.serve"] and cmd[cmd.index("--port") + 1] == "8501"

@@ -210,6 +210,8 @@ async def test_a_replica_lost_beside_others_is_replaced_while_they_serve(tmp_pat
             await sc.ticks(2)
             crash_at = sc.clock.monotonic()
             sc.fake("b").crash(1)
+            await sc.settle()  # no tick yet: the exit alone takes it out of the gateway, at once
+            assert [u.instance for u in sc.admission.upstreams] == ["a"]
             await sc.until(lambda: "instance_failed" in sc.kinds())
             await sc.until(sc.serving_revision(1, instances=2), within_s=200)
         assert min(s.open for s in sc.since(crash_at)) >= 1  # the other served throughout

@@ -116,8 +116,8 @@ def test_an_apply_under_streaming_load_never_pauses(engine: EngineHandle) -> Non
 
     What must always hold is asserted: 0 failed, the engine never had nothing serving, the plan ran. How long
     clients went without a completed request is a figure of this machine's load (1.3-2.6 s seen on a busy 2-core
-    host), measured by bench/apply_gap.py; the bound here only tells a pause (a whole start, 30 s or more) from a
-    blue/green apply, with a margin that holds on a shared CI machine."""
+    host), measured by `python -m bench apply-gap`; the bound here only tells a pause (a whole start, 30 s or more)
+    from a blue/green apply, with a margin that holds on a shared CI machine."""
     old = engine.client.status()
     assert old.pid is not None and len(old.instances) == 1
     change = {"max_num_seqs": 5, "max_num_seqs_ceiling": CEILING}
@@ -354,7 +354,7 @@ def test_sigkill_of_vllm_under_load_recovers_on_the_same_revision(engine: Engine
         return found[0].ts.timestamp() if found else None
 
     seen_at = wait_until(exit_seen, 60, every=0.1, what="the instance_exited event")
-    # at once on a quiet machine (bench/crash_detect.py measures it under load); the margin holds on a busy CI
+    # at once on a quiet machine (`python -m bench crash-detect` measures it under load); the margin holds on a busy CI
     # host, where the engine core's held log pipe or three failed /health probes took 8-20 s before
     assert seen_at - killed_at < 5.0, f"the exit was seen {seen_at - killed_at:.1f} s after the SIGKILL"
     def replaced() -> StatusOut | None:

@@ -133,3 +133,22 @@ def fresh_database(server: PostgresServer, prefix: str = "t") -> tuple[str, str]
     """A new database at the schema's head (a copy of the template): its name and URL."""
     name = f"{prefix}_{os.getpid()}_{next(_names)}"
     return name, server.create_database(name, template=migrated_template(server))
+
+
+_SHARED: list[PostgresServer] = []
+
+
+def shared_server() -> PostgresServer | None:
+    """The test process's one server, started on first use and removed when the process ends (None where there
+    are no server binaries: the caller skips, or fails under CI)."""
+    if not _SHARED:
+        bindir = find_bindir()
+        if bindir is None:
+            return None
+        import atexit
+
+        server = PostgresServer(bindir)
+        server.start()
+        atexit.register(server.remove)
+        _SHARED.append(server)
+    return _SHARED[0]

@@ -254,7 +254,7 @@ def test_flags_that_change_weights_or_profiling_are_named() -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Out of sample on the H200: calibrate on one start, predict another start of the same model within 1 %.
-# bench/gpu_capacity_archs.sh writes <arch>-1.log (calibrates) and <arch>-2.log (held out) for each architecture;
+# python -m bench capacity-archs writes <arch>-1.log (calibrates) and <arch>-2.log (held out) for each architecture;
 # kept in tests/fixtures/vllm_logs/h200-archs/, each pair is a case here. The Llama-3-8B shape's starts of
 # 2026-11-30 are the same test on the logs kept before (calibrated from the engine's first start of that day).
 

@@ -195,7 +195,7 @@ PLANS = [ApplyPlanOut(kind="blue_green", reason="fits beside", expected_s=76.0, 
 def test_what_clients_should_expect_is_written_once_for_the_console_and_the_cli(
         plan: ApplyPlanOut, capsys: pytest.CaptureFixture[str]) -> None:
     from console.restart import plan_text
-    from engine.cli.main import _print_plan
+    from engine.cli.remote import _print_plan
 
     expect = plan.expectation()
     _print_plan(plan)

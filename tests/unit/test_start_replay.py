@@ -1,7 +1,7 @@
 """The start ETA table replayed over real starts, out of sample: each start's estimate is made from the starts
 before it only (as the engine made it at the time), of the kind it was launched as, and compared with what it
 took. The records are the ``ready`` events' data of real starts (tests/fixtures/starts/: this 2-core host through
-the real engine, bench/start_kinds.py; an H200, docs/gpu-2026-12-01/)."""
+the real engine, python -m bench start-kinds; an H200, bench/results/2026-12-01-h200/)."""
 
 from __future__ import annotations
 

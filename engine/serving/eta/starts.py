@@ -34,7 +34,7 @@ KIND_TEXT: dict[StartKind, str] = {
 }
 # What a start of each kind takes against a warm one alone, for a kind this engine has not started yet (then the
 # estimate is a prior and says so), per build. CPU: the demo model on this project's 2-core host, 12 real starts
-# through the engine with the scheduler's sessions weighted (bench/start_kinds.py, 2026-12-03,
+# through the engine with the scheduler's sessions weighted (python -m bench start-kinds, 2026-12-03,
 # tests/fixtures/starts/cpu-2026-12-03.json): warm alone 48-63 s (median 56), cold 61-81 s (107 s for the first
 # after boot, torch's own cache empty too), beside an instance serving 16 streaming clients 121-145 s (its imports
 # 92-100 s against 34-44 s alone), a cold one there 160 s. Before the sessions were weighted (2026-12-01) a start

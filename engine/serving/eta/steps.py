@@ -21,8 +21,8 @@ from engine.serving.eta.starts import Eta, PastStart, estimate
 from engine.vllm import compile_key
 
 # What a step takes, for one this engine has not measured yet (seconds, with traffic in flight): CPU build, the
-# demo model under 16 streaming clients on 2 cores (bench/start_kinds.py: handovers 0.4-1.8 s, drains 0.0-1.9 s,
-# stops 0.6-3.3 s); CUDA, an H200 with an 8B model (docs/gpu-2026-12-01/: stops 0.5-0.7 s, a sleep 17.2 s).
+# demo model under 16 streaming clients on 2 cores (python -m bench start-kinds: handovers 0.4-1.8 s, drains 0.0-1.9 s,
+# stops 0.6-3.3 s); CUDA, an H200 with an 8B model (bench/results/2026-12-01-h200/: stops 0.5-0.7 s, a sleep 17.2 s).
 PRIOR_STEP_S: dict[str, dict[str, float]] = {
     "cpu": {"handover": 1.0, "drain": 1.0, "stop": 2.0, "sleep": 5.0},
     "cuda": {"handover": 1.0, "drain": 1.0, "stop": 0.7, "sleep": 17.0},
