@@ -3,15 +3,14 @@ forwards, usage metering and the request ledger."""
 
 from __future__ import annotations
 
+from engine.gateway.admission import Admission, Upstream
 from engine.gateway.datapath import BodyLimits, DataPath
 from engine.gateway.ledger import Ledger, Record, percentile
 from engine.gateway.proxy import (
     USAGE_PATHS,
-    Admission,
     Gateway,
     GenerateRequest,
     StreamMeter,
-    Upstream,
     forward_query,
     usage_of,
     with_usage,

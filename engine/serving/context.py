@@ -12,6 +12,7 @@ from engine.db import Revision
 from engine.revisions import EngineSettings
 from engine.schemas import EngineState, StepAction
 from engine.serving.failures import Failures
+from engine.serving.gate import Gate
 from engine.serving.health import Health
 from engine.serving.instances import Drain, Instance, Instances, Verdict
 from engine.serving.intent import Intent
@@ -21,13 +22,15 @@ from engine.serving.recorder import Recorder
 
 
 class ServingContext:
-    def __init__(self, config: AppConfig, build: str, instances: Instances, launcher: Launcher, health: Health,
+    def __init__(self, config: AppConfig, build: str, instances: Instances, launcher: Launcher, gate: Gate,
+                 health: Health,
                  failures: Failures, progress: Progress, recorder: Recorder, intent: Intent, clock: Clock,
                  desired_seen: Callable[[], tuple[bool, int | None]]) -> None:
         self.config = config
         self.build = build
         self.registry = instances
         self.launcher = launcher
+        self.gate = gate
         self.health = health
         self.failures = failures
         self.progress = progress
@@ -75,28 +78,28 @@ class ServingContext:
         await self.launcher.promote(inst)
 
     def begin_handover(self, new: Instance) -> float | None:
-        return self.launcher.begin_handover(new)
+        return self.gate.begin_handover(new)
 
     def handed_over(self, new: Instance, deadline: float) -> bool:
-        return self.launcher.handed_over(new, deadline)
+        return self.gate.handed_over(new, deadline)
 
     def in_flight(self) -> int:
-        return self.launcher.in_flight()
+        return self.gate.in_flight()
 
     async def close(self, inst: Instance) -> None:
-        await self.launcher.close(inst)
+        await self.gate.close(inst)
 
     async def begin_drain(self, inst: Instance, reason: str) -> None:
-        await self.launcher.begin_drain(inst, reason)
+        await self.gate.begin_drain(inst, reason)
 
     async def drained(self, inst: Instance) -> bool:
-        return await self.launcher.drained(inst)
+        return await self.gate.drained(inst)
 
     def begin_drain_all(self) -> Drain:
-        return self.launcher.begin_drain_all()
+        return self.gate.begin_drain_all()
 
     def drained_all(self, drain: Drain) -> int | None:
-        return self.launcher.drained_all(drain)
+        return self.gate.drained_all(drain)
 
     def stop(self, inst: Instance, reason: str) -> None:
         self.health.forget(inst)

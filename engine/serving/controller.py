@@ -41,6 +41,7 @@ from engine.serving.context import ServingContext
 from engine.serving.eta import Company, Eta, PastStart
 from engine.serving.failures import Failures
 from engine.serving.forecast import Forecast, Traffic
+from engine.serving.gate import Gate
 from engine.serving.health import Health
 from engine.serving.instances import Instance, Instances
 from engine.serving.intent import Intent
@@ -87,16 +88,18 @@ class Controller:
         self.forecast = Forecast(config, events, self.instances, self.traffic, self.build, lambda: self.planner,
                                  lambda: self.others_running())
         self.prober = Prober()  # the one HTTP client of this deployment's probes, sleeps and wake-ups
-        self.launcher = Launcher(config, self.deployment, self.build, admission, self.instances, self.progress,
+        self.gate = Gate(config, admission, self.instances, self.progress, self.recorder, clock, self.wake)
+        self.launcher = Launcher(config, self.deployment, self.build, self.gate, self.instances, self.progress,
                                  self.recorder, self.forecast, clock, self.log, self.run_dir, lambda: self.placement,
                                  lambda: self.planner, lambda: self.others_running(), self.wake, self.prober)
         self.health = Health(config, clock, self.wake, self.prober)
         self.policy = RecoveryPolicy(config.backoff_initial_s, config.backoff_max_s, config.crashloop_max_failures,
                                      config.crashloop_window_s)
-        self.failures = Failures(self.policy, revisions, self.instances, self.launcher, self.progress, self.recorder,
-                                 self.intent, clock)
+        self.failures = Failures(self.policy, revisions, self.instances, self.launcher, self.gate, self.progress,
+                                 self.recorder, self.intent, clock)
         self.checks = Checks(config, self.instances, self.progress, self.recorder, self.intent, clock, self.log)
-        self.ctx = ServingContext(config, self.build, self.instances, self.launcher, self.health, self.failures,
+        self.ctx = ServingContext(config, self.build, self.instances, self.launcher, self.gate, self.health,
+                                  self.failures,
                                   self.progress, self.recorder, self.intent, clock, self._desired)
         self.operations = Operations(self.ctx, self.forecast, lambda node, settings: self.room(node, settings))
         self.view = StatusView(self.deployment, self.progress, self.instances, admission, self.intent, revisions,
@@ -186,7 +189,7 @@ class Controller:
 
     def pending(self) -> list[asyncio.Task[Any]]:
         """The tasks serving has under way (probes, operations, watchers): a test waits for them."""
-        return self.launcher.pending() + self.health.pending()
+        return self.launcher.pending() + self.gate.pending() + self.health.pending()
 
     # --- operators' commands (from the API's threads) ---------------------------------------------------------
 
@@ -244,6 +247,7 @@ class Controller:
         await cancel_and_wait(self._task)
         await self._drop_work()
         await self.admission.close()
+        self.gate.close_watchers()
         await self.launcher.close_down()
         await self.prober.close()
         self.progress.enter_if(S.STOPPING, "engine shutting down")
@@ -339,14 +343,14 @@ class Controller:
         if self.intent.halted is not None:
             return
         if not self.intent.enabled:
-            await self.launcher.refuse(self.intent.stop_reason or self._operator_stop())
+            await self.gate.refuse(self.intent.stop_reason or self._operator_stop())
             if self.instances:
                 self._begin("stop", self.operations.stop_all("stop requested"))
             elif self.progress.state != S.STOPPED and self.progress.sm.can(S.STOPPED):
                 self.progress.enter(S.STOPPED, "stop requested")
             return
         if self.admission.refusal is not None:
-            await self.launcher.refuse(None)
+            await self.gate.refuse(None)
         desired = await self._desired_revision()
         if desired is False:
             return
@@ -425,7 +429,7 @@ class Controller:
     # --- what a soft change needs (engine/serving/strategies/soft.py SoftContext) ------------------------------
 
     async def relabel(self, inst: Instance, revision: Revision, settings: EngineSettings) -> None:
-        await self.launcher.relabel(inst, revision, settings)
+        await self.gate.relabel(inst, revision, settings)
 
     async def mark_applied(self, revision_id: int) -> None:
         await self.recorder.mark_applied(revision_id)

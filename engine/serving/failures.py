@@ -21,6 +21,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from engine.clock import Clock
 from engine.revisions import RevisionStore
 from engine.schemas import EngineState
+from engine.serving.gate import Gate
 from engine.serving.instances import Instance, Instances, Verdict
 from engine.serving.intent import Intent
 from engine.serving.launcher import Launcher
@@ -35,7 +36,8 @@ log = logging.getLogger("llmops.serving")
 
 class Failures:
     def __init__(self, policy: RecoveryPolicy, revisions: RevisionStore, instances: Instances, launcher: Launcher,
-                 progress: Progress, recorder: Recorder, intent: Intent, clock: Clock) -> None:
+                 gate: Gate, progress: Progress, recorder: Recorder, intent: Intent, clock: Clock) -> None:
+        self.gate = gate
         self.policy = policy
         self.revisions = revisions
         self.instances = instances
@@ -79,7 +81,7 @@ class Failures:
     async def beside(self, inst: Instance, reason: str) -> AsyncIterator[None]:
         """``inst`` failed while others serve: stop what is left of it; the others serve; a replacement follows
         after the policy's delay."""
-        await self.launcher.close(inst)
+        await self.gate.close(inst)
         self.launcher.kill(inst)
         while not self.launcher.stopped(inst):
             yield
@@ -94,7 +96,7 @@ class Failures:
                       was_ready: bool) -> AsyncIterator[None]:
         """vLLM stopped without being asked (or never started) and nothing else serves: stop what is left,
         diagnose, then roll back, retry or halt."""
-        await self.launcher.close_all()
+        await self.gate.close_all()
         # failed from now: what is left of its process group (an engine core, workers) may take stop_timeout_s
         # to go, and its log is only complete for diagnosis once it has
         self.progress.enter_if(S.FAILED, f"{reason}; stopping what is left of it")
@@ -144,7 +146,7 @@ class Failures:
                                       after={"revision": back}, detail=decision.message)
         elif decision.action == "halt":
             self.intent.halted = decision.message
-            await self.launcher.refuse(f"vLLM is halted: {decision.message}")
+            await self.gate.refuse(f"vLLM is halted: {decision.message}")
             self.progress.say(decision.message)
             await self.recorder.event("crash_loop", decision.message, "critical", rev_id,
                                       data={"diagnosis": diag.kind})

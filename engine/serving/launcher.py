@@ -24,16 +24,16 @@ from engine.capacity import Planner, logged_batched_tokens, parse_start
 from engine.clock import Clock
 from engine.config import AppConfig
 from engine.db import Revision
-from engine.gateway import Admission, Upstream
+from engine.gateway import Upstream
 from engine.placement import Placement
 from engine.revisions import DeploymentRef, EngineSettings, resolve_local_model
 from engine.schemas import Build, EngineState
 from engine.serving.eta import Company, start_view
 from engine.serving.forecast import Forecast
-from engine.serving.instances import Drain, Instance, Instances
+from engine.serving.gate import Gate
+from engine.serving.instances import Instance, Instances
 from engine.serving.progress import Progress
 from engine.serving.recorder import Recorder
-from engine.serving.strategies.soft import gateway_limit
 from engine.vllm import (
     Child,
     ChildLog,
@@ -54,7 +54,7 @@ RELEASE_WAIT_S = 30.0  # after a stop, how long the GPU memory of its processes 
 
 
 class Launcher:
-    def __init__(self, config: AppConfig, deployment: DeploymentRef, build: Build, admission: Admission,
+    def __init__(self, config: AppConfig, deployment: DeploymentRef, build: Build, gate: Gate,
                  instances: Instances, progress: Progress, recorder: Recorder, forecast: Forecast, clock: Clock,
                  log_: ChildLog, run_dir: Path, placement: Callable[[], Placement],
                  planner: Callable[[], Planner | None], others_running: Callable[[], int],
@@ -63,7 +63,7 @@ class Launcher:
         self.prober = prober
         self.deployment = deployment
         self.build = build
-        self.admission = admission
+        self.gate = gate
         self.instances = instances
         self.progress = progress
         self.recorder = recorder
@@ -205,7 +205,7 @@ class Launcher:
             data={"args": args[1:], "predicted": inst.predicted, "instance": name, "bridge": bridge,
                   "device": device, "node": node, "eta_s": inst.eta.total_s, "kind": inst.eta.kind,
                   "load_1m": inst.eta.load_1m})
-        inst.in_flight_at_launch = self.admission.in_flight
+        inst.in_flight_at_launch = self.gate.in_flight()
         inst.launched_at = self.clock.monotonic()
         await child.spawn()
         return inst
@@ -218,7 +218,7 @@ class Launcher:
         if child.stop_requested or inst not in self.instances:
             return
         role = inst.role
-        closed = await self.close(inst) if inst.serving else []
+        closed = await self.gate.close(inst) if inst.serving else []
         in_flight = sum(u.outstanding for u in closed)
         if inst.serving:
             inst.role = "failed"
@@ -268,10 +268,7 @@ class Launcher:
         inst.last_health = self.clock.monotonic()
         if not inst.bridge:
             await self.recorder.mark_applied(inst.revision.id)
-        upstream = await self.admission.open(child.url, inst.revision.id, instance=inst.name, api_key=child.api_key,
-                                             limit=gateway_limit(inst))
-        inst.upstream = upstream
-        self.progress.gap_closed()
+        upstream = await self.gate.open(inst)
         if woken:
             if self.progress.state != S.READY and self.progress.sm.can(S.READY):
                 self.progress.enter(S.READY, f"revision {inst.revision.id} serves again after wake-up")
@@ -321,112 +318,6 @@ class Launcher:
                               exc)
         return out
 
-    async def relabel(self, inst: Instance, revision: Revision, settings: EngineSettings) -> None:
-        """A serving instance takes a revision on as it runs (a soft change): the gateway holds it to its new
-        max_num_seqs from the next request."""
-        inst.revision, inst.settings = revision, settings
-        await self.admission.relabel(inst.name, revision.id, gateway_limit(inst))
-
-    # --- the gateway -------------------------------------------------------------------------------------------
-
-    async def close(self, inst: Instance) -> list[Upstream]:
-        """No new requests to ``inst``; the upstreams closed (their requests may still be in flight)."""
-        closed = await self.admission.close(inst.name)
-        inst.upstream = None
-        if not self.admission.upstreams:
-            self.progress.gap_opened()
-        return closed
-
-    async def close_all(self) -> None:
-        await self.admission.close()
-        for inst in self.instances:
-            inst.upstream = None
-        self.progress.gap_opened()
-
-    async def refuse(self, refusal: str | None) -> None:
-        """While nothing serves on purpose, new requests get ``refusal`` at once (None: they wait in the queue)."""
-        if self.admission.refusal != refusal:
-            await self.admission.refuse(refusal)
-
-    def in_flight(self) -> int:
-        return self.admission.in_flight
-
-    async def begin_drain(self, inst: Instance, reason: str) -> None:
-        """No new requests to ``inst``; its requests (streams included) get up to drain_timeout_s to end."""
-        closed = await self.close(inst)
-        inst.role = "draining"
-        now = self.clock.monotonic()
-        inst.drain = Drain(now, now + self.config.drain_timeout_s, sum(u.outstanding for u in closed), closed,
-                           reason)
-        if closed:
-            inst.drain.watcher = self._task(self._watch_drain(closed), f"drain-{inst.name}")
-
-    async def _watch_drain(self, upstreams: list[Upstream] | None) -> None:
-        await self.admission.drain(self.config.drain_timeout_s, upstreams)
-        self.wake()
-
-    def _left(self, upstreams: list[Upstream] | None) -> int:
-        return self.admission.in_flight if upstreams is None else sum(u.outstanding for u in upstreams)
-
-    async def drained(self, inst: Instance) -> bool:
-        """Whether ``inst``'s drain is over (its requests ended, or drain_timeout_s passed); its end is booked
-        once."""
-        drain = inst.drain
-        if drain is None:
-            return True
-        left = self._left(drain.upstreams)
-        now = self.clock.monotonic()
-        if left and now < drain.deadline:
-            return False
-        inst.drain = None
-        drain.over()
-        self.progress.timed("drain", inst.name, now - drain.since, drain.in_flight)
-        await self.recorder.event(
-            "drained", f"instance {inst.name}: {left} requests still in flight after "
-            f"{self.config.drain_timeout_s:.0f} s ({drain.reason})" if left else
-            f"drained instance {inst.name}: {drain.reason}", "warning" if left else "info", inst.revision.id,
-            data={"instance": inst.name, "left": left})
-        return True
-
-    def begin_drain_all(self) -> Drain:
-        """Every request in flight gets up to drain_timeout_s to end (the upstreams already closed)."""
-        now = self.clock.monotonic()
-        return Drain(now, now + self.config.drain_timeout_s, self.admission.in_flight, [], "",
-                     self._task(self._watch_drain(None), "drain-all"))
-
-    def drained_all(self, drain: Drain) -> int | None:
-        """None while requests are in flight and drain_timeout_s has not passed; else how many are left."""
-        left = self.admission.in_flight
-        if left and self.clock.monotonic() < drain.deadline:
-            return None
-        drain.over()
-        return left
-
-    def begin_handover(self, new: Instance) -> float | None:
-        """``new`` takes its first requests beside the instances it replaces until it has ended as many as it runs
-        at once (at most 8), or handover_s: a cold instance's first batch is its slowest, and clients must not
-        wait on it alone meanwhile. Its deadline (None: no traffic, nobody to hand over to)."""
-        upstream = new.upstream
-        if self.config.handover_s <= 0 or self.admission.in_flight == 0 or upstream is None:
-            return None
-        target = min(8, max(1, new.settings.max_num_seqs))
-        new.handover = self._task(self._watch_handover(upstream, target), f"handover-{new.name}")
-        return self.clock.monotonic() + self.config.handover_s
-
-    async def _watch_handover(self, upstream: Upstream, target: int) -> None:
-        await self.admission.finished(upstream, target, self.config.handover_s)
-        self.wake()
-
-    def handed_over(self, new: Instance, deadline: float) -> bool:
-        upstream = new.upstream
-        target = min(8, max(1, new.settings.max_num_seqs))
-        over = upstream is None or upstream not in self.admission.upstreams or upstream.finished >= target or \
-            self.clock.monotonic() >= deadline
-        if over and new.handover is not None:
-            new.handover.cancel()
-            new.handover = None
-        return over
-
     # --- stop, sleep, wake (operations) ------------------------------------------------------------------------
 
     def stop(self, inst: Instance, reason: str) -> None:
@@ -452,7 +343,7 @@ class Launcher:
         try:
             seconds = await inst.child.stop(self.config.stop_timeout_s)
             if was in ("serving", "bridge", "draining"):  # a step of an apply (not a start given up)
-                self.progress.timed("stop", inst.name, seconds, self.admission.in_flight)
+                self.progress.timed("stop", inst.name, seconds, self.gate.in_flight())
             released = True
             planner = self.planner
             if planner is not None and old_pids:

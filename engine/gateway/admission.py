@@ -1,0 +1,185 @@
+"""Admission: who may send to vLLM now. The open upstreams (one per instance that serves), a bounded waiting room
+while none is open (an apply, a crash) or every one is at its limit of requests, and the requests in flight. A
+request goes to the open upstream with the fewest requests outstanding; the serving controller opens, relabels,
+closes and drains upstreams (engine/serving/launcher.py), and waits for their requests to end before it stops an
+instance."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
+
+CAPACITY_QUEUE = 65_536  # requests that wait for a free slot (every instance at its max_num_seqs), as vLLM's queue
+
+
+@dataclass(eq=False)
+class Upstream:
+    """One vLLM instance the gateway may send to."""
+
+    url: str
+    revision: int | None
+    instance: str = "a"
+    outstanding: int = 0
+    finished: int = 0  # requests it has ended (answered, failed or given up), since it opened
+    auth: tuple[bytes, bytes] | None = None  # the instance's own API key, as the header the gateway adds
+    admission: Admission | None = None  # whose upstream it is (set when opened)
+    down_until: float = 0.0  # monotonic: it refused a connection; the others take new requests until then
+    limit: int | None = None  # most requests in flight to it (its max_num_seqs under a higher ceiling); None: vLLM's
+
+
+class Admission:
+    """Who may send to vLLM now: the open upstreams, a bounded waiting room, and the requests in flight."""
+
+    def __init__(self, queue_size: int, queue_timeout_s: float, deployment_id: int | None = None,
+                 deployment: str | None = None) -> None:
+        self.deployment_id = deployment_id  # whose admission this is (the request ledger records it)
+        self.deployment = deployment  # and its name (a gateway key may be limited to some deployments)
+        self.queue_size = queue_size
+        self.queue_timeout_s = queue_timeout_s
+        self._open: list[Upstream] = []
+        self._cond = asyncio.Condition()
+        self._watchers = 0  # drains and waiters that want to hear of every change
+        self.in_flight = 0
+        self.waiting = 0
+        self.rejected = 0
+        self.refusal: str | None = None  # set while vLLM is down on purpose: refuse at once, do not queue
+
+    @property
+    def upstreams(self) -> list[Upstream]:
+        return list(self._open)
+
+    @property
+    def upstream(self) -> str | None:
+        return self._open[0].url if self._open else None
+
+    @property
+    def revision(self) -> int | None:
+        return self._open[0].revision if self._open else None
+
+    def _room(self) -> bool:
+        """Whether an open upstream can take one more request now (its limit, if it has one, not reached)."""
+        return any(u.limit is None or u.outstanding < u.limit for u in self._open)
+
+    def _take(self) -> Upstream:
+        if len(self._open) > 1:
+            now = time.monotonic()  # one that just failed to connect is passed over while others answer
+            free = [u for u in self._open if u.limit is None or u.outstanding < u.limit]
+            best = min((u for u in free if u.down_until <= now), key=lambda u: u.outstanding, default=None) \
+                or min(free, key=lambda u: u.outstanding)
+        else:
+            best = self._open[0]
+        best.outstanding += 1
+        self.in_flight += 1
+        return best
+
+    async def acquire(self, deadline: float) -> Upstream:
+        """The upstream with the fewest outstanding requests, counted in flight; waits (until ``deadline``,
+        monotonic) while none is open, or every one has its limit of requests (first come, first served)."""
+        if self._open and not self.waiting and self._room():  # nearly every request: no lock, no await
+            return self._take()
+        async with self._cond:
+            if not self._open and self.refusal is not None:
+                self.rejected += 1
+                raise UpstreamUnavailableError(self.refusal)
+            if not (self._open and self._room()):
+                # nothing serves: the waiting room is bounded (queue_size); all at their limit is load, queued
+                # as vLLM would queue it, within a bound of its own
+                bound = self.queue_size if not self._open else CAPACITY_QUEUE
+                if self.waiting >= bound:
+                    self.rejected += 1
+                    raise QueueFullError(f"{self.waiting} requests already wait for vLLM (queue_size)"
+                                         if not self._open else f"{self.waiting} requests wait for a free slot")
+                self.waiting += 1
+                self._watchers += 1
+                try:
+                    await asyncio.wait_for(self._cond.wait_for(
+                        lambda: (bool(self._open) and self._room()) or (not self._open and self.refusal is not None)),
+                        max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    self.rejected += 1
+                    raise QueueTimeoutError("vLLM did not become ready within queue_timeout_s") from None
+                finally:
+                    self.waiting -= 1
+                    self._watchers -= 1
+                if not self._open:
+                    self.rejected += 1
+                    raise UpstreamUnavailableError(self.refusal or "vLLM is down")
+            return self._take()
+
+    async def release(self, upstream: Upstream) -> None:
+        upstream.outstanding -= 1
+        upstream.finished += 1
+        self.in_flight -= 1
+        if self._watchers:
+            async with self._cond:
+                self._cond.notify_all()
+
+    async def open(self, url: str, revision: int | None = None, instance: str = "a", api_key: str | None = None,
+                   limit: int | None = None) -> Upstream:
+        """Send to ``url`` (instance ``instance``, replacing an upstream of the same instance), with the instance's
+        own API key when it has one."""
+        async with self._cond:
+            old = next((u for u in self._open if u.instance == instance), None)
+            up = Upstream(url, revision, instance, old.outstanding if old and old.url == url else 0,
+                          auth=(b"authorization", b"Bearer " + api_key.encode()) if api_key else None, admission=self,
+                          limit=limit)
+            self._open = [u for u in self._open if u.instance != instance] + [up]
+            self.refusal = None
+            self._cond.notify_all()
+            return up
+
+    async def relabel(self, instance: str, revision: int | None, limit: int | None) -> None:
+        """The instance serves ``revision`` now, held to ``limit`` requests at once (a change of max_num_seqs within
+        its ceiling, or a scale, adopted it): in effect for the next request, those in flight counted as before."""
+        async with self._cond:
+            for upstream in self._open:
+                if upstream.instance == instance:
+                    upstream.revision, upstream.limit = revision, limit
+            self._cond.notify_all()  # a higher limit lets waiting requests in
+
+    async def close(self, instance: str | None = None) -> list[Upstream]:
+        """Stop admitting to ``instance`` (None: every upstream); new requests go to the others, or wait (bounded)
+        for the next open. Returns the upstreams closed, whose requests may still be in flight."""
+        async with self._cond:
+            closed = [u for u in self._open if instance is None or u.instance == instance]
+            self._open = [u for u in self._open if u not in closed]
+            self._cond.notify_all()
+            return closed
+
+    async def refuse(self, refusal: str | None) -> None:
+        """While closed, refuse new requests at once with ``refusal`` instead of queueing them (None: queue)."""
+        async with self._cond:
+            self.refusal = refusal
+            if refusal is not None:
+                self._cond.notify_all()
+
+    async def finished(self, upstream: Upstream, n: int, timeout: float) -> bool:
+        """Wait until ``upstream`` has ended ``n`` requests, it closes, or ``timeout``; whether it ended them."""
+        async with self._cond:
+            self._watchers += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._cond.wait_for(
+                        lambda: upstream.finished >= n or upstream not in self._open), timeout)
+            finally:
+                self._watchers -= 1
+            return upstream.finished >= n
+
+    async def drain(self, timeout: float, upstreams: list[Upstream] | None = None) -> int:
+        """Wait until no request is in flight (on ``upstreams``, if given), or ``timeout``; return how many still
+        are."""
+        def left() -> int:
+            return self.in_flight if upstreams is None else sum(u.outstanding for u in upstreams)
+
+        async with self._cond:
+            self._watchers += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._cond.wait_for(lambda: left() == 0), timeout)
+            finally:
+                self._watchers -= 1
+            return left()
