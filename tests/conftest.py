@@ -54,8 +54,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _on_both(definition: pytest.Function) -> bool:
     """A test of the store: every service test, and those marked ``store`` elsewhere; but not those about the SQLite
     file itself (``sqlite_file``), nor those that use a PostgreSQL server of their own (``postgres``) or choose their
-    databases themselves (``own_database``)."""
-    if any(definition.get_closest_marker(m) for m in ("sqlite_file", "postgres", "own_database")):
+    databases themselves (``own_database``), nor those of what does not depend on the store (``one_database``)."""
+    if any(definition.get_closest_marker(m) for m in ("sqlite_file", "postgres", "own_database", "one_database")):
         return False
     return tier_of(definition.path) == "service" or definition.get_closest_marker("store") is not None
 

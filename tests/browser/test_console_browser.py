@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.conftest import cut_figures, no_error_on, open_page, shot, sign_in, wait_rendered
-from tests.testkit.engine import ADMIN_PASSWORD, EngineHandle
+from tests.testkit.engine import ADMIN_PASSWORD, COLD_START_S, EngineHandle
 
 # title, screenshot name, a text that is there once the page (and its live fragment) has rendered
 PAGES = [("Overview", "overview", "Requests running"), ("Deployments", "deployments", "Create a deployment"),
@@ -106,7 +106,11 @@ def test_a_max_num_seqs_within_its_ceiling_is_applied_at_once_without_a_restart(
     journey (tests/browser/test_journeys.py)."""
     before = engine.client.settings()
     ceiling = before.values.max_num_seqs_ceiling
-    assert ceiling is not None and before.values.max_num_seqs < ceiling, before.values
+    if ceiling is None or before.values.max_num_seqs + 1 > ceiling:  # this tier alone: one restart to set it up
+        rev = engine.client.put_settings(before.revision, {"max_num_seqs": 2, "max_num_seqs_ceiling": 8},
+                                         "e2e: headroom for max_num_seqs")
+        engine.client.wait_for({"ready"}, COLD_START_S, revision=rev.revision)
+        before = engine.client.settings()
     pid = engine.client.status().pid
     open_page(page, "Engine settings")
     seqs = page.get_by_label("max_num_seqs", exact=True)
@@ -123,7 +127,8 @@ def test_a_max_num_seqs_within_its_ceiling_is_applied_at_once_without_a_restart(
     dialog.get_by_text(re.compile(r"^In effect now — ")).wait_for()
     shot(page, "apply-soft-confirm")
     dialog.get_by_role("button", name="Apply now").click()
-    page.get_by_role("heading", name=re.compile(r"Applying revision \d+")).wait_for()
+    # in effect at once: the "Applying revision N" heading may last less than one rerun, so the outcome is what
+    # the operator is sure to see
     page.get_by_text(re.compile(r"Revision \d+ is ready after")).wait_for(timeout=60_000)
     shot(page, "apply-soft-done")
     no_error_on(page)

@@ -373,6 +373,7 @@ def test_the_cli_leaves_a_fresh_data_dir_private(tmp_path: Path) -> None:
     assert files and {stat.S_IMODE(os.stat(f).st_mode) for f in files} == {0o600}
 
 
+@pytest.mark.one_database  # the HTTP edge / the CLI: the store plays no part
 def test_the_cli_reads_a_token_file_and_warns_of_one_on_the_command_line(data_dir: Path, tmp_path: Path) -> None:
     app = create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD))
     token = app.state.services.auth.create_token("cli", "viewer")[0]
@@ -400,6 +401,7 @@ def test_a_csv_export_cell_never_starts_a_formula(keyed: tuple[TestClient, dict[
     assert not [c for c in cells if c.startswith(("=", "+", "-", "@", "\t", "\r"))]
 
 
+@pytest.mark.one_database  # the HTTP edge / the CLI: the store plays no part
 def test_forwarded_headers_are_believed_only_from_configured_proxies(tmp_path: Path) -> None:
     """uvicorn believed X-Forwarded-For from any loopback peer: any local user could write the audit's source."""
     forged = {"x-forwarded-for": "203.0.113.9"}

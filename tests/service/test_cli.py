@@ -12,6 +12,9 @@ import pytest
 
 from tests.testkit.engine import REPO, EngineHandle, running_engine
 
+# the CLI's parsing and messages over HTTP (the store's writes are test_access's and test_api's)
+pytestmark = pytest.mark.one_database
+
 
 @pytest.fixture
 def idle_engine(data_dir: Path) -> Iterator[EngineHandle]:

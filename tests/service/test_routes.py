@@ -7,12 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fastapi.routing import APIRoute
 
 from engine.api import route_meta
 from engine.app import create_app
 from engine.config import AppConfig
 from tests.testkit.engine import ADMIN_PASSWORD, REPO
+
+pytestmark = pytest.mark.one_database  # what each route declares: the store plays no part
 
 MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 FILES = ("/api/logs/download", "/api/audit/export", "/metrics", "/api/engine/", "/api/prompts/{prompt_id}",

@@ -64,7 +64,10 @@ def test_a_lost_node_is_sent_nothing_and_its_replica_comes_back_on_the_head(flee
     other = next(n for n in cluster.list_all_nodes() if not n.head)
     lost = next(i for i in before.instances if i.node and i.node != head.node_id)
     assert lost.node == other.node_id
-    load = Load(engine.url, clients=8, stream=True).start()
+    # streaming clients, each with a short wait between requests: the replacement's start on the head gets some
+    # of the two cores (8 back-to-back clients stretched it to minutes on CI)
+    clients = 4
+    load = Load(engine.url, clients=clients, stream=True, pause_s=0.25).start()
     load.wait_for(16, timeout=300)
     marker = engine.client.events(limit=1, newest_first=True)[0].id
     killed = time.monotonic()
@@ -96,7 +99,7 @@ def test_a_lost_node_is_sent_nothing_and_its_replica_comes_back_on_the_head(flee
     late = [o for o in failed if o.finished - o.seconds > seen_at]
     assert late == [], late[:3]
     assert all(o.finished >= killed for o in failed)  # nothing failed before the node was lost
-    assert len(failed) <= 8, summary(outcomes)  # at most one per client: what was in flight there
+    assert len(failed) <= clients, summary(outcomes)  # at most one per client: what was in flight there
     assert after.state == "ready" and all(i.node == head.node_id for i in after.instances)
     kinds = [e.kind for e in engine.client.events(since=marker, limit=500)]
     assert "instance_exited" in kinds and "instance_failed" in kinds and kinds.count("ready") >= 1

@@ -25,10 +25,13 @@ from tests.testkit.engine import COLD_START_S, ENGINE_ONLY_ENV, HF_TOKEN, Engine
 from tests.testkit.load import PAUSE_BOUND_S, Load, longest_gap, summary
 from tests.testkit.wait import wait_until
 
-# Streaming clients during the apply: enough that a pause would fail requests (each client has one in flight at
-# almost every moment), few enough that the new instance's start beside the old one stays within minutes on two
-# cores (16 + a start took 203 s here; the figure at 16 is `python -m bench apply-gap`'s).
+# Streaming clients while max_num_seqs changes within its ceiling: more than any max_num_seqs tried, so some wait.
 CLIENTS = 8
+# During the apply: clients that always have a request in flight or about to be (a pause would fail or hold them),
+# each with a short wait between requests so that the new instance, started at a low priority beside the one that
+# serves, gets some of the two cores: with 8 back-to-back clients the start took 300 s on CI, with this about a
+# minute. The figure under 16 back-to-back clients is `python -m bench apply-gap`'s.
+APPLY_CLIENTS, APPLY_PAUSE_S = 4, 0.5
 CEILING = 8  # the max_num_seqs vLLM runs with after the apply: max_num_seqs changes below it restart nothing
 
 
@@ -123,8 +126,8 @@ def test_an_apply_under_streaming_load_never_pauses(engine: EngineHandle) -> Non
     change = {"max_num_seqs": 5, "max_num_seqs_ceiling": CEILING}
     plan = engine.client.capacity(change).plan
     assert plan is not None and plan.kind == "blue_green" and plan.pause_s == 0
-    load = Load(engine.url, clients=CLIENTS, stream=True).start()
-    load.wait_for(2 * CLIENTS, timeout=120)  # traffic flows before the change
+    load = Load(engine.url, clients=APPLY_CLIENTS, stream=True, pause_s=APPLY_PAUSE_S).start()
+    load.wait_for(8, timeout=120)  # traffic flows before the change
     t0 = time.monotonic()
     rev = engine.client.put_settings(old.desired_revision or 0, change, "test: smaller batch, with headroom")
     seen: list[int] = []
@@ -150,7 +153,7 @@ def test_an_apply_under_streaming_load_never_pauses(engine: EngineHandle) -> Non
     status = wait_until(applied, COLD_START_S, every=0.2, what="the apply's end")
     t1 = time.monotonic()
     after = load.count()
-    load.wait_for(after + 2 * CLIENTS, timeout=120)  # and flows on the new instance
+    load.wait_for(after + 8, timeout=120)  # and flows on the new instance
     outcomes = load.stop()
     counts = summary(outcomes)
     assert counts["ok"] == counts["total"], (counts, [o for o in outcomes if not o.ok][:3])
@@ -395,7 +398,9 @@ def test_a_second_deployment_serves_beside_the_first_through_the_one_gateway(eng
     untouched while the second starts and goes (its apply and its failures: the serving tier; the figures:
     `python -m bench deployments`)."""
     a = engine.client.wait_for({"ready"}, COLD_START_S)
-    load = Load(engine.url, clients=4, stream=True, model="demo").start()
+    # traffic on the first throughout, light enough to leave the second's start some of the two cores (4 clients
+    # back to back stretched it to six minutes on CI)
+    load = Load(engine.url, clients=2, stream=True, model="demo", pause_s=0.5).start()
     model = str(engine.data_dir / "models" / "demo")
     created = engine.client.create_deployment("demo-b", {"model": model, "max_num_seqs": 4,
                                                          "cpu_kv_cache_gib": 0.25}, note="test: a second name")

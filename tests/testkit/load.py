@@ -51,6 +51,10 @@ class Load:
     timeout_s: float = 420.0
     stream: bool | None = None  # None: every other request streams
     model: str = "demo"
+    # Each client's wait between two requests. 0: back to back, every core busy serving (what an apply's gap is
+    # measured under). A journey that only needs traffic flowing through a start leaves the cores room to start the
+    # new instance beside the one that serves: on two cores, back-to-back clients stretch a start to minutes.
+    pause_s: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -93,6 +97,8 @@ class Load:
                     outcome = Outcome(client, stream, None, 0.0, exception=f"client crashed: {exc!r}")
                 with self._lock:
                     self.outcomes.append(outcome)
+                if self.pause_s:
+                    self._stop.wait(self.pause_s)
 
     def _one(self, http: httpx.Client, client: int, stream: bool) -> Outcome:
         text = f"{prompt_token()} client {client}: describe a module"
