@@ -238,13 +238,15 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
     app.state.services = services
     app.state.generated_admin_password = generated
     app.hosts = engine_hosts(config)
-    budget = BodyBudget(config.v1_body_budget_bytes)  # /v1 bodies, data path and /v1/generate together
+    # /v1 bodies, data path and /v1/generate together, and each client's share of them
+    budget = BodyBudget(config.v1_body_budget_bytes, config.v1_body_share_bytes or config.body_limit_v1_bytes)
     app.data_path = DataPath(gateway, keys, BodyLimits(config.body_limit_v1_bytes, config.body_timeout_s,
-                                                       config.json_max_depth), budget, models=fleet.models)
+                                                       config.json_max_depth, config.v1_body_budget_bytes,
+                                                       config.body_first_byte_s), budget, models=fleet.models)
     mount(app)
     app.add_middleware(BodyGuard, limits=Limits(config.body_limit_auth_bytes, config.body_limit_api_bytes,
                                                 config.body_limit_v1_bytes, config.json_max_depth,
-                                                config.body_timeout_s), budget=budget)
+                                                config.body_timeout_s, config.body_first_byte_s), budget=budget)
     app.add_middleware(AccessGate, api=app, auth=auth, keys=keys,  # roles before bodies: inside the audit
                        writable=lambda: free_space_problem(config.data_dir, config.min_free_disk_bytes))
     app.add_middleware(AuditMiddleware, log=audit, tallies=tallies, console_key=console_key)

@@ -3,9 +3,11 @@ path): within a size limit and a time limit, and, when JSON, checked before anyt
 UTF-8, no NaN or Infinity or numbers that overflow to them, no unpaired surrogate escapes (no text can hold
 them, so storing one fails), nesting at most a depth. Each refusal names its reason; none echoes the body.
 
-/v1 bodies are also held within a total (``BodyBudget``, ``v1_body_budget_bytes``): each request reserves its
-declared length before a byte is read (or its bytes as they arrive, when no length is declared), and a request
-that does not fit beside the others is refused with 503 and Retry-After. The gateway does not build a large /v1
+/v1 bodies are also held within a total (``BodyBudget``, ``v1_body_budget_bytes``) and a share of it per client
+(``v1_body_share_bytes``): a request holds its bytes as they arrive, not as declared (four connections that declared
+32 MiB and sent a byte each held the whole budget for a minute); a declared length that does not fit now is refused
+with 503 and Retry-After before a byte is read, as is a body that grows past either bound; the first byte of a body
+must come within ``body_first_byte_s``. The gateway does not build a large /v1
 body into Python objects (``inspect_v1``): vLLM parses it; the gateway checks it as JSON and reads the top-level
 fields it needs (a 31 MiB array of token ids built as a list cost 7 times its bytes and seconds of the loop)."""
 
@@ -40,41 +42,75 @@ class BodyError(EngineError, ValueError):
 
 
 class BodyBudget:
-    """Bytes of request bodies held at once, all requests together (one event loop: no lock)."""
+    """Bytes of request bodies held at once, all requests together, and by each owner (a gateway key, else the
+    peer's address) at most ``share`` of them (one event loop: no lock). Bytes are held as they arrive, never as
+    declared: a client that declares 32 MiB and sends one byte holds one byte."""
 
-    def __init__(self, limit: int, retry_after_s: int = 2) -> None:
+    def __init__(self, limit: int, share: int | None = None, retry_after_s: int = 2) -> None:
         self.limit = limit
+        self.share = min(share or limit, limit)
         self.retry_after_s = retry_after_s
         self.held = 0
+        self.by_owner: dict[str, int] = {}
 
-    def hold(self) -> BodyHold:
-        return BodyHold(self)
+    def hold(self, owner: str = "") -> BodyHold:
+        return BodyHold(self, owner)
+
+    def fits(self, size: int, owner: str = "") -> bool:
+        """Whether ``size`` more bytes would fit now, in all and in the owner's share."""
+        return self.held + size <= self.limit and self.by_owner.get(owner, 0) + size <= self.share
+
+    def _refusal(self, size: int, owner_held: int) -> BodyError:
+        if self.held + size > self.limit:
+            why = (f"the engine holds {self.held:,} bytes of request bodies; {size:,} more would pass its budget "
+                   f"of {self.limit:,} (v1_body_budget_bytes)")
+        else:
+            why = (f"this client (its key, else its address) holds {owner_held:,} bytes of request bodies; "
+                   f"{size:,} more would pass its share of {self.share:,} (v1_body_share_bytes)")
+        return BodyError(503, f"{why}: retry shortly", [(b"retry-after", str(self.retry_after_s).encode())])
 
 
 class BodyHold:
-    """One request's share of the budget: grown as its body is known, given back once (``release``)."""
+    """One request's part of the budget: grown as its body arrives, given back once (``release``)."""
 
-    __slots__ = ("budget", "size")
+    __slots__ = ("budget", "owner", "size")
 
-    def __init__(self, budget: BodyBudget) -> None:
+    def __init__(self, budget: BodyBudget, owner: str = "") -> None:
         self.budget = budget
+        self.owner = owner
         self.size = 0
 
+    def check_declared(self, size: int) -> None:
+        """A declared length that could not fit now: BodyError(503) before a byte is read. Nothing is held for
+        it: the bytes are held as they arrive (``grow_to``)."""
+        budget = self.budget
+        if not budget.fits(size - self.size, self.owner):
+            raise budget._refusal(size - self.size, budget.by_owner.get(self.owner, 0))
+
     def grow_to(self, size: int) -> None:
-        """Hold ``size`` bytes in all, or BodyError(503) when they do not fit beside the other requests'."""
+        """Hold ``size`` bytes in all, or BodyError(503) when they do not fit beside the other requests' (or the
+        owner's other requests')."""
         budget = self.budget
         more = size - self.size
         if more <= 0:
             return
-        if budget.held + more > budget.limit:
-            raise BodyError(503, f"the engine holds {budget.held:,} bytes of request bodies; {size:,} more would "
-                            f"pass its budget of {budget.limit:,} (v1_body_budget_bytes): retry shortly",
-                            [(b"retry-after", str(budget.retry_after_s).encode())])
+        owned = budget.by_owner.get(self.owner, 0)
+        if budget.held + more > budget.limit or owned + more > budget.share:
+            raise budget._refusal(more, owned)
         budget.held += more
+        budget.by_owner[self.owner] = owned + more
         self.size = size
 
     def release(self) -> None:
-        self.budget.held -= self.size
+        if not self.size:
+            return
+        budget = self.budget
+        budget.held -= self.size
+        left = budget.by_owner.get(self.owner, 0) - self.size
+        if left > 0:
+            budget.by_owner[self.owner] = left
+        else:
+            budget.by_owner.pop(self.owner, None)
         self.size = 0
 
 
@@ -122,20 +158,27 @@ def parse_json(body: bytes, max_depth: int) -> Any:
     return value
 
 
-async def read_body(receive: Receive, limit: int, timeout_s: float, hold: BodyHold | None = None
-                    ) -> tuple[bytes, Message | None]:
-    """The whole body, within ``limit`` bytes (413), ``timeout_s`` (408) and, with ``hold``, the budget (503);
+async def read_body(receive: Receive, limit: int, timeout_s: float, hold: BodyHold | None = None,
+                    first_byte_s: float | None = None) -> tuple[bytes, Message | None]:
+    """The whole body, within ``limit`` bytes (413), ``timeout_s`` (408), its first byte within ``first_byte_s``
+    (408) and, with ``hold``, the budget (503);
     and a disconnect seen while reading. A body of several messages is gathered in one growing buffer, each
     message let go as soon as it is copied (kept in a list until joined, 31 MiB of them had the allocator keep
     twice the body)."""
     first: bytes | None = None
     buf = bytearray()
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
+    first_by = started + min(first_byte_s or timeout_s, timeout_s)
     while True:
+        waiting_first = not (first or buf)
         try:
-            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            async with asyncio.timeout(max(0.0, (first_by if waiting_first else deadline) - time.monotonic())):
                 message = await receive()
         except TimeoutError:
+            if waiting_first and first_by < deadline:
+                raise BodyError(408, f"the body's first byte did not arrive within {first_by - started:g} s "
+                                "(body_first_byte_s)") from None
             raise BodyError(408, f"the body did not arrive within {timeout_s:g} s (body_timeout_s)") from None
         if message["type"] == "http.disconnect":
             return (first or b"") if not buf else bytes(buf), message

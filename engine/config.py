@@ -127,9 +127,17 @@ class AppConfig(BaseSettings):
                                      "whose name resolves here: DNS rebinding). '.example.com' covers its "
                                      "subdomains, '*' any name. As JSON: LLMOPS_ALLOWED_HOSTS='[\"gpu-box\"]'.")
     v1_body_budget_bytes: int = Field(128 << 20, ge=4096, description="Bytes of /v1 request bodies the engine holds "
-                                      "at once, all requests together (read, or waiting for vLLM). A request whose "
-                                      "body does not fit beside the others is refused with 503 and Retry-After at "
-                                      "once, before its body is read; at least body_limit_v1_bytes.")
+                                      "at once, all requests together (read, or waiting for vLLM), counted as they "
+                                      "arrive, not as declared. A request whose declared length does not fit now is "
+                                      "refused with 503 and Retry-After before its body is read, one that grows past "
+                                      "it as it arrives; at least body_limit_v1_bytes.")
+    v1_body_share_bytes: int | None = Field(None, ge=4096, description="The most of v1_body_budget_bytes one "
+                                            "client (its gateway key, else its address) holds at once; past it: 503 "
+                                            "and Retry-After, so that no one client can take the whole budget. At "
+                                            "least body_limit_v1_bytes; empty: body_limit_v1_bytes.")
+    body_first_byte_s: float = Field(5.0, gt=0, description="Longest a request body's first byte may take to "
+                                     "arrive once the headers have; past it: 408 (a connection that declares a "
+                                     "body and sends nothing is let go at once, not after body_timeout_s).")
     min_free_disk_bytes: int = Field(64 << 20, ge=0, description="Free space the data dir's disk must have for a "
                                      "change to be accepted; below it changes are refused with 507, nothing done.")
     ray_address: str | None = Field(None, description="A Ray cluster to place vLLM instances on (the address "
@@ -161,6 +169,10 @@ class AppConfig(BaseSettings):
 
     @model_validator(mode="after")
     def _budget_takes_a_body(self) -> AppConfig:
+        if self.v1_body_share_bytes is not None and self.v1_body_share_bytes < self.body_limit_v1_bytes:
+            raise ValueError(f"v1_body_share_bytes ({self.v1_body_share_bytes:,}) is smaller than "
+                             f"body_limit_v1_bytes ({self.body_limit_v1_bytes:,}): a body the limit allows could "
+                             "never be read")
         if self.v1_body_budget_bytes < self.body_limit_v1_bytes:
             raise ValueError(f"v1_body_budget_bytes ({self.v1_body_budget_bytes:,}) is smaller than "
                              f"body_limit_v1_bytes ({self.body_limit_v1_bytes:,}): a body the limit allows could "

@@ -121,3 +121,12 @@ class QueueTimeoutError(GatewayError):
 
 class UpstreamUnavailableError(GatewayError):
     pass
+
+
+class OutOfScopeError(GatewayError):
+    """A gateway key limited to other deployments asked for this one: for that key it does not exist (OpenAI's
+    404 model_not_found)."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"the model {model[:200]} does not exist for this key")
+        self.model = model

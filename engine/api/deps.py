@@ -16,6 +16,7 @@ from engine.api.services import Services
 from engine.benchmarks import Benchmarks
 from engine.capacity import Planner
 from engine.deployments import DeploymentNotFoundError, DeploymentStore, Fleet, Runtime
+from engine.errors import OutOfScopeError
 from engine.events import EventLog
 from engine.gpu import AlertEngine, Sampler, TelemetryStore
 from engine.metrics import SeriesStore, ServingMonitor
@@ -105,6 +106,27 @@ class Require:
 
 
 @dataclass(frozen=True)
+class SendsTo:
+    """What each of the engine's own /v1 routes declares: the deployment it sends to (a function of the services).
+    A gateway key limited to other deployments gets OpenAI's 404, as the data path answers for its routes; the
+    scope is checked here and there only (tests/service/test_key_scope.py walks every /v1 route)."""
+
+    deployment: Callable[[Services], str]
+
+    async def __call__(self, request: Request) -> str:
+        name = self.deployment(_services(request))
+        principal: Principal | None = getattr(request.state, "principal", None)
+        if principal is not None and not principal.may_use(name):
+            raise OutOfScopeError(name)
+        return name
+
+
+def default_deployment(svc: Services) -> str:
+    """The deployment a /v1 route with no model of its own sends to."""
+    return svc.fleet.default.name
+
+
+@dataclass(frozen=True)
 class Audited:
     """The audit action of a mutating route; the handler fills the note the record is made from.
     ``when_disk_low``: the route still works when the data dir's disk is nearly full (signing in and out: someone
@@ -135,17 +157,20 @@ class RouteMeta(NamedTuple):
     role: Role | None
     action: str | None  # its audit action
     when_disk_low: bool  # it works when the disk is nearly full
+    scoped: bool = False  # it declares the deployment it sends to (SendsTo): a /v1 route
 
 
 def route_meta(route: APIRoute) -> RouteMeta:
     """What a route declares, read from its dependencies."""
-    declared, role, action, low = False, None, None, False
+    declared, role, action, low, scoped = False, None, None, False, False
     for dep in route.dependant.dependencies:
         if isinstance(dep.call, Require):
             declared, role = True, dep.call.role
         elif isinstance(dep.call, Audited):
             action, low = dep.call.action, dep.call.when_disk_low
-    return RouteMeta(declared, role, action, low)
+        elif isinstance(dep.call, SendsTo):
+            scoped = True
+    return RouteMeta(declared, role, action, low, scoped)
 
 
 async def principal_of(request: Request) -> Principal:

@@ -7,11 +7,18 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from engine.benchmarks import BenchmarkBusyError
 from engine.db import RETRY_AFTER_S, UNAVAILABLE, unavailable_message
-from engine.errors import InvalidSettingsError, PreflightError, RevisionNotFoundError, StaleRevisionError
+from engine.errors import (
+    InvalidSettingsError,
+    OutOfScopeError,
+    PreflightError,
+    RevisionNotFoundError,
+    StaleRevisionError,
+)
+from engine.gateway import model_not_found
 
 ECHO_LIMIT = 200  # characters of a refused input a 422 repeats
 
@@ -64,6 +71,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     for kind in UNAVAILABLE:
         app.add_exception_handler(kind, _database)
+
+    @app.exception_handler(OutOfScopeError)
+    async def _out_of_scope(_: Request, exc: OutOfScopeError) -> Response:
+        return Response(model_not_found(exc.model), status_code=404, media_type="application/json")
 
     @app.exception_handler(BenchmarkBusyError)
     async def _busy(_: Request, exc: BenchmarkBusyError) -> JSONResponse:

@@ -26,6 +26,17 @@ class Limits:
     v1_bytes: int
     max_depth: int
     body_timeout_s: float
+    first_byte_s: float | None = None  # body_first_byte_s
+
+
+def body_owner(scope: Scope) -> str:
+    """Whose share of the /v1 body budget a request's body counts in: its gateway key (the gate checked it before
+    the body was read), else its peer's address."""
+    principal = scope.get("state", {}).get("principal")
+    if principal is not None:
+        return f"key:{principal.name}"
+    client = scope.get("client")
+    return f"peer:{client[0]}" if client else "peer:"
 
 
 class BodyGuard:
@@ -50,15 +61,16 @@ class BodyGuard:
         limit = self._limit(path)
         headers = scope.get("headers") or []
         declared = header(headers, b"content-length")
-        hold = self.budget.hold() if v1 and self.budget is not None else None
+        hold = self.budget.hold(body_owner(scope)) if v1 and self.budget is not None else None
         try:
             try:
                 if declared is not None and declared.isdigit() and int(declared) > limit:
                     raise BodyError(413, f"the body is {int(declared):,} bytes; this route takes at most {limit:,} "
                                     "(body_limit_*)")
                 if hold is not None and declared is not None and declared.isdigit():
-                    hold.grow_to(int(declared))
-                body, tail = await read_body(receive, limit, self.limits.body_timeout_s, hold)
+                    hold.check_declared(int(declared))  # refused at once if it cannot fit; held as it arrives
+                body, tail = await read_body(receive, limit, self.limits.body_timeout_s, hold,
+                                             self.limits.first_byte_s)
                 if body:
                     await parse_json_async(body, self.limits.max_depth)
             except BodyError as exc:

@@ -12,6 +12,7 @@ from engine.gateway.proxy import (
     GenerateRequest,
     StreamMeter,
     forward_query,
+    model_not_found,
     usage_of,
     with_usage,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "Upstream",
     "check_path",
     "forward_query",
+    "model_not_found",
     "percentile",
     "usage_of",
     "with_usage",

@@ -36,6 +36,7 @@ class BodyLimits:
     timeout_s: float
     max_depth: int
     budget_bytes: int = 128 << 20  # all requests' bodies together (v1_body_budget_bytes)
+    first_byte_s: float | None = None  # body_first_byte_s
 
 
 def _error(status: int, message: str, kind: str) -> bytes:
@@ -89,7 +90,10 @@ class DataPath:
             await send_simple(send, 200, json.dumps({"object": "list", "data": [
                 {k: v for k, v in m.items() if k != "deployment"} for m in models]}).encode())
             return
-        hold = self.budget.hold()
+        # the body's bytes count in its key's share of the budget (its peer's, with no key)
+        owner = f"key:{principal.name}" if principal is not None else (
+            f"peer:{scope['client'][0]}" if scope.get("client") else "peer:")
+        hold = self.budget.hold(owner)
         try:
             exchange = await self._exchange(scope, receive, send, method, checked, headers, hold)
             if exchange is not None and principal is not None and not principal.may_use(
@@ -114,8 +118,9 @@ class DataPath:
                     if int(declared) > self.limits.max_bytes:
                         raise BodyError(413, f"the body is {int(declared):,} bytes; /v1 takes at most "
                                         f"{self.limits.max_bytes:,} (body_limit_v1_bytes)")
-                    hold.grow_to(int(declared))  # before a byte is read
-                body, tail = await read_body(receive, self.limits.max_bytes, self.limits.timeout_s, hold)
+                    hold.check_declared(int(declared))  # refused before a byte is read if it cannot fit now
+                body, tail = await read_body(receive, self.limits.max_bytes, self.limits.timeout_s, hold,
+                                             self.limits.first_byte_s)
                 content_type = (header(headers, b"content-type") or "").lower()
                 if body and (not content_type or "json" in content_type):
                     fields = await inspect_v1(body, self.limits.max_depth)

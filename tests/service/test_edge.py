@@ -27,6 +27,8 @@ from tests.testkit.engine import ADMIN_PASSWORD, REPO
 from tests.testkit.served import get, read_until_closed, serving, status_of, statuses
 from tests.testkit.wait import wait_until
 
+pytestmark = pytest.mark.one_database  # heads, bodies and hosts at the HTTP edge: the store plays no part
+
 MiB = 1 << 20
 
 
@@ -234,7 +236,8 @@ def test_host_names_are_compared_without_port_case_or_trailing_dot() -> None:
 # --- /v1 leftovers: no total for bodies held ---------------------------------------------------------------------
 
 def test_v1_generate_counts_in_the_same_body_budget(data_dir: Path) -> None:
-    config = AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD, gateway_keys="off")
+    config = AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD, gateway_keys="off",
+                       v1_body_share_bytes=128 << 20)  # one holder may take it all: the budget is what is tested
     app = create_app(config)
     others = app.data_path.budget.hold()  # type: ignore[attr-defined]  # bodies of /v1 requests in flight
     others.grow_to(config.v1_body_budget_bytes - 1000)

@@ -31,7 +31,9 @@ class FakeAuth:
     def authenticate(self, token: str) -> Any:
         from engine.access import Principal
 
-        return Principal("k", "prompter", "gateway", 1, None) if token == "good" else None
+        known = {"good": Principal("k", "prompter", "gateway", 1, None),
+                 "good2": Principal("k2", "prompter", "gateway", 2, None)}
+        return known.get(token)
 
 
 async def drive(app: DataPath, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
@@ -477,3 +479,117 @@ def test_an_instance_that_refuses_connections_is_passed_over_at_once() -> None:
             assert dead.down_until > 0
 
     asyncio.run(go())
+
+
+async def trickle(app: DataPath, declared: int, sent: bytes, peer: str, key: str | None = None
+                  ) -> tuple[asyncio.Future[tuple[int, bytes]], asyncio.Event]:
+    """A request that declares ``declared`` bytes, sends ``sent`` and then nothing until told to hang up."""
+    gone = asyncio.Event()
+    given = False
+    out: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal given
+        if not given and sent:
+            given = True
+            return {"type": "http.request", "body": sent, "more_body": True}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        out.append(dict(message))
+
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(declared).encode())]
+    if key:
+        headers.append((b"authorization", f"Bearer {key}".encode()))
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions",
+             "query_string": b"", "headers": headers, "client": (peer, 1)}
+
+    async def run() -> tuple[int, bytes]:
+        await app(scope, receive, send)
+        start = next((m for m in out if m["type"] == "http.response.start"), {"status": 0})
+        return start["status"], b"".join(m.get("body", b"") for m in out if m["type"] == "http.response.body")
+
+    return asyncio.ensure_future(run()), gone
+
+
+def test_declared_lengths_hold_nothing_only_bytes_that_arrived_do() -> None:
+    """Four connections that declared 32 MiB and sent one byte held the whole 128 MiB budget for a minute: every
+    other client got 503 (issue 31). Now each holds the byte it sent, and the others are served."""
+    async def go() -> None:
+        admission = Admission(4, 1)
+        keys = GatewayKeys(FakeAuth(), RateLimiter(), False)  # type: ignore[arg-type]
+        path = DataPath(Gateway(lambda _: admission, 5.0), keys,
+                        BodyLimits(32 * MiB, 30.0, 64, budget_bytes=128 * MiB, first_byte_s=30.0),
+                        BodyBudget(128 * MiB, 32 * MiB))
+        held = [await trickle(path, 32 * MiB, b"{", f"10.0.0.{i}") for i in range(4)]
+        await eventually(lambda: path.budget.held == 4, 5, what="the four held bytes")
+        status, _, out, reads = await drive(path, "POST", "/v1/completions", b'{"model": "m", "prompt": "x"}',
+                                            {"content-type": "application/json"})
+        assert status == 503 and b"v1_body_budget_bytes" not in out and reads == 1  # past the budget: vLLM down
+        for task, gone in held:
+            gone.set()
+            await task
+        assert path.budget.held == 0 and path.budget.by_owner == {}
+        await path.gateway.aclose()
+
+    asyncio.run(go())
+
+
+def test_one_client_holds_no_more_than_its_share_of_the_budget() -> None:
+    """A client is its key (whatever address it sends from), else its address: none holds more than its share."""
+    async def go() -> None:
+        admission = Admission(4, 1)
+        keys = GatewayKeys(FakeAuth(), RateLimiter(), True)  # type: ignore[arg-type]
+        path = DataPath(Gateway(lambda _: admission, 5.0), keys, BodyLimits(MiB, 30.0, 64, first_byte_s=30.0),
+                        BodyBudget(4 * MiB, MiB))
+        part = b"{" + b" " * (MiB - 10)
+        first, gone = await trickle(path, MiB, part, "10.0.0.1", "good")
+        await eventually(lambda: path.budget.held == len(part), 5, what="the first body's bytes held")
+        again, again_gone = await trickle(path, MiB, b"{" * 100, "10.0.0.2", "good")  # the same key: past its share
+        status, out = await again
+        assert status == 503 and b"v1_body_share_bytes" in out, out
+        again_gone.set()
+        other, other_gone = await trickle(path, MiB, part, "10.0.0.1", "good2")  # another key, the same address
+        await eventually(lambda: path.budget.held == 2 * len(part), 5,
+                         what="another key's body held beside the first")
+        other_gone.set()
+        await other
+        gone.set()
+        await first
+        assert path.budget.held == 0 and path.budget.by_owner == {}
+        await path.gateway.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_body_whose_first_byte_does_not_come_is_let_go_at_once() -> None:
+    async def go() -> None:
+        admission = Admission(4, 1)
+        keys = GatewayKeys(FakeAuth(), RateLimiter(), False)  # type: ignore[arg-type]
+        path = DataPath(Gateway(lambda _: admission, 5.0), keys, BodyLimits(MiB, 60.0, 64, first_byte_s=0.2))
+        t0 = time.monotonic()
+        task, gone = await trickle(path, 1000, b"", "10.0.0.1")
+        status, out = await asyncio.wait_for(task, 10)
+        assert status == 408 and b"body_first_byte_s" in out, out
+        assert time.monotonic() - t0 < 30  # not after body_timeout_s (60 s)
+        gone.set()
+        await path.gateway.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_budget_gives_back_what_it_held_per_client() -> None:
+    budget = BodyBudget(10, 6)
+    a, b = budget.hold("a"), budget.hold("b")
+    a.grow_to(6)
+    with pytest.raises(BodyError, match="v1_body_share_bytes"):
+        a.grow_to(7)
+    with pytest.raises(BodyError, match="v1_body_budget_bytes"):
+        b.grow_to(5)
+    b.grow_to(4)
+    assert (budget.held, budget.by_owner) == (10, {"a": 6, "b": 4})
+    a.release()
+    a.release()  # once only
+    b.release()
+    assert (budget.held, budget.by_owner) == (0, {})

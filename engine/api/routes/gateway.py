@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
-from engine.api.deps import ServicesDep, access
+from engine.api.deps import SendsTo, ServicesDep, access, default_deployment
 from engine.gateway import GenerateRequest
 
 router = APIRouter(tags=["gateway"])
@@ -24,7 +24,8 @@ def client_of(request: Request) -> str:
     return (request.headers.get("x-llmops-client") or (request.client.host if request.client else ""))[:200]
 
 
-@router.post("/v1/generate", dependencies=access(None), responses=RESPONSES)
+@router.post("/v1/generate", dependencies=[*access(None), Depends(SendsTo(default_deployment))],
+             responses={**RESPONSES, 404: {"description": "this key is limited to other deployments"}})
 async def generate(body: GenerateRequest, request: Request, svc: ServicesDep) -> Response:
     """Prompt in, text out: ``{"prompt", "temperature", "max_tokens"}`` → ``{"result"}``."""
     default = svc.fleet.default
