@@ -10,8 +10,8 @@ import streamlit as st
 
 from console import drafts, fmt
 from console.widgets import client, unreachable
-from engine.client import ClientError
-from engine.schemas import AuditOut
+from engine.client import ClientError, NotFoundError
+from engine.schemas import AuditOut, EventOut
 
 st.title("Audit")
 st.caption("Every mutating action: settings writes and rollbacks, restarts, users, tokens, benchmarks, sign-ins, "
@@ -123,16 +123,29 @@ st.subheader("What happened next")
 writes = [r for r in rows if r.action in ("settings.write", "settings.rollback") and r.target]
 if not writes:
     st.caption("No settings change in this selection.")
-try:
-    # the newest events, in time order (the oldest 200 of a long-lived engine say nothing of recent writes)
-    events = sorted(client().events(limit=1000, newest_first=True), key=lambda e: e.ts) if writes else []
-except ClientError as exc:
-    unreachable(exc)
+events_of: dict[str | None, list[EventOut]] = {}  # per deployment: a revision is (deployment, number)
+
+
+def events_for(deployment: str | None) -> list[EventOut]:
+    """The deployment's newest events, in time order (the oldest 200 of a long-lived engine say nothing of recent
+    writes); fetched once per deployment."""
+    if deployment not in events_of:
+        events_of[deployment] = sorted(client().of(deployment).events(limit=1000, newest_first=True),
+                                       key=lambda e: e.ts)
+    return events_of[deployment]
+
+
 for r in writes[:10]:
     revision = int(r.target.split()[-1])
-    with st.expander(f"{fmt.clock(r.ts)} · {r.actor} · {r.action} → revision {revision}"):
+    where = f" of {r.deployment}" if r.deployment else ""
+    with st.expander(f"{fmt.clock(r.ts)} · {r.actor} · {r.action} → revision {revision}{where}"):
         try:
-            rev = client().revision(revision)
+            rev = client().of(r.deployment).revision(revision)
+            events = events_for(r.deployment)
+        except NotFoundError as exc:  # deleted since: its revisions and events went with it
+            gone = f"deployment {r.deployment}" if r.deployment else "the deployment"
+            st.caption(f"Not there any more ({exc}): {gone} or this revision has been deleted since.")
+            continue
         except ClientError as exc:
             st.caption(str(exc))
             continue

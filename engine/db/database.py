@@ -25,7 +25,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import Session
 
 from engine.db import schema
-from engine.errors import DatabaseUnavailableError, UnsupportedDatabaseError
+from engine.errors import DatabaseError, DatabaseUnavailableError, UnsupportedDatabaseError
 
 log = logging.getLogger("llmops.db")
 
@@ -201,9 +201,22 @@ def open_database(target: Path | str | URL) -> Database:
     audit's triggers are made."""
     db = Database(target)
     try:
-        with db.engine.begin() as conn:
-            db.applied = schema.migrate(conn, db.where)
-            ensure_append_only(conn)
+        with db.engine.connect() as conn:
+            sqlite = conn.dialect.name == "sqlite"
+            if sqlite:  # SQLite's way to rebuild a table that others point at: foreign keys off, outside the
+                # transaction (inside one the pragma does nothing), checked before the commit, then on again
+                conn.connection.dbapi_connection.execute("PRAGMA foreign_keys=OFF")  # type: ignore[union-attr]
+            try:
+                with conn.begin():
+                    db.applied = schema.migrate(conn, db.where)
+                    ensure_append_only(conn)
+                    if sqlite and db.applied and (broken := conn.exec_driver_sql(
+                            "PRAGMA foreign_key_check").fetchall()):
+                        raise DatabaseError(f"the schema upgrade of {db.where} would leave rows pointing at "
+                                            f"nothing ({broken[:3]}): nothing was changed")
+            finally:
+                if sqlite:
+                    conn.connection.dbapi_connection.execute("PRAGMA foreign_keys=ON")  # type: ignore[union-attr]
     except UNAVAILABLE as exc:
         db.close()
         raise db.unreachable(exc) from None

@@ -29,6 +29,10 @@ class RevisionStatus(StrEnum):
 ACTIVE = (RevisionStatus.PENDING.value, RevisionStatus.APPLIED.value)
 
 
+# SQLite's AUTOINCREMENT: an id once given is never given again, though its row be deleted (without it, SQLite
+# reuses the largest id; PostgreSQL's sequences never do). Migration 0006 rebuilt the tables so.
+NEVER_REUSED: dict[str, Any] = {"sqlite_autoincrement": True}
+
 DEFAULT_DEPLOYMENT = 1  # the deployment today's routes act on; a data dir of one model is all this deployment's
 
 
@@ -36,6 +40,7 @@ class Deployment(SQLModel, table=True):
     """A model served under one name (the ``model`` clients ask for), with its own revisions, instances and
     placement. Created by the API or the CLI; the engine supervises every enabled one."""
 
+    __table_args__ = {**NEVER_REUSED}
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(index=True, unique=True)
     enabled: bool = Field(default=True, sa_column_kwargs={"server_default": "1"})
@@ -46,6 +51,7 @@ class Deployment(SQLModel, table=True):
 
 
 class Revision(SQLModel, table=True):
+    __table_args__ = {**NEVER_REUSED}
     id: int | None = Field(default=None, primary_key=True)
     deployment_id: int = Field(default=DEFAULT_DEPLOYMENT, index=True,
                                sa_column_kwargs={"server_default": str(DEFAULT_DEPLOYMENT)})
@@ -64,6 +70,7 @@ class Revision(SQLModel, table=True):
 
 
 class Event(SQLModel, table=True):
+    __table_args__ = {**NEVER_REUSED}
     id: int | None = Field(default=None, primary_key=True)
     ts: float = Field(default_factory=time.time, index=True)
     kind: str = Field(index=True)
@@ -77,6 +84,7 @@ class Event(SQLModel, table=True):
 class SavedPrompt(SQLModel, table=True):
     __tablename__ = "saved_prompt"
 
+    __table_args__ = {**NEVER_REUSED}
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(index=True)
     mode: str = "chat"  # chat | completion
@@ -90,6 +98,7 @@ class SavedPrompt(SQLModel, table=True):
 class User(SQLModel, table=True):
     __tablename__ = "user"
 
+    __table_args__ = {**NEVER_REUSED}
     id: int | None = Field(default=None, primary_key=True)
     username: str = Field(index=True, unique=True)
     password_hash: str
@@ -104,6 +113,7 @@ class User(SQLModel, table=True):
 class ApiToken(SQLModel, table=True):
     __tablename__ = "api_token"
 
+    __table_args__ = {**NEVER_REUSED}
     id: int | None = Field(default=None, primary_key=True)
     name: str
     digest: str = Field(index=True, unique=True)  # SHA-256 of the token; the token itself is never stored
@@ -145,7 +155,8 @@ class AuditTally(SQLModel, table=True):
     dropped past a total. Counts grow, so this table is not append-only; the audit trail is."""
 
     __tablename__ = "audit_tally"
-    __table_args__ = (UniqueConstraint("minute", "source", "action", "target", "result", name="uq_audit_tally_key"),)
+    __table_args__ = (UniqueConstraint("minute", "source", "action", "target", "result", name="uq_audit_tally_key"),
+                      {**NEVER_REUSED})
 
     id: int | None = Field(default=None, primary_key=True)
     minute: float = Field(index=True)  # Unix seconds of the minute's start
@@ -172,6 +183,7 @@ class LoginFailure(SQLModel, table=True):
 class CalibrationRow(SQLModel, table=True):
     __tablename__ = "calibration"
 
+    __table_args__ = {**NEVER_REUSED}
     id: int | None = Field(default=None, primary_key=True)
     ts: float = Field(default_factory=time.time)
     host: str = Field(index=True)
@@ -194,6 +206,7 @@ class CalibrationRow(SQLModel, table=True):
 class RequestLog(SQLModel, table=True):
     __tablename__ = "request_log"
 
+    __table_args__ = {**NEVER_REUSED}
     id: int | None = Field(default=None, primary_key=True)
     ts: float = Field(index=True)  # arrival at the gateway
     revision_id: int | None = Field(default=None, index=True)
@@ -216,6 +229,7 @@ class RequestLog(SQLModel, table=True):
 class BenchmarkRun(SQLModel, table=True):
     __tablename__ = "benchmark_run"
 
+    __table_args__ = {**NEVER_REUSED}
     id: int | None = Field(default=None, primary_key=True)
     kind: str = "sweep"  # sweep | search
     revision_id: int | None = Field(default=None, index=True)  # serving when the run started

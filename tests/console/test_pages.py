@@ -240,8 +240,31 @@ def test_audit_page_answers_who_changed_what(console_env: EngineHandle) -> None:
     assert not at.exception
     assert "No settings change" not in texts(at)
     latest = next(e for e in at.expander if "settings." in e.label)  # newest first, after the refused counts
-    assert latest.label.endswith(f"settings.write → revision {written.revision}")
+    assert latest.label.endswith(f"settings.write → revision {written.revision} of demo")
     assert f"Revision **{written.revision}** is now" in "\n".join(m.value for m in latest.markdown)
+
+
+def test_audit_keys_a_revision_on_its_deployment_and_says_when_that_was_deleted(console_env: EngineHandle) -> None:
+    """A revision is (deployment, number): the audit's "what happened next" of another deployment's write showed the
+    default deployment's revision of that number, and a deleted deployment's its successor's (issue 31)."""
+    model = console_env.client.settings().values.model
+    made = console_env.client.create_deployment("audit-b", {"model": model}, note="audit page test")
+    other = console_env.client.of("audit-b")
+    written = other.put_settings(made.revision, {"max_num_seqs": 3}, "audit page test: on b")
+    at = page("audit", console_env.token)
+    at.text_input(key="au_text").set_value("max_num_seqs").run()
+    assert not at.exception
+    labels = [e.label for e in at.expander]
+    entry = next((e for e in at.expander if e.label.endswith(f"→ revision {written.revision} of audit-b")), None)
+    assert entry is not None, labels
+    assert f"Revision **{written.revision}** is now" in "\n".join(m.value for m in entry.markdown)
+    console_env.client.delete_deployment("audit-b", confirm="audit-b")
+    wait_until(lambda: "audit-b" not in {d.name for d in console_env.client.deployments()}, 60, what="b deleted")
+    at = page("audit", console_env.token)
+    at.text_input(key="au_text").set_value("max_num_seqs").run()
+    assert not at.exception
+    entry = next(e for e in at.expander if e.label.endswith(f"→ revision {written.revision} of audit-b"))
+    assert any("has been deleted since" in c.value for c in entry.caption), [c.value for c in entry.caption]
 
 
 def test_access_page_creates_a_token_and_shows_it_once(console_env: EngineHandle) -> None:

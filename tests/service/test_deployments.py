@@ -171,3 +171,31 @@ def test_a_gateway_key_limited_to_deployments_reaches_those_only(data_dir: Path)
             resp = api.post("/api/tokens", json={"name": "x", "role": "viewer", "kind": "gateway", **bad})
             assert resp.status_code == 422 and why in resp.text, resp.text
         assert [t["name"] for t in api.get("/api/tokens").json()].count("x") == 0
+
+
+def test_ids_are_never_reused_after_a_deployment_is_deleted(api: TestClient) -> None:
+    """Deleting a deployment gave its deployment id, its revision numbers (and so its log and the audit's "what
+    happened next") to the next one made: SQLite reuses the largest id of a table unless told not to (issue 31)."""
+    assert create(api).status_code == 201
+    base = api.get("/api/deployments/small/settings").json()["revision"]
+    second = api.put("/api/deployments/small/settings", json={"base_revision": base, "values": {"max_num_seqs": 2}})
+    assert second.status_code == 201, second.text
+    small_id = next(d["id"] for d in api.get("/api/deployments").json() if d["name"] == "small")
+    given = {base, second.json()["revision"]}
+    engine_wide = {e["id"] for e in api.get("/api/events", params={"limit": 500}).json()}  # listed for every one
+    events_before = {e["id"] for e in api.get("/api/deployments/small/events", params={"limit": 500}).json()}
+    events_before -= engine_wide
+    assert events_before  # the deleted deployment's own
+    assert api.delete("/api/deployments/small", params={"confirm": "small"}).status_code == 200
+    wait_until(lambda: api.get("/api/deployments/small/status").status_code == 404, 60, what="its runtime gone")
+    made = create(api, name="other")
+    assert made.status_code == 201, made.text
+    other = next(d for d in api.get("/api/deployments").json() if d["name"] == "other")
+    assert other["id"] > small_id  # not the deleted one's
+    assert made.json()["revision"] > max(given)  # no revision number given twice
+    again = create(api, name="small")  # even under the same name
+    assert again.status_code == 201 and again.json()["revision"] > made.json()["revision"]
+    newest = api.put("/api/settings", json={"base_revision": 1, "values": {"max_num_seqs": 5}})
+    assert newest.status_code == 201 and newest.json()["revision"] > again.json()["revision"]
+    events_after = {e["id"] for e in api.get("/api/deployments/small/events", params={"limit": 500}).json()}
+    assert events_after - engine_wide and not events_after & events_before  # the new "small"'s are its own
