@@ -24,7 +24,7 @@ from engine.access import AuditLog, AuditMiddleware, AuditTallies, Auth, Gateway
 from engine.api import AccessGate, Services, mount
 from engine.api.guard import BodyGuard, Limits
 from engine.benchmarks import Benchmarks
-from engine.bodies import BodyBudget
+from engine.bodies import BodyBudget, RequestBounds
 from engine.capacity import TRAFFIC_WINDOW_S, CalibrationStore, Planner, TrafficNeed
 from engine.config import AppConfig
 from engine.db import DEFAULT_DEPLOYMENT, SERVING_MINUTE, SERVING_RAW, open_database
@@ -242,7 +242,10 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
     budget = BodyBudget(config.v1_body_budget_bytes, config.v1_body_share_bytes or config.body_limit_v1_bytes)
     app.data_path = DataPath(gateway, keys, BodyLimits(config.body_limit_v1_bytes, config.body_timeout_s,
                                                        config.json_max_depth, config.v1_body_budget_bytes,
-                                                       config.body_first_byte_s), budget, models=fleet.models)
+                                                       config.body_first_byte_s,
+                                                       RequestBounds(config.v1_max_n, config.v1_max_prompts,
+                                                                     config.v1_max_asked_tokens)),
+                             budget, models=fleet.models)
     mount(app)
     app.add_middleware(BodyGuard, limits=Limits(config.body_limit_auth_bytes, config.body_limit_api_bytes,
                                                 config.body_limit_v1_bytes, config.json_max_depth,

@@ -253,10 +253,14 @@ class _Fields(msgspec.Struct):
     prompt: msgspec.Raw = msgspec.Raw()
     max_tokens: msgspec.Raw = msgspec.Raw()
     max_completion_tokens: msgspec.Raw = msgspec.Raw()
+    n: msgspec.Raw = msgspec.Raw()
+    best_of: msgspec.Raw = msgspec.Raw()
+    input: msgspec.Raw = msgspec.Raw()
 
 
 _FIELDS = msgspec.json.Decoder(_Fields)
 _ANY_JSON = msgspec.json.Decoder(msgspec.Raw)
+_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 @dataclass
@@ -273,6 +277,9 @@ class V1Body:
     prompt: Any = None  # the prompt or messages: the value, or its raw JSON past LEAN_BYTES
     max_tokens: int | None = None  # what it asked for (max_completion_tokens, else max_tokens), when sane
     data: Any = None
+    n: Any = None  # choices asked for per prompt (as sent: checked by ``RequestBounds``)
+    best_of: Any = None
+    prompts: int = 1  # prompts in the request: a completion's list of prompts, an embedding's list of inputs
 
     def prompt_text(self) -> str | None:
         """The prompt or messages as JSON, cut at 4,000 characters (for sampled requests only: it costs)."""
@@ -292,6 +299,54 @@ def streams(value: Any) -> bool:
     if isinstance(value, int | float):
         return value == 1
     return isinstance(value, str) and value.strip().lower() in TRUE_TEXTS
+
+
+def prompt_count(value: Any) -> int:
+    """How many prompts a ``prompt`` or ``input`` holds: a list of texts or of token-id lists is one each; a text or
+    one list of token ids is one."""
+    if isinstance(value, list) and value and isinstance(value[0], str | list):
+        return len(value)
+    return 1
+
+
+def _raw_prompt_count(raw: msgspec.Raw) -> int:
+    """prompt_count of a field left as raw JSON (a large body), its items not built."""
+    head = bytes(memoryview(raw)[:64]).lstrip()
+    if not head.startswith(b"["):
+        return 1
+    items = _RAW_LIST.decode(raw)
+    first = bytes(memoryview(items[0])[:1]) if items else b""
+    return len(items) if first in (b'"', b"[") else 1
+
+
+@dataclass(frozen=True)
+class RequestBounds:
+    """What one /v1 request may ask vLLM for (v1_max_n, v1_max_prompts, v1_max_asked_tokens): ``n`` of 16,384 or a
+    list of thousands of prompts held every other client of the deployment for minutes (issue 31)."""
+
+    max_n: int = 16
+    max_prompts: int = 2048
+    max_asked_tokens: int = 65_536
+
+    def check(self, body: V1Body) -> None:
+        """BodyError(400) naming the field and the setting, when the request asks for more than one may."""
+        choices = 1
+        for name, value in (("n", body.n), ("best_of", body.best_of)):
+            if value is None:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                continue  # vLLM refuses what is not a positive integer, saying so
+            if value > self.max_n:
+                raise BodyError(400, f"{name} is {value:,}; one request may ask for at most {self.max_n} choices "
+                                "(v1_max_n): send several requests")
+            choices = max(choices, value)
+        if body.prompts > self.max_prompts:
+            raise BodyError(400, f"the request holds {body.prompts:,} prompts; one request may hold at most "
+                            f"{self.max_prompts:,} (v1_max_prompts): send them in several requests")
+        if body.max_tokens is not None and (asked := choices * body.prompts * body.max_tokens) > self.max_asked_tokens:
+            raise BodyError(400, f"the request asks for up to {asked:,} tokens ({body.prompts:,} prompt(s) × "
+                            f"{choices} choice(s) × max_tokens {body.max_tokens:,}); one request may ask for at most "
+                            f"{self.max_asked_tokens:,} (v1_max_asked_tokens): lower max_tokens, n or the prompts")
 
 
 def asked_max_tokens(data: object) -> int | None:
@@ -353,10 +408,13 @@ def _lean(body: bytes) -> V1Body:
     prompt = fields.messages if len(fields.messages) else fields.prompt
     asked = {k: _small(v) for k, v in (("max_tokens", fields.max_tokens),
                                         ("max_completion_tokens", fields.max_completion_tokens)) if len(v)}
+    listed = fields.prompt if len(fields.prompt) else fields.input
     return V1Body(is_object=True, model=model if isinstance(model, str) else None, max_tokens=asked_max_tokens(asked),
                   stream=streams(_small(fields.stream)), has_stream_options=len(options) > 0,
                   stream_options=_small(options), stream_options_raw=bytes(options) if len(options) <= _SMALL_FIELD
-                  else b"", prompt=prompt if len(prompt) else None)
+                  else b"", prompt=prompt if len(prompt) else None, n=_small(fields.n) if len(fields.n) else None,
+                  best_of=_small(fields.best_of) if len(fields.best_of) else None,
+                  prompts=_raw_prompt_count(listed) if len(listed) else 1)
 
 
 def _full(body: bytes, max_depth: int) -> V1Body:
@@ -366,7 +424,9 @@ def _full(body: bytes, max_depth: int) -> V1Body:
     model = data.get("model")
     return V1Body(is_object=True, model=model if isinstance(model, str) else None, stream=streams(data.get("stream")),
                   has_stream_options="stream_options" in data, stream_options=data.get("stream_options"),
-                  prompt=data.get("messages", data.get("prompt")), max_tokens=asked_max_tokens(data), data=data)
+                  prompt=data.get("messages", data.get("prompt")), max_tokens=asked_max_tokens(data), data=data,
+                  n=data.get("n"), best_of=data.get("best_of"),
+                  prompts=prompt_count(data["prompt"] if "prompt" in data else data.get("input")))
 
 
 async def inspect_v1(body: bytes, max_depth: int) -> V1Body:

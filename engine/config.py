@@ -135,6 +135,14 @@ class AppConfig(BaseSettings):
                                             "client (its gateway key, else its address) holds at once; past it: 503 "
                                             "and Retry-After, so that no one client can take the whole budget. At "
                                             "least body_limit_v1_bytes; empty: body_limit_v1_bytes.")
+    v1_max_n: int = Field(16, ge=1, le=1024, description="The most choices (n, best_of) one /v1 request may ask "
+                          "for; past it: 400 naming the field (n=1,024 held every other client of the deployment for "
+                          "seconds, and the time grows with it).")
+    v1_max_prompts: int = Field(2048, ge=1, description="The most prompts one /v1 request may hold (a completion's "
+                                "list of prompts, an embedding's list of inputs); past it: 400.")
+    v1_max_asked_tokens: int = Field(65_536, ge=1, description="The most tokens one /v1 request may ask vLLM to "
+                                     "generate: prompts × choices (n or best_of) × max_tokens; past it: 400 naming "
+                                     "the three.")
     body_first_byte_s: float = Field(5.0, gt=0, description="Longest a request body's first byte may take to "
                                      "arrive once the headers have; past it: 408 (a connection that declares a "
                                      "body and sends nothing is let go at once, not after body_timeout_s).")

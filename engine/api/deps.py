@@ -10,6 +10,7 @@ from typing import Annotated, Any, NamedTuple
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.routing import APIRoute
+from pydantic import TypeAdapter, ValidationError
 
 from engine.access import AuditNote, Auth, Principal, Role
 from engine.api.services import Services
@@ -119,6 +120,27 @@ class SendsTo:
         if principal is not None and not principal.may_use(name):
             raise OutOfScopeError(name)
         return name
+
+
+_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+
+
+def _truthy(value: object) -> bool:
+    try:
+        return _BOOL.validate_python(value)
+    except ValidationError:
+        return False  # not a boolean at all: the settings' own validation says so
+
+
+def admin_for_remote_code(request: Request, *values: dict[str, Any]) -> None:
+    """``trust_remote_code`` runs the model repository's code as the engine's user, beside its data: turning it on
+    (in a write, a rollback or a new deployment) takes an admin; an operator gets 403 saying so (issue 31)."""
+    if not any(_truthy(v.get("trust_remote_code")) for v in values):
+        return
+    principal: Principal | None = getattr(request.state, "principal", None)
+    if principal is None or principal.role != "admin":
+        raise HTTPException(403, detail="trust_remote_code runs the model repository's own code as the engine's "
+                            "user: only an admin may turn it on")
 
 
 def default_deployment(svc: Services) -> str:

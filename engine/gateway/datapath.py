@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
 from engine.access.keys import GatewayKeys, KeyRefusedError
-from engine.bodies import BodyBudget, BodyError, BodyHold, header, inspect_v1, read_body
+from engine.bodies import BodyBudget, BodyError, BodyHold, RequestBounds, header, inspect_v1, read_body
 from engine.gateway.ledger import Record
 from engine.gateway.proxy import (
     HOP_HEADERS,
@@ -37,6 +37,7 @@ class BodyLimits:
     max_depth: int
     budget_bytes: int = 128 << 20  # all requests' bodies together (v1_body_budget_bytes)
     first_byte_s: float | None = None  # body_first_byte_s
+    bounds: RequestBounds = field(default_factory=RequestBounds)  # what one request may ask (v1_max_n, …)
 
 
 def _error(status: int, message: str, kind: str) -> bytes:
@@ -124,6 +125,8 @@ class DataPath:
                 content_type = (header(headers, b"content-type") or "").lower()
                 if body and (not content_type or "json" in content_type):
                     fields = await inspect_v1(body, self.limits.max_depth)
+                    if fields.is_object:
+                        self.limits.bounds.check(fields)
         except BodyError as exc:
             await send_simple(send, exc.status, _error(exc.status, str(exc), BODY_KINDS[exc.status]),
                               [(b"connection", b"close"), *exc.headers])

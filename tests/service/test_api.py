@@ -280,3 +280,30 @@ def test_gateway_card_names_the_address_keys_and_the_model(api: TestClient) -> N
     card = info["model"]
     assert card["architecture"] == "LlamaForCausalLM" and card["context_length"] == 2048
     assert card["kv_bytes_per_token"] == 2 * 2 * 2 * 64 * 2  # 2 x layers x KV heads x head_dim x bf16
+
+
+def test_only_an_admin_turns_trust_remote_code_on(api: TestClient) -> None:
+    """trust_remote_code runs the model repository's code as the engine's user, beside its database and the CLI's
+    admin token: an operator could make themselves admin with it (issue 31). Turning it on — a write, a rollback to
+    a revision with it, a new deployment — takes an admin; an operator's other changes go on as before."""
+    token, _ = api.app.state.services.auth.create_token("op", "operator")  # type: ignore[attr-defined]
+    operator = {"authorization": f"Bearer {token}"}
+    base = api.get("/api/settings").json()["revision"]
+    for value in (True, "true", 1):
+        refused = api.put("/api/settings", headers=operator,
+                          json={"base_revision": base, "values": {"trust_remote_code": value}})
+        assert refused.status_code == 403 and "only an admin" in refused.text, refused.text
+    made = api.post("/api/deployments", headers=operator, json={
+        "name": "remote", "values": {"model": "models/demo", "trust_remote_code": True}})
+    assert made.status_code == 403 and api.get("/api/deployments/remote").status_code == 404
+    assert api.get("/api/settings").json()["revision"] == base  # nothing written
+    fine = api.put("/api/settings", headers=operator, json={"base_revision": base, "values": {"max_num_seqs": 3}})
+    assert fine.status_code == 201, fine.text
+    by_admin = api.put("/api/settings", json={"base_revision": fine.json()["revision"],
+                                              "values": {"trust_remote_code": True}})
+    assert by_admin.status_code == 201, by_admin.text
+    off = api.put("/api/settings", headers=operator, json={"base_revision": by_admin.json()["revision"],
+                                                           "values": {"trust_remote_code": False}})
+    assert off.status_code == 201  # turning it off is anyone's
+    back = api.post("/api/settings/rollback", headers=operator, json={"revision": by_admin.json()["revision"]})
+    assert back.status_code == 403 and "only an admin" in back.text

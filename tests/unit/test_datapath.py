@@ -593,3 +593,31 @@ def test_a_budget_gives_back_what_it_held_per_client() -> None:
     a.release()  # once only
     b.release()
     assert (budget.held, budget.by_owner) == (0, {})
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["parsed", "lean"])
+def test_one_request_cannot_ask_for_more_than_the_bounds(big: bool) -> None:
+    """n=1,024 with max_tokens=64 held a 4-token bystander 8 s, growing to the 600 s upstream timeout (issue 31):
+    n, best_of, the prompts of one request and the tokens it may ask for are bounded, each refusal naming the field
+    and its setting; a body past 1 MiB (read without being built) is bounded the same."""
+    pad = {"user": "x" * (2 * MiB)} if big else {}
+
+    def ask(**fields: object) -> tuple[int, dict[str, Any]]:
+        body = json.dumps({"model": "m", **fields, **pad}).encode()
+        status, _, out, _ = asyncio.run(drive(make_path(Admission(4, 1), max_bytes=8 * MiB), "POST",
+                                              "/v1/completions", body, {"content-type": "application/json"}))
+        return status, json.loads(out) if out else {}
+
+    for fields, named in (({"prompt": "x", "n": 1024, "max_tokens": 64}, "v1_max_n"),
+                          ({"prompt": "x", "best_of": 100}, "v1_max_n"),
+                          ({"prompt": ["x"] * 3000, "max_tokens": 1}, "v1_max_prompts"),
+                          ({"input": [[1, 2]] * 3000}, "v1_max_prompts"),
+                          ({"prompt": "x", "n": 16, "max_tokens": 8192}, "v1_max_asked_tokens"),
+                          ({"prompt": ["a", "b"] * 100, "max_tokens": 1000}, "v1_max_asked_tokens")):
+        status, answer = ask(**fields)
+        assert status == 400 and named in answer["error"]["message"], (fields.keys(), status, answer)
+        assert answer["error"]["type"] == "invalid_request_error"
+    for fields in ({"prompt": "x", "n": 4, "max_tokens": 64}, {"prompt": list(range(5000)), "max_tokens": 10},
+                   {"prompt": ["x"] * 64, "max_tokens": 256}, {"prompt": "x", "n": "many"}):
+        status, answer = ask(**fields)
+        assert status != 400, (fields.keys(), answer)  # past the bounds, on to vLLM (none here: 503)

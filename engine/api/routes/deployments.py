@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 
-from engine.api.deps import DeploymentsDep, FleetDep, NoteDep, ServicesDep, access, actor
+from engine.api.deps import DeploymentsDep, FleetDep, NoteDep, ServicesDep, access, actor, admin_for_remote_code
 from engine.capacity import find_model_config, load_shape
 from engine.db import Deployment
 from engine.deployments import DeploymentError, DeploymentExistsError, DeploymentNotFoundError, Fleet, Runtime
@@ -108,6 +108,7 @@ def create(body: DeploymentIn, request: Request, svc: ServicesDep, fleet: FleetD
     packed beside the deployments already on the host (what they reserve is not its to take)."""
     request.state.deployment = body.name
     note.target = f"deployment {body.name}"
+    admin_for_remote_code(request, dict(body.values))
     if "model" not in body.values:
         raise HTTPException(422, detail=[{"loc": ["body", "values", "model"], "msg": "a deployment needs a model",
                                           "type": "missing"}])

@@ -11,7 +11,16 @@ from fastapi import Path as PathParam
 from pydantic import JsonValue
 
 from engine.api.convert import revision_out
-from engine.api.deps import ControllerDep, NoteDep, PlannerDep, RevisionsDep, WriterDep, access, actor
+from engine.api.deps import (
+    ControllerDep,
+    NoteDep,
+    PlannerDep,
+    RevisionsDep,
+    WriterDep,
+    access,
+    actor,
+    admin_for_remote_code,
+)
 from engine.revisions import Change, EngineSettings, merge_values
 from engine.schemas import MAX_ID, CapacityOut, RestartEta, RevisionOut, RollbackRequest, SettingsWrite
 
@@ -44,6 +53,7 @@ def settings_schema() -> dict[str, Any]:
 def put_settings(body: SettingsWrite, request: Request, writer: WriterDep, revisions: RevisionsDep,
                  note: NoteDep) -> RevisionOut:
     """Write a new revision on top of ``base_revision``; the controller applies it with a restart."""
+    admin_for_remote_code(request, dict(body.values))
     change = writer.write(body.base_revision, dict(body.values), author=actor(request), note=body.note,
                           force=body.force)
     _note(note, change)
@@ -95,6 +105,9 @@ def get_revision(revisions: RevisionsDep, revision: int = PathParam(ge=1, le=MAX
 def rollback(body: RollbackRequest, request: Request, writer: WriterDep, revisions: RevisionsDep,
              note: NoteDep) -> RevisionOut:
     """A new desired revision equal to an earlier one."""
+    desired = revisions.desired_revision()
+    if desired is None or not desired.values.get("trust_remote_code"):  # a rollback that turns it on
+        admin_for_remote_code(request, revisions.get_revision(body.revision).values)
     change = writer.rollback(body.revision, author=actor(request), note=body.note, force=body.force)
     _note(note, change)
     return _out(revisions, change.revision)
