@@ -608,16 +608,20 @@ def test_one_request_cannot_ask_for_more_than_the_bounds(big: bool) -> None:
                                               "/v1/completions", body, {"content-type": "application/json"}))
         return status, json.loads(out) if out else {}
 
-    for fields, named in (({"prompt": "x", "n": 1024, "max_tokens": 64}, "v1_max_n"),
-                          ({"prompt": "x", "best_of": 100}, "v1_max_n"),
-                          ({"prompt": ["x"] * 3000, "max_tokens": 1}, "v1_max_prompts"),
-                          ({"input": [[1, 2]] * 3000}, "v1_max_prompts"),
-                          ({"prompt": "x", "n": 16, "max_tokens": 8192}, "v1_max_asked_tokens"),
-                          ({"prompt": ["a", "b"] * 100, "max_tokens": 1000}, "v1_max_asked_tokens")):
+    refusals: list[tuple[dict[str, Any], str]] = [
+        ({"prompt": "x", "n": 1024, "max_tokens": 64}, "v1_max_n"),
+        ({"prompt": "x", "best_of": 100}, "v1_max_n"),
+        ({"prompt": ["x"] * 3000, "max_tokens": 1}, "v1_max_prompts"),
+        ({"input": [[1, 2]] * 3000}, "v1_max_prompts"),
+        ({"prompt": "x", "n": 16, "max_tokens": 8192}, "v1_max_asked_tokens"),
+        ({"prompt": ["a", "b"] * 100, "max_tokens": 1000}, "v1_max_asked_tokens")]
+    for fields, named in refusals:
         status, answer = ask(**fields)
         assert status == 400 and named in answer["error"]["message"], (fields.keys(), status, answer)
         assert answer["error"]["type"] == "invalid_request_error"
-    for fields in ({"prompt": "x", "n": 4, "max_tokens": 64}, {"prompt": list(range(5000)), "max_tokens": 10},
-                   {"prompt": ["x"] * 64, "max_tokens": 256}, {"prompt": "x", "n": "many"}):
+    allowed: list[dict[str, Any]] = [{"prompt": "x", "n": 4, "max_tokens": 64},
+                                     {"prompt": list(range(5000)), "max_tokens": 10},
+                                     {"prompt": ["x"] * 64, "max_tokens": 256}, {"prompt": "x", "n": "many"}]
+    for fields in allowed:
         status, answer = ask(**fields)
         assert status != 400, (fields.keys(), answer)  # past the bounds, on to vLLM (none here: 503)
