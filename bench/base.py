@@ -11,6 +11,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import secrets
 import shlex
 import subprocess
 import sys
@@ -167,20 +168,25 @@ class RunRecord:
 @contextlib.contextmanager
 def ray_head(profile: Profile, out: Path) -> Iterator[None]:
     """A one-node Ray cluster on this host (``ray start --head``, the profile's GPUs and object store) for the
-    block, with LLMOPS_RAY_ADDRESS=auto so that the engines started in it are its drivers; stopped at the end."""
+    block, with LLMOPS_RAY_ADDRESS=auto so that the engines started in it are its drivers; stopped at the end. The
+    cluster asks for a token (RAY_AUTH_MODE=token, a fresh RAY_AUTH_TOKEN that the engines inherit): the engine
+    refuses a cluster without one (docs/fleet.md), and the bench measures what is deployed."""
     ray = [sys.executable, "-m", "ray.scripts.scripts"]
-    with (out / "ray-start.log").open("wb") as log:
-        subprocess.run([*ray, "start", "--head", "--num-gpus", str(profile.ray_gpus), "--disable-usage-stats",
-                        "--include-dashboard", "false", "--object-store-memory", str(profile.ray_object_store_bytes)],
-                       stdout=log, stderr=subprocess.STDOUT, check=True, cwd=REPO)
-    before = os.environ.get("LLMOPS_RAY_ADDRESS")
-    os.environ["LLMOPS_RAY_ADDRESS"] = "auto"
+    wanted = {"LLMOPS_RAY_ADDRESS": "auto", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    before = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
     try:
+        with (out / "ray-start.log").open("wb") as log:
+            subprocess.run([*ray, "start", "--head", "--num-gpus", str(profile.ray_gpus), "--disable-usage-stats",
+                            "--include-dashboard", "false", "--object-store-memory",
+                            str(profile.ray_object_store_bytes)],
+                           stdout=log, stderr=subprocess.STDOUT, check=True, cwd=REPO)
         yield
     finally:
-        if before is None:
-            os.environ.pop("LLMOPS_RAY_ADDRESS", None)
-        else:
-            os.environ["LLMOPS_RAY_ADDRESS"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         with (out / "ray-stop.log").open("wb") as log:
             subprocess.run([*ray, "stop", "--force"], stdout=log, stderr=subprocess.STDOUT, check=False, cwd=REPO)

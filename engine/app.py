@@ -171,7 +171,8 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
         """What each deployment has besides its controller: the scrape of its vLLM's figures, its benchmarks."""
         admission = runtime.admission
         runtime.serving = ServingMonitor(config.serving_scrape_interval_s, lambda: admission.upstream,
-                                         lambda: admission.revision, serving_history)
+                                         lambda: admission.revision, serving_history,
+                                         headers=lambda: admission.upstream_headers)
         runtime.benchmarks = Benchmarks(
             db, runtime.revisions, runtime.events, runtime.controller, ledger, f"http://{local}:{config.port}",
             sampler.energy_now,

@@ -153,6 +153,11 @@ class AppConfig(BaseSettings):
                                     "Ray driver, each instance an actor pinned to a node, each node's GPUs sampled "
                                     "there. Unset (the default): instances are child processes of the engine and Ray "
                                     "is not imported.")
+    ray_allow_unauthenticated: bool = Field(False, description="Place instances on a Ray cluster that answers "
+                                            "without Ray's token (RAY_AUTH_MODE=token unset on its nodes). Off: the "
+                                            "engine refuses such a cluster at start, since anyone who reaches its "
+                                            "ports can run code on its nodes (docs/fleet.md). On: it is used, with a "
+                                            "warning in the log and the events.")
     audit_tally_keys_per_minute: int = Field(200, ge=1, le=100_000, description="Refused requests without a "
                                              "valid credential are counted per minute, source, action, target and "
                                              "result (not a row each): the most such keys one minute keeps; the rest "

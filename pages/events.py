@@ -24,7 +24,7 @@ GROUPS = {
     "Rollbacks": ["rollback", "rejected", "crash_loop"],
     "Failures & diagnoses": ["failed", "diagnosis", "model_missing", "instance_failed", "replica_failed",
                              "bridge_failed", "sleep_failed"],
-    "Alerts": ["alert_raised", "alert_cleared", "gpu_driver_error", "gpu_lost"],
+    "Alerts": ["alert_raised", "alert_cleared", "gpu_driver_error", "gpu_lost", "ray_unauthenticated"],
     "Benchmarks": ["benchmark_started", "benchmark_finished"],
     "Other": [],  # any kind not listed above: a new kind is shown, never filtered away unseen
 }

@@ -23,7 +23,7 @@ import httpx
 
 from engine.client import EngineClient
 from engine.schemas import BenchmarkRunOut
-from tests.testkit.engine import COLD_START_S, running_engine
+from tests.testkit.engine import COLD_START_S, instance_headers, running_engine
 from tests.testkit.wait import wait_until
 
 
@@ -46,8 +46,8 @@ def rows(run: BenchmarkRunOut) -> list[dict[str, Any]]:
 
 
 def vllm_metrics(client: EngineClient) -> str:
-    address = next(i.address for i in client.status().instances if i.serving and i.address)
-    return httpx.get(f"{address}/metrics", timeout=10).text
+    inst = next(i for i in client.status().instances if i.serving and i.address)
+    return httpx.get(f"{inst.address}/metrics", headers=instance_headers(inst.pid), timeout=10).text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

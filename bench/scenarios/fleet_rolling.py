@@ -30,7 +30,7 @@ import httpx
 
 from engine.benchmarks.runs import cache_warning
 from engine.metrics import CacheUse, Scrape, cache_use, parse
-from tests.testkit.engine import COLD_START_S, EngineHandle, running_engine
+from tests.testkit.engine import COLD_START_S, EngineHandle, instance_headers, running_engine
 from tests.testkit.load import Load, longest_gap_span, summary, tokens_per_s
 from tests.testkit.ray_cluster import ray_cluster
 from tests.testkit.wait import wait_until
@@ -81,12 +81,12 @@ def instance_cores(engine: EngineHandle) -> dict[str, list[int]]:
 
 
 def scrape_serving(engine: EngineHandle) -> dict[str, Scrape]:
-    """Each serving instance's own /metrics (vLLM's; its API key guards /v1 only), by instance name."""
+    """Each serving instance's own /metrics (vLLM's, with its key), by instance name."""
     out: dict[str, Scrape] = {}
     for inst in engine.client.status().instances:
         if inst.serving and inst.address:
             with contextlib.suppress(httpx.HTTPError):
-                resp = httpx.get(f"{inst.address}/metrics", timeout=10)
+                resp = httpx.get(f"{inst.address}/metrics", headers=instance_headers(inst.pid), timeout=10)
                 resp.raise_for_status()
                 out[inst.name] = parse(resp.text, time.time())
     return out

@@ -441,7 +441,8 @@ def _cpu(pid: int) -> float:
 def scrape(engine: Engine) -> str | None:
     """vLLM's own /metrics (the one child behind both paths)."""
     try:
-        resp = httpx.get(f"{engine.direct_url}/metrics", timeout=10)
+        resp = httpx.get(f"{engine.direct_url}/metrics", timeout=10,  # every path asks for the key (vllm_guard)
+                         headers={"authorization": f"Bearer {engine.vllm_key}"} if engine.vllm_key else None)
         resp.raise_for_status()
     except httpx.HTTPError:
         return None

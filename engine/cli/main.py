@@ -14,6 +14,7 @@ from engine.cli.processes import cmd_console, cmd_engine, cmd_up
 from engine.cli.remote import cmd_ctl, cmd_deployments, cmd_settings, cmd_status, settings_epilog
 from engine.client import ClientError
 from engine.errors import DatabaseError
+from engine.placement import PlacementError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,5 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except DatabaseError as exc:  # unreachable, unsupported, or written by a newer engine: what to do, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except PlacementError as exc:  # a Ray cluster the engine refuses (it asks for no token): what to do
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -84,7 +84,8 @@ class Fleet:
         self.audit = audit
         self.flags = flags
         self.runtimes: dict[int, Runtime] = {}
-        self.placement: Placement = placement or make_placement(config.ray_address, config.gpu_sample_interval_s)
+        self.placement: Placement = placement or make_placement(config.ray_address, config.gpu_sample_interval_s,
+                                                                   config.ray_allow_unauthenticated)
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._started = False
@@ -128,6 +129,9 @@ class Fleet:
         stray = await asyncio.to_thread(reap_all, self.config.data_dir / "run")
         if stray:
             await self.events.emit("stray_killed", f"stopped vLLM processes {stray} left by an engine that died",
+                                   severity="warning")
+        if (warning := getattr(self.placement, "warning", None)) is not None:  # an open Ray cluster, allowed
+            await self.events.emit("ray_unauthenticated", f"accepted anyway (ray_allow_unauthenticated): {warning}",
                                    severity="warning")
         rows = await asyncio.to_thread(self.store.all)
         for row in rows:

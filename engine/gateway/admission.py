@@ -57,6 +57,12 @@ class Admission:
         return self._open[0].url if self._open else None
 
     @property
+    def upstream_headers(self) -> dict[str, str]:
+        """The key of ``upstream``, as a header (the engine's own requests to it send it too)."""
+        auth = self._open[0].auth if self._open else None
+        return {auth[0].decode(): auth[1].decode()} if auth else {}
+
+    @property
     def revision(self) -> int | None:
         return self._open[0].revision if self._open else None
 

@@ -187,9 +187,11 @@ class ServingMonitor:
     """Scrapes the ready vLLM child every few seconds; ``latest`` holds the live figures."""
 
     def __init__(self, interval_s: float, upstream: Callable[[], str | None],
-                 revision: Callable[[], int | None] = lambda: None, history: SeriesStore | None = None) -> None:
+                 revision: Callable[[], int | None] = lambda: None, history: SeriesStore | None = None,
+                 headers: Callable[[], dict[str, str]] = dict) -> None:
         self.interval_s = interval_s
         self.upstream = upstream
+        self.headers = headers  # the child's key: every path of it asks for one (engine/vllm_guard.py)
         self.revision = revision
         self.history = history
         self.latest: dict[str, Any] | None = None
@@ -222,7 +224,7 @@ class ServingMonitor:
         if url != self._source:  # a new child: its counters start again
             self._previous, self._source = None, url
         try:
-            resp = await client.get(f"{url}/metrics")
+            resp = await client.get(f"{url}/metrics", headers=self.headers())
             resp.raise_for_status()
         except httpx.HTTPError as exc:
             self.error = f"cannot read vLLM's /metrics: {type(exc).__name__}"

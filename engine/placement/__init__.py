@@ -7,13 +7,15 @@ from engine.placement.base import NodeInfo, Placement, PlacementError
 from engine.placement.local import LocalPlacement
 
 
-def make_placement(ray_address: str | None, sample_interval_s: float = 1.0) -> Placement:
-    """The placement the configuration asks for; Ray is imported only here, only when asked for."""
+def make_placement(ray_address: str | None, sample_interval_s: float = 1.0, allow_unauthenticated: bool = False
+                   ) -> Placement:
+    """The placement the configuration asks for; Ray is imported only here, only when asked for. A cluster that
+    answers without Ray's token is refused (PlacementError) unless ``allow_unauthenticated``."""
     if not ray_address:
         return LocalPlacement()
     from engine.placement.cluster import RayPlacement
 
-    placement: Placement = RayPlacement(ray_address, sample_interval_s)
+    placement: Placement = RayPlacement(ray_address, sample_interval_s, allow_unauthenticated)
     return placement
 
 

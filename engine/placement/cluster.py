@@ -23,6 +23,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from engine.placement.actor import NodeAgentImpl, VllmProcessImpl
 from engine.placement.base import NodeInfo, PlacementError
+from engine.placement.ray_auth import OPEN_MESSAGE, require_token
 from engine.vllm import ChildLog, ChildSpec, StartTracker
 
 log = logging.getLogger("llmops.placement")
@@ -38,7 +39,12 @@ NodeAgent = ray.remote(num_cpus=0, max_concurrency=4)(NodeAgentImpl)
 class RayPlacement:
     kind = "ray"
 
-    def __init__(self, address: str, sample_interval_s: float = 1.0) -> None:
+    def __init__(self, address: str, sample_interval_s: float = 1.0, allow_unauthenticated: bool = False) -> None:
+        # an open cluster runs code for anyone on its network: refused before the engine joins it, unless allowed
+        self.auth = require_token(address, allow_unauthenticated)
+        self.warning = OPEN_MESSAGE.format(address=address) if self.auth.verdict == "open" else None
+        if self.warning:
+            log.warning("ACCEPTED ANYWAY (LLMOPS_RAY_ALLOW_UNAUTHENTICATED): %s", self.warning)
         if not ray.is_initialized():
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
         self.address = address

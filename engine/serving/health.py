@@ -99,7 +99,7 @@ class Health:
         if held is None:
             inst.last_health = now
             inst.last_probe = None
-        answer = self._probe(inst, lambda: self.prober.alive(inst.child.url))
+        answer = self._probe(inst, lambda: self.prober.alive(inst.child.url, inst.child.headers))
         if answer is None:
             return False
         inst.health_failures = 0 if answer else inst.health_failures + 1

@@ -398,7 +398,7 @@ class Launcher:
     async def _sleep(self, inst: Instance) -> None:
         t0 = self.clock.monotonic()
         try:
-            error = await self.prober.sleep(inst.child.url)
+            error = await self.prober.sleep(inst.child.url, inst.child.headers)
             if error is not None:
                 inst.sleep_error = error
                 await self.recorder.event("sleep_failed", f"instance {inst.name} could not sleep ({error}): "

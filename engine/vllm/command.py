@@ -26,6 +26,9 @@ def vllm_distribution() -> tuple[Build, str | None]:
     return "cpu", None
 
 
+GUARD = "engine.vllm_guard.KeyOnEveryPath"
+
+
 def build_command(
     settings: EngineSettings,
     *,
@@ -62,6 +65,9 @@ def build_command(
         "--load-format",
         settings.load_format,
         "--enable-prefix-caching" if settings.enable_prefix_caching else "--no-enable-prefix-caching",
+        # every path of the server asks for the instance's key, not /v1 alone (engine/vllm_guard.py)
+        "--middleware",
+        GUARD,
     ]
     if build == "cuda":
         args += ["--gpu-memory-utilization", repr(settings.gpu_memory_utilization)]

@@ -17,9 +17,10 @@ SLEEP_TIMEOUT_S = 120.0  # the first sleep moves the weights to host memory (11-
 
 
 async def probe(client: httpx.AsyncClient, url: str, headers: dict[str, str], served_model: str) -> bool:
-    """Ready: /health answers 200 and a 1-token completion returns a choice."""
+    """Ready: /health answers 200 and a 1-token completion returns a choice (``headers``: the instance's key, which
+    every path of it asks for)."""
     try:
-        if (await client.get(f"{url}/health", timeout=READY_TIMEOUT_S)).status_code != 200:
+        if (await client.get(f"{url}/health", headers=headers, timeout=READY_TIMEOUT_S)).status_code != 200:
             return False
         resp = await client.post(f"{url}/v1/completions", headers=headers, timeout=READY_TIMEOUT_S,
                                  json={"model": served_model, "prompt": "Hello", "max_tokens": 1, "temperature": 0})
@@ -45,17 +46,19 @@ class Prober:
         """One readiness probe of the server at ``url`` (``headers``: its API key)."""
         return await probe(self.client, url, headers, served_model)
 
-    async def alive(self, url: str) -> bool:
+    async def alive(self, url: str, headers: dict[str, str]) -> bool:
         """Whether /health answers 200."""
         try:
-            return (await self.client.get(f"{url}/health", timeout=HEALTH_TIMEOUT_S)).status_code == 200
+            return (await self.client.get(f"{url}/health", headers=headers,
+                                          timeout=HEALTH_TIMEOUT_S)).status_code == 200
         except httpx.HTTPError:
             return False
 
-    async def sleep(self, url: str) -> str | None:
+    async def sleep(self, url: str, headers: dict[str, str]) -> str | None:
         """Put the server to sleep (level 1: weights to host memory, KV cache dropped); why not, if it would not."""
         try:
-            resp = await self.client.post(f"{url}/sleep", params={"level": 1}, timeout=SLEEP_TIMEOUT_S)
+            resp = await self.client.post(f"{url}/sleep", params={"level": 1}, headers=headers,
+                                          timeout=SLEEP_TIMEOUT_S)
         except httpx.HTTPError as exc:
             return str(exc) or type(exc).__name__
         return None if resp.status_code == 200 else f"HTTP {resp.status_code}"
@@ -63,7 +66,8 @@ class Prober:
     async def wake_up(self, url: str, headers: dict[str, str], served_model: str) -> bool:
         """Wake a sleeping server and probe it: whether it serves again."""
         try:
-            woken = (await self.client.post(f"{url}/wake_up", timeout=SLEEP_TIMEOUT_S)).status_code == 200
+            woken = (await self.client.post(f"{url}/wake_up", headers=headers,
+                                            timeout=SLEEP_TIMEOUT_S)).status_code == 200
         except httpx.HTTPError:
             return False
         return woken and await self.ready(url, headers, served_model)

@@ -6,17 +6,23 @@ gateway stopped sending to a lost node) are `python -m bench fleet`'s."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from engine.placement.ray_auth import probe
 from engine.schemas import FleetOut, StatusOut
-from tests.testkit.engine import COLD_START_S, EngineHandle, running_engine
+from engine.vllm import free_port
+from tests.testkit.engine import COLD_START_S, REPO, EngineHandle, running_engine
 from tests.testkit.load import Load, summary
-from tests.testkit.ray_cluster import ray_cluster
+from tests.testkit.ray_cluster import open_ray_head, ray_cluster
 from tests.testkit.wait import wait_until
 
 
@@ -121,3 +127,23 @@ def test_telemetry_of_every_node_reaches_the_fleet_view(fleet: tuple[EngineHandl
     assert all(n.host is not None and n.host.mem_total > 0 for n in alive)  # the host view: this host has no GPU
     assert sum(len(n.instances) for n in view.nodes) == 2 and view.placement == "ray"
     assert {i.deployment for n in view.nodes for i in n.instances} == {"demo"}
+
+
+def test_the_engine_refuses_a_ray_cluster_that_asks_for_no_token(fleet: tuple[EngineHandle, Any],
+                                                                 tmp_path: Path) -> None:
+    """A Ray cluster without its token authentication runs code for anyone who reaches its ports (issue 31): the
+    fleet's cluster asks for a token (tests/testkit/ray_cluster.py, as docs/fleet.md says), and the engine refuses
+    one that does not — a real head started as `ray start --head` is by default — saying what to do."""
+    _, cluster = fleet
+    assert probe(cluster.address).verdict == "token"  # asked without one, the fleet's GCS refuses
+    with open_ray_head(tmp_path) as address:
+        assert probe(address).verdict == "open"
+        data = tmp_path / "engine"
+        data.mkdir()
+        env = {**os.environ, "LLMOPS_RAY_ADDRESS": address, "LLMOPS_AUTOSTART": "false"}
+        done = subprocess.run([sys.executable, "-m", "engine.cli", "engine", "--data-dir", str(data), "--port",
+                               str(free_port())], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+        said = done.stdout + done.stderr
+        assert done.returncode == 1, said[-2000:]
+        assert "answers without a token" in said and "LLMOPS_RAY_ALLOW_UNAUTHENTICATED" in said, said[-2000:]
+        assert "Traceback" not in said

@@ -90,6 +90,14 @@ def test_hub_token_reaches_vllm_through_its_environment_only(engine: EngineHandl
     direct = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
                         json={"model": "demo", "prompt": "x", "max_tokens": 1})
     assert direct.status_code == 401
+    # nor any other path of it (vLLM's own key guarded /v1 only: /invocations served completions to anyone)
+    for path in ("/invocations", "/tokenize", "/detokenize", "/metrics", "/health", "/docs", "/openapi.json",
+                 "/load", "/scale_elastic_ep", "/v1/models"):
+        resp = httpx.post(f"http://127.0.0.1:{port}{path}", timeout=30, json={"model": "demo", "prompt": "x"})
+        assert resp.status_code == 401, (path, resp.status_code, resp.text[:200])
+    key = dict(item.split("=", 1) for item in environ if "=" in item)["VLLM_API_KEY"]
+    assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30,
+                     headers={"authorization": f"Bearer {key}"}).status_code == 200  # the engine's probes do so
     # vLLM works in the data dir: a relative --model (a hub id) cannot name a folder where the engine was started
     assert Path(os.readlink(f"/proc/{pid}/cwd")) == engine.data_dir.resolve()
     assert not any(HF_TOKEN in arg for p in [vllm, *vllm.children(recursive=True)] for arg in p.cmdline())

@@ -60,6 +60,19 @@ def ensure_demo_model() -> Path:
     return DEMO
 
 
+def instance_headers(pid: int | None) -> dict[str, str]:
+    """The header with the key the engine gave one of its vLLM servers (VLLM_API_KEY, in its environment only,
+    readable by the same user on the same host): every path of the server asks for it (engine/vllm_guard.py)."""
+    if pid is None:
+        return {}
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return {}
+    key = next((v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"VLLM_API_KEY=")), None)
+    return {"authorization": f"Bearer {key}"} if key else {}
+
+
 def make_token(data_dir: Path, role: str = "admin", name: str = "tests", kind: str = "api",
                env: Mapping[str, str] | None = None) -> str:
     """A token made the way an operator bootstraps one: `llmops token create` on the engine's data dir (and its

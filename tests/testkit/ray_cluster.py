@@ -1,11 +1,22 @@
 """A real Ray cluster on this host: a head and a second node (``ray.cluster_utils.Cluster``: each node its own
-raylet, as ``ray start`` would make them), for the fleet tests. A node can be removed as a machine would be lost."""
+raylet, as ``ray start`` would make them), for the fleet tests. A node can be removed as a machine would be lost.
+It asks for a token, as docs/fleet.md says a fleet must (the engine refuses one that does not): RAY_AUTH_MODE=token
+and a fresh RAY_AUTH_TOKEN in this process's environment while it runs, which the engines started meanwhile
+inherit. ``open_ray_head`` starts one that asks for nothing, to prove the refusal."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+from engine.vllm import free_port
 
 OBJECT_STORE = 80 << 20  # the tests move no objects through it; Ray's default would take a third of the RAM
 
@@ -15,7 +26,32 @@ def ray_cluster(nodes: int = 2, cpus: int = 2) -> Iterator[Any]:
     """``Cluster`` with ``nodes`` nodes (the first the head); shut down, every node, whatever happens."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "include_dashboard": False,
+    wanted = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    before = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
+    _reload_ray_config()
+    try:
+        with _cluster(Cluster, nodes, cpus) as cluster:
+            yield cluster
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _reload_ray_config()
+
+
+def _reload_ray_config() -> None:
+    """Ray reads RAY_AUTH_MODE into a process-wide config: read it again (this process talks to the cluster too)."""
+    from ray._raylet import Config  # type: ignore[attr-defined]
+
+    Config.initialize("")
+
+
+@contextmanager
+def _cluster(make: Any, nodes: int, cpus: int) -> Iterator[Any]:
+    cluster = make(initialize_head=True, head_node_args={"num_cpus": cpus, "include_dashboard": False,
                                                             "object_store_memory": OBJECT_STORE})
     try:
         for _ in range(nodes - 1):
@@ -24,3 +60,24 @@ def ray_cluster(nodes: int = 2, cpus: int = 2) -> Iterator[Any]:
         yield cluster
     finally:
         cluster.shutdown()
+
+
+@contextmanager
+def open_ray_head(tmp: Path) -> Iterator[str]:
+    """A one-node Ray head that asks for no token (``ray start --head``, RAY_AUTH_MODE=disabled), its own port and
+    temp dir; its address; stopped (that head's processes only) at the end."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | {"RAY_AUTH_MODE": "disabled"}
+    ray = [sys.executable, "-m", "ray.scripts.scripts"]
+    temp = tmp / "ray-open"  # short: Ray's socket paths must fit in 107 characters
+    subprocess.run([*ray, "start", "--head", "--port", str(port), "--num-cpus", "1", "--include-dashboard", "false",
+                    "--disable-usage-stats", "--object-store-memory", str(OBJECT_STORE), "--temp-dir", str(temp)],
+                   env=env, check=True, capture_output=True, timeout=120)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        # `ray stop` stops every Ray process of this user (the fleet's cluster too): kill this head's own instead
+        pids = subprocess.run(["pgrep", "-f", str(temp)], capture_output=True, text=True, check=False).stdout
+        for pid in pids.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), 9)

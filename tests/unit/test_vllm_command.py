@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import pytest
 from engine.revisions import EngineSettings, initial_settings, merge_values, validate_settings
 from engine.vllm import build_command, build_env
 from engine.vllm.command import renice_group, session_nice, unbound_omp_threads
+from engine.vllm_guard import KeyOnEveryPath
 from tests.testkit.wait import wait_until
 
 
@@ -31,6 +33,9 @@ def test_cpu_command_sizes_the_kv_cache_explicitly(data_dir: Path) -> None:
     assert flag(args, "--max-num-seqs") == "3"
     assert flag(args, "--model") == str((data_dir / "models" / "demo").resolve())
     assert "--gpu-memory-utilization" not in args
+    # every path of the server asks for its key (vLLM's own --api-key guards /v1 only): the guard is importable
+    module, _, name = (flag(args, "--middleware") or "").rpartition(".")
+    assert getattr(importlib.import_module(module), name) is KeyOnEveryPath
 
 
 def test_cuda_command_passes_utilization_and_flags(data_dir: Path) -> None:
