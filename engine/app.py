@@ -124,7 +124,7 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
         events.of(DEFAULT_DEPLOYMENT).add("settings_changed", "revision 1: initial settings (the demo model)",
                                           revision_id=revisions.head_revision_id())
     auth = Auth(db, config.session_ttl_s, config.login_max_failures, config.login_lockout_s,
-                config.login_hash_workers, config.login_hash_queue)
+                config.login_hash_workers, config.login_hash_queue, config.login_hash_per_source)
     audit = AuditLog(db)
     tallies = AuditTallies(db, config.audit_tally_keys_per_minute, config.audit_tally_max_rows)
     console_key = ensure_console_key(config.console_key_path)

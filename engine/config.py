@@ -97,6 +97,11 @@ class AppConfig(BaseSettings):
     login_hash_queue: int = Field(16, ge=0, le=10_000, description="Sign-ins that may wait for a hashing thread; "
                                   "past it a sign-in is refused with 429 and Retry-After (a flood of sign-ins costs "
                                   "at most login_hash_workers hashes of memory).")
+    login_hash_per_source: int = Field(4, ge=1, le=10_000, description="Of the sign-ins running or waiting for a "
+                                       "hashing thread, the most that one source (the browser's address, else the "
+                                       "peer's) may hold; past it that source gets 429 and Retry-After while others "
+                                       "still sign in (an anonymous flood from one address kept 13 of 15 real "
+                                       "sign-ins out).")
     gateway_keys: Literal["auto", "on", "off"] = Field(
         "auto", description="Require API keys on /v1: auto = only when listening beyond loopback.")
     hf_token: SecretStr | None = Field(None, description="Hugging Face token for gated models; given to vLLM "

@@ -101,9 +101,11 @@ def digest(token: str) -> str:
 
 class Auth:
     def __init__(self, db: Database, session_ttl_s: float = 12 * 3600, max_failures: int = 5,
-                 lockout_s: float = 900, hash_workers: int = 2, hash_queue: int = 16) -> None:
+                 lockout_s: float = 900, hash_workers: int = 2, hash_queue: int = 16,
+                 hash_per_source: int | None = None) -> None:
         self.db = db
-        self.pool = HashPool(hash_workers, hash_queue)  # every argon2 hash runs there, never on the API's threads
+        # every argon2 hash runs there, never on the API's threads
+        self.pool = HashPool(hash_workers, hash_queue, hash_per_source)
         self.session_ttl_s = session_ttl_s
         self.max_failures = max_failures
         self.lockout_s = lockout_s
@@ -266,9 +268,10 @@ class Auth:
             row.updated_at = now
             s.add(row)
 
-    async def login_async(self, username: str, password: str) -> tuple[str, ApiToken, User]:
-        """``login`` on a hashing thread: HashBusyError at once when too many sign-ins wait already."""
-        return await self.pool.run(self.login, username, password)
+    async def login_async(self, username: str, password: str, source: str = "") -> tuple[str, ApiToken, User]:
+        """``login`` on a hashing thread: HashBusyError at once when too many sign-ins wait already, or too many of
+        ``source``'s."""
+        return await self.pool.run(self.login, username, password, source=source)
 
     def login(self, username: str, password: str) -> tuple[str, ApiToken, User]:
         """A new session token for the user, or BadCredentialsError / LockedError. Whether the user exists, is

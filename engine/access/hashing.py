@@ -44,9 +44,13 @@ def _lower_priority() -> None:
 
 
 class HashPool:
-    def __init__(self, workers: int = 2, queue: int = 16) -> None:
+    def __init__(self, workers: int = 2, queue: int = 16, per_source: int | None = None) -> None:
         self.workers = workers
         self.queue = queue
+        # the most one source may hold of the workers and the queue (None: all): a flood from one address fills its
+        # own share, not everyone's
+        self.per_source = per_source
+        self._by_source: dict[str, int] = {}
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llmops-hash",
                                             initializer=_lower_priority)
         self._lock = threading.Lock()
@@ -62,33 +66,49 @@ class HashPool:
         """Seconds until the jobs admitted now are likely done (at least 1)."""
         return max(1, math.ceil(self._admitted * self._avg_s / self.workers))
 
-    def submit(self, fn: Callable[..., T], *args: object, bounded: bool = True) -> Future[T]:
-        """Run ``fn`` on a hashing thread. ``bounded``: refuse with HashBusyError when the queue is full (an
-        anonymous sign-in); else wait in line (an admin setting a password: authenticated, never refused)."""
+    def submit(self, fn: Callable[..., T], *args: object, bounded: bool = True, source: str | None = None
+               ) -> Future[T]:
+        """Run ``fn`` on a hashing thread. ``bounded``: refuse with HashBusyError when the queue is full, or when
+        ``source`` holds its share of it already (an anonymous sign-in); else wait in line (an admin setting a
+        password: authenticated, never refused)."""
         with self._lock:
-            if bounded and self._admitted >= self.workers + self.queue:
+            held = self._by_source.get(source, 0) if source is not None else 0
+            if bounded and (self._admitted >= self.workers + self.queue
+                            or (self.per_source is not None and source is not None and held >= self.per_source)):
                 raise HashBusyError(self.retry_after())
             self._admitted += 1
+            if source is not None:
+                self._by_source[source] = held + 1
+
+        def done() -> None:
+            with self._lock:
+                self._admitted -= 1
+                if source is not None:
+                    left = self._by_source.get(source, 1) - 1
+                    if left > 0:
+                        self._by_source[source] = left
+                    else:
+                        self._by_source.pop(source, None)
 
         def job() -> T:
             t0 = time.monotonic()
             try:
                 return fn(*args)
             finally:
+                done()
                 with self._lock:
-                    self._admitted -= 1
                     self._avg_s = 0.8 * self._avg_s + 0.2 * (time.monotonic() - t0)
 
         try:
             return self._executor.submit(job)
         except RuntimeError:  # shut down: the engine is stopping
-            with self._lock:
-                self._admitted -= 1
+            done()
             raise
 
-    async def run(self, fn: Callable[..., T], *args: object) -> T:
-        """``fn`` on a hashing thread, awaited (no thread of the shared pool is held meanwhile)."""
-        return await asyncio.wrap_future(self.submit(fn, *args))
+    async def run(self, fn: Callable[..., T], *args: object, source: str | None = None) -> T:
+        """``fn`` on a hashing thread, awaited (no thread of the shared pool is held meanwhile); ``source``: whose
+        share of the queue it takes."""
+        return await asyncio.wrap_future(self.submit(fn, *args, source=source))
 
     def call(self, fn: Callable[..., T], *args: object) -> T:
         """``fn`` on a hashing thread, waited for in line (from a thread that is not a hashing thread)."""

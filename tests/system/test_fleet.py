@@ -136,7 +136,7 @@ def test_the_engine_refuses_a_ray_cluster_that_asks_for_no_token(fleet: tuple[En
     one that does not — a real head started as `ray start --head` is by default — saying what to do."""
     _, cluster = fleet
     assert probe(cluster.address).verdict == "token"  # asked without one, the fleet's GCS refuses
-    with open_ray_head(tmp_path) as address:
+    with open_ray_head() as address:
         assert probe(address).verdict == "open"
         data = tmp_path / "engine"
         data.mkdir()

@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,16 +65,18 @@ def _cluster(make: Any, nodes: int, cpus: int) -> Iterator[Any]:
 
 
 @contextmanager
-def open_ray_head(tmp: Path) -> Iterator[str]:
+def open_ray_head() -> Iterator[str]:
     """A one-node Ray head that asks for no token (``ray start --head``, RAY_AUTH_MODE=disabled), its own port and
     temp dir; its address; stopped (that head's processes only) at the end."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")} | {"RAY_AUTH_MODE": "disabled"}
     ray = [sys.executable, "-m", "ray.scripts.scripts"]
-    temp = tmp / "ray-open"  # short: Ray's socket paths must fit in 107 characters
-    subprocess.run([*ray, "start", "--head", "--port", str(port), "--num-cpus", "1", "--include-dashboard", "false",
-                    "--disable-usage-stats", "--object-store-memory", str(OBJECT_STORE), "--temp-dir", str(temp)],
-                   env=env, check=True, capture_output=True, timeout=120)
+    temp = Path(tempfile.mkdtemp(prefix="ray-open-", dir="/tmp"))  # short: Ray's socket paths fit in 107 bytes
+    started = subprocess.run([*ray, "start", "--head", "--port", str(port), "--num-cpus", "1", "--include-dashboard",
+                              "false", "--disable-usage-stats", "--object-store-memory", str(OBJECT_STORE),
+                              "--temp-dir", str(temp)], env=env, capture_output=True, text=True, timeout=120,
+                             check=False)
+    assert started.returncode == 0, f"ray start --head failed:\n{(started.stdout + started.stderr)[-3000:]}"
     try:
         yield f"127.0.0.1:{port}"
     finally:
@@ -81,3 +85,4 @@ def open_ray_head(tmp: Path) -> Iterator[str]:
         for pid in pids.split():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), 9)
+        shutil.rmtree(temp, ignore_errors=True)

@@ -65,12 +65,13 @@ def _refused(exc: AuthError) -> HTTPException:
 @router.post("/api/auth/login", response_model=SessionOut, dependencies=access(None, "auth.login", when_disk_low=True),
              responses={401: {"description": "unknown user or wrong password"}, 423: {"description": "locked"},
                         429: {"description": "too many sign-ins at once: try again after Retry-After seconds"}})
-async def login(body: LoginRequest, auth: AuthDep, note: NoteDep) -> SessionOut:
+async def login(body: LoginRequest, request: Request, auth: AuthDep, note: NoteDep) -> SessionOut:
     """A session token for the console (expires; repeated failures lock the user out for a while). Its password
     check runs on the engine's few hashing threads; when they and their queue are full: 429 with Retry-After."""
     note.target, note.after = f"user {body.username}", {"username": body.username, "password": "[redacted]"}
     try:
-        token, row, user = await auth.login_async(body.username, body.password)
+        source = getattr(request.state, "source", None) or (request.client.host if request.client else "")
+        token, row, user = await auth.login_async(body.username, body.password, source)
     except HashBusyError as exc:
         raise HTTPException(429, detail=str(exc), headers={"Retry-After": str(exc.retry_after_s)}) from None
     except LockedError as exc:
