@@ -22,6 +22,7 @@ if str(ROOT) not in sys.path:  # streamlit puts console/ on the path, not the pr
 import streamlit as st  # noqa: E402
 
 from console import drafts  # noqa: E402
+from console.identity import sso_username  # noqa: E402
 from console.session import COOKIE  # noqa: E402
 from console.widgets import PAGES as PAGE_LINKS  # noqa: E402
 from console.widgets import client, go_to, sign_in_url, sign_out, sign_out_form, switcher  # noqa: E402
@@ -54,11 +55,15 @@ def sso_sign_in() -> None:
         st.button("Sign in with single sign-on", on_click=st.login)
         return
     service = os.environ.get("LLMOPS_CONSOLE_TOKEN")
+    username = sso_username(dict(st.user))
+    if username is None:
+        st.error("Your identity provider signed you in but did not verify your email address (email_verified), so "
+                 "it cannot name a user of the console: ask your administrator.")
+        return
     try:
-        result = EngineClient(os.environ.get("LLMOPS_ENGINE_URL"), token=service or "").sso_session(
-            str(st.user.get("email") or st.user.get("preferred_username") or ""))
+        result = EngineClient(os.environ.get("LLMOPS_ENGINE_URL"), token=service or "").sso_session(username)
     except ClientError as exc:
-        st.error(f"Signed in as {st.user.get('email')}, but the engine has no such user: {exc}")
+        st.error(f"Signed in as {username}, but the engine opens no session for this user: {exc}")
         return
     st.session_state["token"] = result.token
     st.rerun()

@@ -126,7 +126,10 @@ with c1.form("new_token"):
     st.markdown("**New token**")
     t_name = st.text_input("Name (what it is for)")
     t_role = st.selectbox("Role", ROLES, key="t_role")
-    t_kind = st.selectbox("Kind", ["api", "gateway"], help="api: the engine's /api; gateway: an API key for /v1")
+    t_kind = st.selectbox("Kind", ["api", "gateway", "sso"],
+                          help="api: the engine's /api; gateway: an API key for /v1; sso: the console's single "
+                          "sign-on credential (LLMOPS_CONSOLE_TOKEN), a viewer that opens sessions and does nothing "
+                          "else")
     t_days = st.number_input("Expires after days (0: never)", 0.0, 3650.0, 90.0)
     t_rate = st.number_input("Gateway rate limit per minute (0: none)", 0, 1_000_000, 0)
     if st.form_submit_button("Create"):

@@ -74,6 +74,9 @@ class LastAdminError(AuthError):
     """The change would leave no enabled admin."""
 
 
+SSO_MINTED = "sso:"  # a session's created_by when single sign-on opened it: sso:<the credential's token id>
+
+
 class LockedError(AuthError):
     def __init__(self, until: float) -> None:
         self.until = until
@@ -312,16 +315,24 @@ class Auth:
             raise BadCredentialsError("unknown user or wrong password")
         return token, row, user
 
-    def session_for(self, username: str) -> tuple[str, ApiToken, User]:
-        """A session for an existing, enabled user whom an identity provider has signed in (no password)."""
+    def session_for(self, username: str, minted_by: Principal) -> tuple[str, ApiToken, User]:
+        """A session for an existing, enabled, not locked-out user whom an identity provider has signed in (no
+        password), opened by the console's single sign-on credential ``minted_by`` (a token of kind sso). The
+        session names it (``created_by`` sso:<its id>) and ends when it is revoked or expires."""
+        if minted_by.kind != "sso" or minted_by.token_id is None:
+            raise AuthError("only the console's single sign-on credential (a token of kind sso) opens sessions for "
+                            "others")
         with self.db.session() as s:
             user = s.exec(select(User).where(User.username == username)).first()
             if user is None or user.disabled:
                 raise AuthError(f"no enabled user {username!r}: an admin creates users and gives them a role")
+            if user.locked_until is not None and user.locked_until > time.time():
+                raise LockedError(user.locked_until)
             user.last_login = time.time()
             s.add(user)
-            token, row = self._new_token(s, name=f"session {username} (sso)", role=user.role, kind="session",
-                                         user_id=user.id, created_by="sso", ttl_s=self.session_ttl_s)
+            token, row = self._new_token(s, name=f"session {username} (sso via {minted_by.name})"[:100],
+                                         role=user.role, kind="session", user_id=user.id,
+                                         created_by=f"{SSO_MINTED}{minted_by.token_id}", ttl_s=self.session_ttl_s)
             return token, row, user
 
     # --- tokens ---------------------------------------------------------------------------------------------
@@ -345,8 +356,11 @@ class Auth:
         """A new token; the returned string is its only copy. ``owner_id``: the user it belongs to (the one who
         made it, or the owner of the token that made it): disabling, demoting or deleting them revokes it.
         ``deployments``: a gateway key limited to these deployments (by name; None: every one)."""
-        if kind not in ("api", "gateway"):
-            raise AuthError("kind: api or gateway")
+        if kind not in ("api", "gateway", "sso"):
+            raise AuthError("kind: api, gateway or sso")
+        if kind == "sso" and role != "viewer":
+            raise AuthError("role: a single sign-on credential (kind sso) is a viewer: it opens sessions and does "
+                            "nothing else")
         if deployments is not None and kind != "gateway":
             raise AuthError("deployments: only a gateway key is limited to deployments")
         try:
@@ -393,6 +407,11 @@ class Auth:
             if row is None or row.revoked_at or (row.expires_at and row.expires_at < now):
                 return None
             name, role = row.name, row.role
+            if row.created_by.startswith(SSO_MINTED):  # a session opened by single sign-on lives as long as the
+                # credential that opened it: revoked or expired, its sessions end with it
+                minter = s.get(ApiToken, int(row.created_by.removeprefix(SSO_MINTED) or 0))
+                if minter is None or minter.revoked_at or (minter.expires_at and minter.expires_at < now):
+                    return None
             if row.user_id is not None:
                 user = s.get(User, row.user_id)
                 if user is None or user.disabled:

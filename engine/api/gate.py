@@ -90,6 +90,10 @@ class AccessGate:
             if principal.kind == "gateway":
                 await send_json(send, 403, {"detail": "a gateway API key serves /v1 only"})
                 return
+            if principal.kind == "sso" and scope["path"] != "/api/auth/sso":
+                await send_json(send, 403, {"detail": "the console's single sign-on credential opens sessions "
+                                            "(POST /api/auth/sso) and does nothing else"})
+                return
             if not allows(principal.role, needed):
                 await send_json(send, 403, {"detail": f"role {principal.role} may not {scope['method']} "
                                             f"{scope['path']}: it needs {needed}"})

@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = tsub.add_parser("create", help="Print a new token once.")
     t.add_argument("--role", required=True, choices=["viewer", "prompter", "operator", "admin"])
     t.add_argument("--name", default="token", help="What it is for.")
-    t.add_argument("--kind", default="api", choices=["api", "gateway"], help="api: /api routes; gateway: a /v1 key.")
+    t.add_argument("--kind", default="api", choices=["api", "gateway", "sso"],
+                   help="api: /api routes; gateway: a /v1 key; sso: the console's single sign-on credential "
+                   "(LLMOPS_CONSOLE_TOKEN; a viewer that opens sessions and does nothing else).")
     t.add_argument("--expires-days", type=float, default=None)
     t.add_argument("--rate-limit", type=int, default=None, help="Gateway keys: requests per minute.")
     t.add_argument("--deployments", default=None, metavar="NAME[,NAME...]",

@@ -76,7 +76,10 @@ class TokenIn(BaseModel):
 
     name: Annotated[str, AfterValidator(check_name)] = Field(min_length=1, max_length=100)
     role: Role = "viewer"
-    kind: Literal["api", "gateway"] = "api"
+    kind: Literal["api", "gateway", "sso"] = Field("api", description="api: the /api routes of its role; gateway: a "
+                                                   "/v1 key; sso: the console's single sign-on credential, which "
+                                                   "opens sessions (POST /api/auth/sso) and does nothing else (a "
+                                                   "viewer)")
     expires_days: float | None = Field(None, gt=0, le=3650)
     rate_limit_per_min: int | None = Field(None, ge=1, le=1_000_000, description="gateway keys: requests/minute")
     deployments: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(

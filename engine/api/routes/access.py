@@ -82,11 +82,22 @@ async def login(body: LoginRequest, request: Request, auth: AuthDep, note: NoteD
     return SessionOut(token=token, username=user.username, role=user.role, expires_at=row.expires_at)
 
 
-@router.post("/api/auth/sso", response_model=SessionOut, dependencies=access("admin", "auth.sso", when_disk_low=True))
-def sso(body: SsoRequest, auth: AuthDep, note: NoteDep) -> SessionOut:
-    """For the console's service token (admin) after single sign-on: a session for an existing user."""
+@router.post("/api/auth/sso", response_model=SessionOut, dependencies=access("viewer", "auth.sso", when_disk_low=True),
+             responses={403: {"description": "not the console's single sign-on credential (kind sso)"},
+                        404: {"description": "no enabled user of that name"}, 423: {"description": "locked out"}})
+def sso(body: SsoRequest, auth: AuthDep, principal: PrincipalDep, note: NoteDep) -> SessionOut:
+    """For the console's single sign-on credential (a token of kind sso, ``LLMOPS_CONSOLE_TOKEN``) once the identity
+    provider has signed a user in: a session for that existing, enabled, not locked-out user. Any other credential,
+    an admin's included, gets 403: a session for someone else is not an admin's to mint. The session names the
+    credential and ends when it is revoked."""
+    note.target = f"user {body.username}"
+    if principal.kind != "sso":
+        raise HTTPException(403, detail="only the console's single sign-on credential (a token of kind sso, "
+                            "`llmops token create --kind sso`) opens sessions for others")
     try:
-        token, row, user = auth.session_for(body.username)
+        token, row, user = auth.session_for(body.username, principal)
+    except LockedError as exc:
+        raise HTTPException(423, detail=str(exc)) from None
     except AuthError as exc:
         raise HTTPException(404, detail=str(exc)) from None
     note.target, note.after = f"user {user.username}", {"session": "single sign-on"}
@@ -190,6 +201,8 @@ def create_token(body: TokenIn, auth: AuthDep, principal: PrincipalDep, note: No
                                        deployments=limited)
     except OwnerGoneError as exc:
         raise HTTPException(401, detail=str(exc)) from None
+    except AuthError as exc:
+        raise _refused(exc) from None
     note.target, note.after = f"token {row.id} {row.name}", {"role": row.role, "kind": row.kind, "prefix": row.prefix,
                                                             **({"deployments": limited} if limited else {})}
     owners = {u.id: u.username for u in auth.users() if u.id == row.user_id and u.id is not None}
