@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue
 
 from engine.schemas.common import EngineState
 from engine.schemas.gpu import GpuView, HostReading
 
-NAME = r"^[\w.:/-]{1,128}$"
+# A deployment's name is the model clients send, part of the console's and the API's addresses and shown as text:
+# the user-name rules (ASCII letters, digits, '_', '.', '-'), no '..' (a name was accepted as '..', '/', a URL or a
+# ':shortcode:' that the console rendered as an emoji). Look-alikes of an existing name are refused on creation.
+NAME_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_deployment_name(name: str) -> str:
+    if not NAME_RULE.fullmatch(name) or ".." in name:
+        raise ValueError("a deployment's name is 1 to 64 ASCII letters, digits, '_', '.' and '-', starting with a "
+                         "letter or digit, without '..' (it is the model name clients send and part of addresses)")
+    return name
+
+
+DeploymentName = Annotated[str, AfterValidator(check_deployment_name)]
 
 
 class DeploymentIn(BaseModel):
@@ -17,7 +32,7 @@ class DeploymentIn(BaseModel):
 
     model_config = ConfigDict(strict=True)
 
-    name: str = Field(pattern=NAME, description="The model name clients send (and vLLM's --served-model-name).")
+    name: DeploymentName = Field(description="The model name clients send (and vLLM's --served-model-name).")
     values: dict[str, JsonValue] = Field(max_length=64, description="Settings of its first revision; `model` is "
                                          "required (a folder under the model roots, or a hub id in the cache).")
     gpus: list[int] | None = Field(None, max_length=64, description="GPU indices it runs on (None: placed by the "

@@ -199,3 +199,31 @@ def test_ids_are_never_reused_after_a_deployment_is_deleted(api: TestClient) -> 
     assert newest.status_code == 201 and newest.json()["revision"] > again.json()["revision"]
     events_after = {e["id"] for e in api.get("/api/deployments/small/events", params={"limit": 500}).json()}
     assert events_after - engine_wide and not events_after & events_before  # the new "small"'s are its own
+
+
+@pytest.mark.parametrize("name", ["..", "a/b", "http://x.example/y", ":smile:", "dеmo-b", "a..b", "-x", "x" * 65,
+                                  "demo b", "ｄｅｍｏ"])
+def test_a_deployment_name_follows_the_user_name_rules(api: TestClient, name: str) -> None:
+    """Names were accepted as '..', '/', URLs and ':shortcodes:' (rendered by the console as emoji) and Unicode
+    look-alikes (issue 31): a deployment's name is the model clients send and part of addresses."""
+    resp = create(api, name=name)
+    assert resp.status_code == 422 and "1 to 64 ASCII letters" in resp.text, resp.text
+    assert "^[" not in resp.text  # the rule in words, not a raw regular expression
+    assert [r["name"] for r in api.get("/api/deployments").json()] == ["demo"]
+
+
+def test_a_name_that_looks_like_another_deployment_s_is_refused(api: TestClient) -> None:
+    assert create(api, name="team-a").status_code == 201
+    resp = create(api, name="TEAM-A")
+    assert resp.status_code == 409 and "looks like the deployment 'team-a'" in resp.text
+
+
+def test_a_disabled_deployment_cannot_be_started(api: TestClient) -> None:
+    """A disabled deployment could be started and served while listed disabled (issue 31)."""
+    assert create(api).status_code == 201
+    assert api.patch("/api/deployments/small", json={"enabled": False}).status_code == 200
+    for action in ("start", "restart"):
+        resp = api.post(f"/api/deployments/small/engine/{action}")
+        assert resp.status_code == 409 and "is disabled: enable it first" in resp.text, resp.text
+    assert api.post("/api/deployments/small/engine/stop").status_code == 202  # stopping is always allowed
+    assert api.get("/api/deployments/small/status").json()["state"] != "starting"

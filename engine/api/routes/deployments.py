@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 
+from engine.access import skeleton
 from engine.api.deps import DeploymentsDep, FleetDep, NoteDep, ServicesDep, access, actor, admin_for_remote_code
 from engine.capacity import find_model_config, load_shape
 from engine.db import Deployment
@@ -114,6 +115,10 @@ def create(body: DeploymentIn, request: Request, svc: ServicesDep, fleet: FleetD
                                           "type": "missing"}])
     if any(r.name == body.name or body.name in r.controller.served_names() for r in fleet.runtimes.values()):
         raise HTTPException(409, detail=f"a deployment named {body.name!r} exists")
+    alike = next((r.name for r in fleet.runtimes.values() if skeleton(r.name) == skeleton(body.name)), None)
+    if alike is not None:  # dem0-b beside demo-b, Demo beside demo: one is taken for the other
+        raise HTTPException(409, detail=f"{body.name!r} looks like the deployment {alike!r}: choose a name that "
+                            "cannot be taken for it")
     _check_gpus(svc, body.gpus)
     defaults = EngineSettings.model_construct(**initial_settings(svc.config.data_dir.resolve())).model_dump()
     values = merge_values(defaults, {**body.values, "served_model_name": body.name})

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from engine.api.deps import ControllerDep, EventsDep, NoteDep, RuntimeDep, ServicesDep, access, actor
+from engine.api.deps import (
+    ControllerDep,
+    DeploymentsDep,
+    EventsDep,
+    NoteDep,
+    RuntimeDep,
+    ServicesDep,
+    access,
+    actor,
+)
 from engine.capacity import find_model_config, load_shape, model_card
 from engine.metrics import render
 from engine.revisions import EngineSettings
@@ -20,8 +29,13 @@ def status(controller: ControllerDep) -> StatusOut:
     return controller.status()
 
 
-def _act(action: str, request: Request, controller: ControllerDep, events: EventsDep, note: NoteDep) -> ActionOut:
+def _act(action: str, request: Request, controller: ControllerDep, events: EventsDep, note: NoteDep,
+         runtime: RuntimeDep, deployments: DeploymentsDep) -> ActionOut:
     before = controller.sm.state.value
+    note.target = "vLLM"
+    if action != "stop" and not deployments.get(runtime.name).enabled:  # it would serve while listed disabled
+        raise HTTPException(409, detail=f"deployment {runtime.name} is disabled: enable it first (PATCH "
+                            f"/api/deployments/{runtime.name} with enabled true, or Enable on the Deployments page)")
     {"start": controller.request_start, "stop": controller.request_stop,
      "restart": controller.request_restart}[action]()
     events.add(f"{action}_requested", f"{action} requested by {actor(request)}")
@@ -31,23 +45,26 @@ def _act(action: str, request: Request, controller: ControllerDep, events: Event
 
 @router.post("/api/engine/start", status_code=202, response_model=ActionOut,
              dependencies=access("operator", "engine.start"))
-def start(request: Request, controller: ControllerDep, events: EventsDep, note: NoteDep) -> ActionOut:
+def start(request: Request, controller: ControllerDep, events: EventsDep, note: NoteDep, runtime: RuntimeDep,
+          deployments: DeploymentsDep) -> ActionOut:
     """Start vLLM (and clear a crash-loop halt); the state in the answer is the state before it takes effect."""
-    return _act("start", request, controller, events, note)
+    return _act("start", request, controller, events, note, runtime, deployments)
 
 
 @router.post("/api/engine/stop", status_code=202, response_model=ActionOut,
              dependencies=access("operator", "engine.stop"))
-def stop(request: Request, controller: ControllerDep, events: EventsDep, note: NoteDep) -> ActionOut:
+def stop(request: Request, controller: ControllerDep, events: EventsDep, note: NoteDep, runtime: RuntimeDep,
+          deployments: DeploymentsDep) -> ActionOut:
     """Stop vLLM (in-flight requests finish first; new ones get 503 until it starts)."""
-    return _act("stop", request, controller, events, note)
+    return _act("stop", request, controller, events, note, runtime, deployments)
 
 
 @router.post("/api/engine/restart", status_code=202, response_model=ActionOut,
              dependencies=access("operator", "engine.restart"))
-def restart(request: Request, controller: ControllerDep, events: EventsDep, note: NoteDep) -> ActionOut:
+def restart(request: Request, controller: ControllerDep, events: EventsDep, note: NoteDep, runtime: RuntimeDep,
+          deployments: DeploymentsDep) -> ActionOut:
     """Restart vLLM on the desired revision."""
-    return _act("restart", request, controller, events, note)
+    return _act("restart", request, controller, events, note, runtime, deployments)
 
 
 @router.get("/api/gateway", response_model=GatewayInfo, dependencies=access("viewer"))
