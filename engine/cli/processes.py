@@ -9,11 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from engine.cli.common import cli_token_path, config_from, ensure_cli_token, open_db, operator
 from engine.client import ClientError, EngineClient
 from engine.config import AppConfig
+from engine.vllm import CHILD_ENV_NAMES
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
@@ -21,6 +23,20 @@ def cmd_engine(args: argparse.Namespace) -> int:
 
     serve(config_from(args))
     return 0
+
+# What the console's process inherits of the environment it is started from: what Python and the locale need
+# (as for vLLM), Streamlit's own settings, and the LLMOPS_* settings it reads (its heads, hosts and addresses, its
+# single sign-on credential) but the engine's secrets: the first admin's password, the hub token, the database URL
+# (its password). Nothing else (cloud or database credentials the shell happens to hold).
+CONSOLE_ENV_DENIED = frozenset({"LLMOPS_ADMIN_PASSWORD", "LLMOPS_HF_TOKEN", "LLMOPS_DATABASE_URL"})
+
+
+def console_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items()
+            if k in CHILD_ENV_NAMES or k.startswith(("LC_", "STREAMLIT_"))
+            or (k.startswith("LLMOPS_") and k not in CONSOLE_ENV_DENIED)}
+
 
 def _console_command(port: int, engine_url: str, host: str = "127.0.0.1",
                      key_file: Path | None = None) -> tuple[list[str], dict[str, str]]:
@@ -34,7 +50,7 @@ def _console_command(port: int, engine_url: str, host: str = "127.0.0.1",
     root = str(Path(spec.origin).resolve().parent.parent)  # where this process found it, found there again
     path = os.pathsep.join(dict.fromkeys([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
     cmd = [sys.executable, "-m", "console.serve", "--port", str(port), "--host", host]
-    env = {**os.environ, "LLMOPS_ENGINE_URL": engine_url, "PYTHONPATH": path}
+    env = {**console_env(), "LLMOPS_ENGINE_URL": engine_url, "PYTHONPATH": path}
     if key_file is not None:
         env["LLMOPS_CONSOLE_KEY_FILE"] = str(key_file.resolve())
     return cmd, env

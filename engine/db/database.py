@@ -43,8 +43,8 @@ def database_url(target: Path | str | URL) -> URL:
         return URL.create("sqlite", database=str(target))
     try:
         url = make_url(target)
-    except ArgumentError as exc:
-        raise UnsupportedDatabaseError(f"the database URL cannot be read ({exc}): give sqlite:///PATH or "
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise UnsupportedDatabaseError(f"the database URL cannot be read ({str(exc)[:200]}): give sqlite:///PATH or "
                                        "postgresql://USER:PASSWORD@HOST:PORT/DBNAME") from None
     backend = url.get_backend_name()
     if backend in ("postgresql", "postgres"):

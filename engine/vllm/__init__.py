@@ -14,6 +14,7 @@ from engine.vllm.child import (
     reap_orphans,
 )
 from engine.vllm.command import (
+    CHILD_ENV_NAMES,
     at_nice,
     build_command,
     build_env,
@@ -32,6 +33,7 @@ from engine.vllm.probe import Prober
 from engine.vllm.protocol import Child, ChildSpec
 
 __all__ = [
+    "CHILD_ENV_NAMES",
     "COMPILE_ENV",
     "OOM_KINDS",
     "ORDER",

@@ -93,9 +93,30 @@ def test_console_command_runs_the_console_behind_the_edge() -> None:
 
     from engine.cli.processes import _console_command
 
-    cmd, env = _console_command(8501, "http://127.0.0.1:8000")
+    secrets_held = {"LLMOPS_ADMIN_PASSWORD": "pw-1234567890", "LLMOPS_HF_TOKEN": "hf_x", "AWS_SECRET_ACCESS_KEY": "a",
+                    "LLMOPS_DATABASE_URL": "postgresql://u:p@db/x", "PGPASSWORD": "p"}
+    os.environ.update(secrets_held)
+    try:
+        cmd, env = _console_command(8501, "http://127.0.0.1:8000")
+    finally:
+        for name in secrets_held:
+            os.environ.pop(name, None)
+    # an allow-list, as for vLLM: the console got the whole environment, the engine's secrets with it (issue 31)
+    assert set(env) & set(secrets_held) == set() and "PATH" in env
     assert cmd[1:3] == ["-m", "console.serve"] and cmd[cmd.index("--port") + 1] == "8501"
     spec = importlib.util.find_spec("console.serve")
     assert spec is not None and spec.origin is not None
     assert str(Path(spec.origin).resolve().parent.parent) in env["PYTHONPATH"].split(os.pathsep)
     assert env["LLMOPS_ENGINE_URL"] == "http://127.0.0.1:8000"
+
+
+def test_a_database_url_that_cannot_be_read_is_said_without_a_traceback(tmp_path: Path) -> None:
+    """A port that is not a number printed a raw traceback (issue 31)."""
+    for url in ("postgresql://u:secret-pw@127.0.0.1:abc/x", "postgresql://u:secret-pw@127.0.0.1:99999/x"):
+        done = subprocess.run([sys.executable, "-m", "engine.cli", "db", "current", "--data-dir", str(tmp_path)],
+                              env={**os.environ, "LLMOPS_DATABASE_URL": url}, cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+        said = done.stdout + done.stderr
+        assert done.returncode == 1 and "Traceback" not in said, said[-1500:]
+        assert "LLMOPS_DATABASE_URL" in said or "postgresql://USER" in said, said
+        assert "secret-pw" not in said
