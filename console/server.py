@@ -169,6 +169,18 @@ async def signin(request: Request) -> Response:
     if not _same_origin(request):
         return _page(next_url, error="Sign-in refused: the form was not sent from this console's own page (another "
                      "site cannot sign you in). Open the console's address and sign in there.", status=403)
+    response = await _signin_post(request, next_url)
+    if token := request.cookies.get(COOKIE):  # the session the browser held ends, whether this one began or not
+        # (a failed sign-in left the previous user signed in; a new one left the old session alive at the engine)
+        await run_in_threadpool(_revoke, token, request)
+        if response.status_code != 303:
+            response.delete_cookie(COOKIE, path="/")
+    return response
+
+
+async def _signin_post(request: Request, next_url: str) -> Response:
+    """The posted form checked and sent to the engine: a redirect with the new session's cookie, or the form again
+    saying why not."""
     body = b""
     async for chunk in request.stream():
         body += chunk

@@ -92,6 +92,27 @@ def test_opening_the_sign_in_page_ends_the_old_session_at_the_engine(engine_url:
         old.me()
 
 
+def test_posting_the_sign_in_form_ends_the_session_the_browser_held(engine_url: tuple[str, str]) -> None:
+    """POST /signin kept the session cookie the browser already held (issue 31): after a failed sign-in the
+    previous user stayed signed in in that browser, and after a new one the old session lived on at the engine."""
+    client = console()
+    first = client.post("/signin", data=FORM, headers=SAME_SITE).cookies[COOKIE]
+    client.cookies.set(COOKIE, first)
+    failed = client.post("/signin", data={**FORM, "password": "wrong-password"}, headers=SAME_SITE)
+    assert failed.status_code == 401 and f'{COOKIE}=""' in failed.headers["set-cookie"]
+    with EngineClient(engine_url[0], token=first) as old, pytest.raises(UnauthorizedError):
+        old.me()
+    client.cookies.clear()
+    second = client.post("/signin", data=FORM, headers=SAME_SITE).cookies[COOKIE]
+    client.cookies.set(COOKIE, second)
+    third = client.post("/signin", data=FORM, headers=SAME_SITE)
+    assert third.status_code == 303 and third.cookies[COOKIE] not in ("", second)
+    with EngineClient(engine_url[0], token=second) as old, pytest.raises(UnauthorizedError):
+        old.me()
+    with EngineClient(engine_url[0], token=third.cookies[COOKIE]) as new:
+        assert new.me().name == "admin"
+
+
 def test_sign_out_takes_post_only_from_the_console_and_ends_the_session(engine_url: tuple[str, str]) -> None:
     client = console()
     token = client.post("/signin", data=FORM, headers=SAME_SITE).cookies[COOKIE]
