@@ -346,8 +346,11 @@ class Controller:
             await self.gate.refuse(self.intent.stop_reason or self._operator_stop())
             if self.instances:
                 self._begin("stop", self.operations.stop_all("stop requested"))
-            elif self.progress.state != S.STOPPED and self.progress.sm.can(S.STOPPED):
-                self.progress.enter(S.STOPPED, "stop requested")
+            elif self.progress.state != S.STOPPED:  # (a start given up by the stop ends here: starting → stopped)
+                if not self.progress.sm.can(S.STOPPED) and self.progress.sm.can(S.STOPPING):
+                    self.progress.enter(S.STOPPING, "stop requested")
+                if self.progress.sm.can(S.STOPPED):
+                    self.progress.enter(S.STOPPED, "stop requested")
             return
         if self.admission.refusal is not None:
             await self.gate.refuse(None)

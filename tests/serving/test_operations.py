@@ -128,3 +128,23 @@ async def test_a_missing_model_folder_is_named_with_what_to_do_and_vllm_is_not_s
         missing = sc.event_list("model_missing")
         assert len(missing) == 1 and missing[0].revision_id == rev.id  # said once, not every look
         assert sc.revisions.get_revision(rev.id or 0).status == "pending"  # not rejected: copy the model back
+
+
+async def test_a_stop_during_a_start_stops_it_and_says_stopped(tmp_path: Path) -> None:
+    """A stop while vLLM was starting left the deployment in "starting" (issue 31): the start is given up, its
+    process stopped, and the state says stopped, both during a first start and during a restart."""
+    async with Scenario(tmp_path) as sc:
+        await sc.ticks(3)  # the first start is under way (ready at 20 s)
+        assert sc.snapshot().state == "starting"
+        sc.controller.request_stop()
+        await sc.until(lambda: sc.snapshot().state == "stopped" and not sc.controller.instances, within_s=120)
+        await sc.ticks(30)  # and it stays so: nothing starts on its own
+        assert sc.snapshot().state == "stopped" and not sc.controller.instances
+        sc.controller.request_start()
+        await sc.until(sc.serving_revision(1))
+        sc.controller.request_restart()
+        await sc.ticks(3)
+        sc.controller.request_stop()
+        await sc.until(lambda: sc.snapshot().state == "stopped" and not sc.controller.instances, within_s=120)
+        await sc.ticks(30)
+        assert sc.snapshot().state == "stopped" and not sc.controller.instances
