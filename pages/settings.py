@@ -23,7 +23,7 @@ CHOICES = {"dtype": ["auto", "bfloat16", "float16", "float32"],
            "kv_cache_dtype": ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"],
            "load_format": ["auto", "safetensors", "pt", "dummy", "gguf", "bitsandbytes", "fastsafetensors",
                            "sharded_state", "runai_streamer"]}
-OPTIONAL = ("max_model_len", "max_num_batched_tokens")  # empty (None) is 0 in the form
+OPTIONAL = ("max_model_len", "max_num_batched_tokens", "max_num_seqs_ceiling")  # empty (None) is 0 in the form
 
 try:
     status = engine_status()
@@ -114,6 +114,9 @@ with left:
                     key=key("max_model_len"), help=help_of("max_model_len"))
     c2.number_input("max_num_seqs", 1, 4096, start("max_num_seqs"), step=1, key=key("max_num_seqs"),
                     help=help_of("max_num_seqs"))
+    c1, c2 = st.columns(2)
+    c2.number_input("max_num_seqs_ceiling (0 = max_num_seqs: no headroom)", 0, 4096, start("max_num_seqs_ceiling"),
+                    step=1, key=key("max_num_seqs_ceiling"), help=help_of("max_num_seqs_ceiling"))
     with st.expander("Advanced"):
         st.text_input("model", start("model"), key=key("model"), help=help_of("model"))
         st.text_input("served_model_name", start("served_model_name"), key=key("served_model_name"),
@@ -151,14 +154,28 @@ def finding(kind: str, i: int, f: Finding) -> None:
                       args=(field, value), icon=":material/auto_fix_high:")
 
 
+def fixes_for(field: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The values that would make a refused field valid, where the engine's rule is known here: a max_num_seqs
+    above its ceiling raises the ceiling to it (headroom kept) — or, for the ceiling itself, the same."""
+    seqs, ceiling = values.get("max_num_seqs"), values.get("max_num_seqs_ceiling")
+    if field == "max_num_seqs_ceiling" and isinstance(seqs, int) and isinstance(ceiling, int) and ceiling < seqs:
+        return {"max_num_seqs_ceiling": seqs}
+    return {}
+
+
+rejected: list[str] = []  # fields the engine refused: nothing can be applied until they are fixed
 capacity: CapacityOut | None = None
 with right:
     st.subheader("Capacity preview")
     try:
         capacity = client().capacity(changes)
     except SettingsRejectedError as exc:
-        for field, reason in exc.fields:
+        rejected = [field for field, _ in exc.fields]
+        for i, (field, reason) in enumerate(exc.fields):
             st.error(f"**{field}**: {reason}", icon=":material/block:")
+            for fix_field, fix in fixes_for(field, values).items():  # the fix, as a button (not a dead end)
+                st.button(f"Use {fix_field} = {fix}", key=f"fix_{i}_{fix_field}", on_click=use_value,
+                          args=(fix_field, fix), icon=":material/auto_fix_high:")
         st.caption("No figures: these values cannot be saved, so nothing is computed from them.")
     except ClientError as exc:
         unreachable(exc)
@@ -206,6 +223,10 @@ def plan_and_eta(cap: CapacityOut | None) -> None:
     clients should expect; what follows a failed start."""
     plan = cap.plan if cap is not None else None
     if plan is None:
+        if rejected:  # the values themselves were refused: that is the reason, not the device or the model
+            st.error(f"The engine refuses these values ({', '.join(rejected)}): fix them in the form first.",
+                     icon=":material/block:")
+            return
         st.warning("The engine gave no plan for these values (it could not read the device or the model): vLLM "
                    f"restarts with them, in {eta_text(cap.restart_eta if cap else None)}.", icon=":material/help:")
         return
@@ -215,12 +236,15 @@ def plan_and_eta(cap: CapacityOut | None) -> None:
         return
     st.markdown("vLLM restarts with the new values, by this plan:")
     plan_box(plan)
+    if "max_num_seqs" in changes and set(changes) <= {"max_num_seqs", "max_num_seqs_ceiling"}:
+        st.caption("A max_num_seqs within max_num_seqs_ceiling takes effect without a restart: set a ceiling (one "
+                   "restart now) and later changes below it are in effect at once.")
     st.caption("If the new revision cannot start, it is rejected and diagnosed"
                + (", and traffic stays on what serves now." if plan.kind not in ("pause", "start") else
                   "; the engine goes back to the last revision that was ready."))
 
 
-@st.dialog("Apply and restart vLLM?")
+@st.dialog("Apply these settings?")
 def confirm_apply(changes: dict[str, Any], cap: CapacityOut | None) -> None:
     plan_and_eta(cap)
     st.dataframe([{"field": k, "now": str(desired_values.get(k)), "new": str(v)} for k, v in changes.items()],
@@ -298,7 +322,10 @@ def confirm_rollback(target: RevisionOut) -> None:
 
 
 c1, c2, c3 = st.columns([1, 1, 3], vertical_alignment="center")
-if c1.button("Apply & restart", type="primary", disabled=not changes, icon=":material/restart_alt:"):
+soft_now = bool(changes) and capacity is not None and capacity.plan is not None and capacity.plan.kind == "soft"
+if c1.button("Apply now" if soft_now else "Apply & restart", type="primary", disabled=not changes or bool(rejected),
+             icon=":material/restart_alt:", help="Fix the refused fields first (see the capacity preview)"
+             if rejected else None):
     confirm_apply(changes, capacity)
 c2.button("Discard changes", disabled=not changes, on_click=discard)
 plan_now = capacity.plan if capacity else None

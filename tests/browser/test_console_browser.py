@@ -120,7 +120,7 @@ def test_a_max_num_seqs_within_its_ceiling_is_applied_at_once_without_a_restart(
     page.get_by_test_id("stDataFrame").wait_for()
     page.get_by_label("Note (why)").fill("e2e: one more sequence")
     page.get_by_label("Note (why)").press("Tab")
-    page.get_by_role("button", name="Apply & restart").first.click()
+    page.get_by_role("button", name="Apply now").first.click()
     dialog = page.get_by_role("dialog")
     dialog.get_by_text("without a restart").wait_for()
     expect(dialog).not_to_contain_text("vLLM restarts")

@@ -94,6 +94,32 @@ def test_settings_preview_follows_the_form_and_writes_nothing(console_env: Engin
     assert console_env.client.settings().revision == before.revision
 
 
+def test_max_num_seqs_headroom_is_a_field_and_its_error_offers_the_fix(console_env: EngineHandle) -> None:
+    """The form had no field for max_num_seqs_ceiling: above it, an error with no fix, Apply enabled, a dialog
+    blaming "the device or the model" and a refused confirm (issue 31). Now the ceiling is a field, a max_num_seqs
+    above it offers the ceiling as a button, Apply is disabled until then, and a max_num_seqs change that restarts
+    says a ceiling would avoid it."""
+    before = console_env.client.settings()
+    at = page("settings", console_env.token)
+    ceiling = "max_num_seqs_ceiling (0 = max_num_seqs: no headroom)"
+    assert number(at, ceiling).value == (before.values.max_num_seqs_ceiling or 0)
+    seqs = before.values.max_num_seqs
+    number(at, ceiling).set_value(seqs + 2).run()
+    number(at, "max_num_seqs").set_value(seqs + 4).run()  # above the ceiling just set
+    assert not at.exception
+    assert any("max_num_seqs_ceiling" in e.value for e in at.error)
+    apply = next(b for b in at.button if b.label in ("Apply & restart", "Apply now"))
+    assert apply.disabled  # nothing to confirm that the engine would refuse
+    fix = next(b for b in at.button if b.label == f"Use max_num_seqs_ceiling = {seqs + 4}")
+    fix.click().run()
+    assert number(at, ceiling).value == seqs + 4
+    assert not any("max_num_seqs_ceiling" in e.value for e in at.error)
+    apply = next(b for b in at.button if b.label in ("Apply & restart", "Apply now"))
+    assert not apply.disabled
+    assert list(at.dataframe[0].value["field"]) == ["max_num_seqs", "max_num_seqs_ceiling"]
+    assert console_env.client.settings().revision == before.revision  # nothing written
+
+
 def test_playground_streams_a_reply_with_its_figures(console_env: EngineHandle) -> None:
     at = page("playground", console_env.token)
     at.text_area(key="pg_prompt").set_value("Describe what this module does.")
