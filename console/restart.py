@@ -146,12 +146,17 @@ def outcome(applying: dict[str, Any], now: StatusOut, events: list[EventOut]) ->
 
 
 @st.fragment(run_every=1)
-def progress() -> None:
-    """While this session applies a revision (or vLLM is starting for any reason): the start, live."""
+def progress(shown: tuple[int | None, str] | None = None) -> None:
+    """While this session applies a revision (or vLLM is starting for any reason): the start, live. ``shown``: the
+    running revision and state the page around it was drawn with; once an apply that this session did not start
+    (another tab's, a colleague's, or this one's before a reload) has ended on something else, the whole page is
+    drawn again — it kept "revision N is being applied" for as long as nobody reloaded (issue 31)."""
     applying = st.session_state.get(f"applying{scope()}")
     now = client().status()
     if not applying:
         busy = now.state in ("starting", "draining", "stopping") or any(i.role != "serving" for i in now.instances)
+        if shown is not None and not busy and (now.running_revision, str(now.state)) != shown:
+            st.rerun(scope="app")
         if busy and (now.startup is not None or now.instances):
             st.subheader(f"vLLM is {now.state}" if now.state != "ready" else "vLLM is changing instances")
             st.info(now.reason, icon=":material/autorenew:")

@@ -332,7 +332,7 @@ plan_now = capacity.plan if capacity else None
 c3.caption((f"By plan {plan_now.kind.replace('_', '/')}: {plan_eta_text(plan_now)}" if plan_now is not None else
             f"A restart with these values takes {eta_text()}.") if changes else "")
 
-progress()
+progress((status.running_revision, str(status.state)))
 last_outcome()
 
 st.subheader("History")
