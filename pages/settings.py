@@ -318,7 +318,7 @@ def confirm_rollback(target: RevisionOut) -> None:
         except ClientError as exc:
             st.error(str(exc))
             return
-        watch(new.revision, "Rolling back to")
+        watch(new.revision, f"Rolling back to revision {target.revision}: applying")
 
 
 c1, c2, c3 = st.columns([1, 1, 3], vertical_alignment="center")

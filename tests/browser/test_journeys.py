@@ -151,7 +151,10 @@ def test_operator_tunes_applies_watches_the_phases_and_rolls_back(page: Any, eng
     no_queue_talk(dialog)  # the plan for revision 1's values, with its ETA
     shot(page, "journey-operator-rollback-confirm")
     dialog.get_by_role("button", name=f"Roll back to revision {before.revision}").click()
-    page.get_by_role("heading", name=re.compile(r"Rolling back to revision \d+")).wait_for()
+    # the heading names the revision rolled back to, then the new one that carries its values (it said "Rolling
+    # back to revision 8" for a rollback to 6)
+    page.get_by_role("heading", name=re.compile(rf"Rolling back to revision {before.revision}: applying revision "
+                                                r"\d+")).wait_for()
     page.get_by_text(re.compile(r"Revision \d+ is ready after")).wait_for(timeout=COLD_START_S * 1000)
     assert engine.client.settings().values.cpu_kv_cache_gib == before.values.cpu_kv_cache_gib
     form_shows(page, engine.client.settings().values)
