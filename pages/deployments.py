@@ -74,10 +74,24 @@ for row in rows:
                       + f"  \n{row.model or 'no model'}")
         open_link("overview", "Open", row.name, icon=":material/open_in_new:", where=c[1],
                   help=f"opens the Overview of {row.name}; the other pages act on it from then on")
-        if row.enabled:
-            c[2].button("Disable", key=f"dep_disable_{row.id}", disabled=not operator, on_click=set_enabled,
-                        args=(row.name, False), icon=":material/stop_circle:",
-                        help="drains it and stops its instances; its settings and history stay")
+        if row.enabled:  # it stops serving as surely as Delete: confirmed first, as Delete is
+            if c[2].button("Disable…", key=f"dep_disable_{row.id}", disabled=not operator,
+                           icon=":material/stop_circle:",
+                           help="drains it and stops its instances; its settings and history stay"):
+                st.session_state["dep_disabling"] = row.name
+            if st.session_state.get("dep_disabling") == row.name:
+                st.warning(f"Disabling **{row.name}** drains it and stops its instances: requests for "
+                           f"`{row.name}` get 503 until it is enabled again"
+                           + (" — it is the default deployment, which today's /api routes and clients that send "
+                              "no model use." if row.default else "."), icon=":material/stop_circle:")
+                e1, e2 = st.columns([1, 4])
+                if e1.button("Disable now", type="primary", key=f"dep_disable_go_{row.id}"):
+                    st.session_state.pop("dep_disabling", None)
+                    set_enabled(row.name, False)
+                    st.rerun()
+                if e2.button("Cancel", key=f"dep_disable_cancel_{row.id}"):
+                    st.session_state.pop("dep_disabling", None)
+                    st.rerun()
         else:
             c[2].button("Enable", key=f"dep_enable_{row.id}", disabled=not operator, on_click=set_enabled,
                         args=(row.name, True), icon=":material/play_circle:")

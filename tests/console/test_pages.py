@@ -429,7 +429,13 @@ def test_deployments_page_creates_disables_and_deletes_after_confirmation(consol
     at.button(key=f"dep_enable_{row.id}").click().run()
     assert next(d for d in c.deployments() if d.name == name).enabled
     assert "Enabled" in "\n".join(s.value for s in at.success)
+    at.button(key=f"dep_disable_{row.id}").click().run()  # one click disabled it, the default one too (issue 31)
+    assert next(d for d in c.deployments() if d.name == name).enabled  # not yet: it asks first
+    assert any(f"Disabling **{name}**" in w.value and "503" in w.value for w in at.warning)
+    at.button(key=f"dep_disable_cancel_{row.id}").click().run()
+    assert next(d for d in c.deployments() if d.name == name).enabled and not at.warning
     at.button(key=f"dep_disable_{row.id}").click().run()
+    at.button(key=f"dep_disable_go_{row.id}").click().run()
     assert not next(d for d in c.deployments() if d.name == name).enabled
     # delete: it says what goes, and wants the name typed
     assert at.button(key=f"dep_delete_{c.deployments()[0].id}").disabled  # the default one cannot go
