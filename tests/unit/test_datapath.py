@@ -274,11 +274,18 @@ def test_a_client_that_hangs_up_ends_the_upstream_request_and_frees_the_slot() -
             admission = Admission(4, 1)
             await admission.open(url, 1)
             path = make_path(admission)
+            recorded: list[Any] = []
+            path.gateway.ledger = type("Ledger", (), {"record": lambda _, r: recorded.append(r),
+                                                      "sample_prompt": lambda _: False})()
             t0 = time.monotonic()
             status, _, _, _ = await drive(path, "POST", "/v1/completions", b'{"stream": true, "prompt": "x"}',
                                           {"content-type": "application/json"}, hang_up_after=5)
             assert status == 200 and time.monotonic() - t0 < 20  # not the 50 s of the whole stream
             assert admission.in_flight == 0
+            # metered though it ended before vLLM's usage chunk (such streams were not, issue 31): by the events
+            # relayed, one token each
+            assert len(recorded) == 1 and recorded[0].error == "the client disconnected"
+            assert recorded[0].output_tokens is not None and recorded[0].output_tokens >= 5
             await asyncio.wait_for(upstream_saw_close.wait(), 10)
             await path.gateway.aclose()
 
