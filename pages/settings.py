@@ -188,9 +188,14 @@ with right:
             c[0].metric("KV tokens", fmt.count(pred.kv_tokens),
                         help=f"{pred.kv_tokens:,} tokens in {fmt.size(pred.kv_bytes)}, "
                         f"{pred.kv_bytes_per_token:,} bytes per token")
-            c[1].metric("Concurrency", fmt.times(pred.max_concurrency),
-                        help=f"requests of max_model_len ({pred.max_model_len:,} tokens) that fit in the KV "
-                        "cache at once")
+            seqs = values.get("max_num_seqs")
+            held = isinstance(seqs, int) and seqs < pred.max_concurrency
+            c[1].metric("Concurrency", f"{seqs} (max_num_seqs)" if held else fmt.times(pred.max_concurrency),
+                        help=(f"requests that run at once: at most max_num_seqs ({seqs}); the KV cache would hold "
+                              f"{fmt.times(pred.max_concurrency)} requests of max_model_len ({pred.max_model_len:,} "
+                              "tokens)") if held else
+                        f"requests of max_model_len ({pred.max_model_len:,} tokens) that fit in the KV cache at once "
+                        f"(max_num_seqs, {seqs}, allows more)")
             c[2].metric("Weights", fmt.size(pred.weight_bytes))
             st.caption(("calibrated from earlier starts on this host" if pred.calibrated else
                         "estimated (the first start on this host calibrates it)") if pred.device == "cuda" else
