@@ -55,15 +55,15 @@ if not rows:
     st.caption("No requests through the gateway in this window yet.")
 else:
     small = st.column_config.TextColumn(width="small")
-    st.dataframe([{
-        "revision": r.revision, "requests": r.requests, "avg in": r.avg_input_tokens,
-        "avg out": r.avg_output_tokens, "P50": fmt.seconds(r.latency_p50_s),
+    st.dataframe([{  # requests refused before any revision served them (stopped, queue full) are a row of their own
+        "revision": str(r.revision) if r.revision is not None else "none: refused", "requests": r.requests,
+        "avg in": r.avg_input_tokens, "avg out": r.avg_output_tokens, "P50": fmt.seconds(r.latency_p50_s),
         "P95": fmt.seconds(r.latency_p95_s), "P99": fmt.seconds(r.latency_p99_s),
         "P95 TTFT": fmt.seconds(r.ttft_p95_s), "tokens/s": r.output_tokens_per_s,
         "errors": fmt.pct(None if r.error_rate is None else 100 * r.error_rate, 1),
         "OOMs": r.oom_failures, "OOM/h": r.oom_per_hour} for r in rows],
         hide_index=True, width="stretch",
-        column_config={"revision": st.column_config.NumberColumn(width="small"),
+        column_config={"revision": st.column_config.TextColumn(width="medium"),
                        "requests": st.column_config.NumberColumn(width="small"),
                        "avg in": st.column_config.NumberColumn("avg input tokens", width="small"),
                        "avg out": st.column_config.NumberColumn("avg output tokens", width="small"),
@@ -72,5 +72,6 @@ else:
                        "errors": small, "OOMs": st.column_config.NumberColumn(width="small"),
                        "OOM/h": st.column_config.NumberColumn(width="small", format="%.3f")})
     st.caption("From the gateway's request ledger: latency (P50, P95, P99 end-to-end) includes time queued in the "
-               "gateway during restarts.")
+               "gateway during restarts. \"none: refused\": requests no revision served (vLLM stopped, the queue "
+               "full, a model no deployment serves).")
 drafts.settle()  # drawn whole from the draft: from now on the fields are the user's

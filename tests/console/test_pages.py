@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.client import EngineClient
+from engine.client import EngineClient, Run
 from engine.db import BenchmarkRun
 from tests.testkit.console import ADMIN_PASSWORD, InProcessEngine, in_process_engine
 from tests.testkit.wait import wait_until
@@ -125,6 +125,16 @@ def test_max_num_seqs_headroom_is_a_field_and_its_error_offers_the_fix(console_e
     assert not apply.disabled
     assert list(at.dataframe[0].value["field"]) == ["max_num_seqs", "max_num_seqs_ceiling"]
     assert console_env.client.settings().revision == before.revision  # nothing written
+
+
+def test_the_kpi_table_names_requests_no_revision_served(console_env: EngineHandle) -> None:
+    """Requests refused before any revision served them showed as a revision `None` with 100 % errors (issue 31)."""
+    refused = Run(model="no-such-model", mode="completion", prompt="x", params={"max_tokens": 1})
+    assert list(console_env.client.stream(refused)) == [] and refused.error  # 404: no deployment serves it
+    at = page("metrics", console_env.token)
+    table = next(d for d in at.dataframe if "revision" in d.value.columns)
+    revisions = [str(v) for v in table.value["revision"]]
+    assert "none: refused" in revisions and "None" not in revisions, revisions
 
 
 def test_playground_streams_a_reply_with_its_figures(console_env: EngineHandle) -> None:
