@@ -12,6 +12,7 @@ from typing import Any
 import streamlit as st
 
 from console import charts, fmt
+from console.deployment import scope
 from console.restart import last_outcome, plan_box, plan_eta_text, progress, watch
 from console.widgets import client, deployment_header, engine_status, restart_banner, unreachable
 from engine.client import ClientError, SettingsRejectedError, StaleRevisionError
@@ -67,9 +68,14 @@ def from_widget(name: str, value: Any) -> Any:
 # arrives, as seeding Session State gives). Its key names the desired revision and a per-field generation: a new
 # revision, "use this value" or "discard" makes a new widget, so the form starts from the desired revision again.
 # One form per deployment: another deployment's edits or suggestions never show in this one's fields.
-form = st.session_state.setdefault(f"settings_form@{here}", {"revision": None, "gens": {}, "overrides": {}})
+form = st.session_state.setdefault(f"settings_form@{here}", {"revision": None, "gens": {}, "overrides": {},
+                                                               "edits": {}})
 if form["revision"] != desired.revision:
-    form.update(revision=desired.revision, gens={}, overrides={})
+    # a new desired revision: the form starts from it. Edits not yet applied were made on the revision before; when
+    # someone else wrote this one, they are kept aside and offered back, not wiped unseen (issue 31)
+    if form["revision"] is not None and form.get("edits") and not st.session_state.get(f"applying{scope()}"):
+        st.session_state[f"settings_lost@{here}"] = (form["revision"], dict(form["edits"]))
+    form.update(revision=desired.revision, gens={}, overrides={}, edits={})
 if st.session_state.get("apply_note_of") != here:  # a note written for another deployment is not this one's
     st.session_state["apply_note_of"] = here
     st.session_state["clear_note"] = True
@@ -143,6 +149,26 @@ with left:
 
 values = {name: from_widget(name, st.session_state.get(key(name), start(name))) for name in desired_values}
 changes = {k: v for k, v in values.items() if v != desired_values.get(k)}
+form["edits"] = changes  # what would be offered back if someone else's revision replaced the one they were made on
+
+
+def take_back(edits: dict[str, Any]) -> None:
+    """The edits kept aside, back in the form (each field's widget made again from it)."""
+    for field_name, value in edits.items():
+        use_value(field_name, value)
+    st.session_state.pop(f"settings_lost@{here}", None)
+
+
+if lost := st.session_state.get(f"settings_lost@{here}"):
+    based_on, edits = lost
+    st.warning(f"Revision **{desired.revision}** by {desired.author} replaced revision {based_on}, on which you had "
+               "edits not applied: " + ", ".join(f"{k} = {v}" for k, v in edits.items()) + ". The form shows "
+               f"revision {desired.revision} now.", icon=":material/group:")
+    k1, k2 = st.columns([1, 4])
+    k1.button("Put my edits back", on_click=take_back, args=(edits,), icon=":material/undo:")
+    if k2.button("Dismiss"):
+        st.session_state.pop(f"settings_lost@{here}", None)
+        st.rerun()
 
 
 def finding(kind: str, i: int, f: Finding) -> None:

@@ -127,6 +127,29 @@ def test_max_num_seqs_headroom_is_a_field_and_its_error_offers_the_fix(console_e
     assert console_env.client.settings().revision == before.revision  # nothing written
 
 
+def test_a_colleague_s_revision_does_not_wipe_unsaved_edits_unseen(console_env: EngineHandle) -> None:
+    """A colleague's apply silently wiped the edit one was making (issue 31): the form starts from the new revision,
+    says whose it is, and offers the edits back."""
+    before = console_env.client.settings()
+    at = page("settings", console_env.token)
+    mine = before.values.max_num_seqs + 3
+    number(at, "max_num_seqs").set_value(mine).run()
+    theirs = console_env.client.put_settings(before.revision, {"max_model_len": 1024}, "a colleague's change")
+    at.run()
+    assert not at.exception
+    said = next(w.value for w in at.warning if "replaced revision" in w.value)
+    assert f"Revision **{theirs.revision}**" in said and f"max_num_seqs = {mine}" in said
+    assert number(at, "max_num_seqs").value == before.values.max_num_seqs  # the form is the new revision's
+    next(b for b in at.button if b.label == "Put my edits back").click().run()
+    assert number(at, "max_num_seqs").value == mine
+    assert not any("replaced revision" in w.value for w in at.warning)
+    assert list(at.dataframe[0].value["field"]) == ["max_num_seqs"]  # my edit, on top of their revision
+    console_env.client.wait_for({"ready"}, 60, revision=theirs.revision)
+    back = console_env.client.put_settings(theirs.revision, {"max_model_len": before.values.max_model_len},
+                                           "test: as before")
+    console_env.client.wait_for({"ready"}, 60, revision=back.revision)
+
+
 def test_the_kpi_table_names_requests_no_revision_served(console_env: EngineHandle) -> None:
     """Requests refused before any revision served them showed as a revision `None` with 100 % errors (issue 31)."""
     refused = Run(model="no-such-model", mode="completion", prompt="x", params={"max_tokens": 1})
