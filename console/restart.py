@@ -39,7 +39,9 @@ def phases(view: StartupView) -> None:
         st.caption(f"{fmt.seconds(view.elapsed_s)} so far: taking longer than expected, "
                    f"{fmt.seconds(view.overrun_s)} over (expected {view.eta_basis}; now: {view.phase_title}).")
     elif view.eta_s is not None:
-        left = f"; about {fmt.seconds(view.remaining_s)} left" if view.remaining_s is not None else ""
+        # what is left is the expectation less the time so far, the two figures shown beside it (a separate
+        # estimate of the phases left disagreed with them)
+        left = f"; about {fmt.seconds(max(0.0, view.eta_s - view.elapsed_s))} left"
         st.caption(f"{fmt.seconds(view.elapsed_s)} so far; expected {view.eta_basis}{left}.")
     else:
         st.caption(f"{fmt.seconds(view.elapsed_s)} so far; no earlier start of this engine to estimate from.")
