@@ -44,6 +44,24 @@ def memory(row: DeploymentOut) -> str:
                      for m in row.memory)
 
 
+def drawn_as(listed: list[DeploymentOut]) -> tuple[tuple[str, str, bool, int], ...]:
+    return tuple((r.name, str(r.state), r.enabled, r.serving) for r in listed
+                 if time.monotonic() - deleted.get(r.name, -60.0) > 10)
+
+
+@st.fragment(run_every=2)
+def follow(drawn: tuple[tuple[str, str, bool, int], ...]) -> None:
+    """The page as drawn against the engine's list now: a deployment that became ready, stopped, or went is
+    drawn again without a reload (a new one showed "starting" until someone reloaded, issue 31)."""
+    try:
+        now = drawn_as(base.deployments())
+    except ClientError:
+        return  # the page said so when it was drawn; the next poll tries again
+    if now != drawn:
+        st.rerun(scope="app")
+
+
+follow(drawn_as(rows))
 st.dataframe([{"name": r.name + (" (default)" if r.default else ""), "model": r.model or "—", "state": r.state,
                "enabled": r.enabled, "replicas": f"{r.serving} serving of {r.instances}",
                "revision": str(r.running_revision or "—"), "placement": placement(r), "memory held": memory(r),

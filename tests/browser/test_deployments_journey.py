@@ -55,6 +55,9 @@ def test_operator_creates_a_second_deployment_opens_it_by_link_and_compares_the_
     shot(pg, "journey-deployments-created")
     wait_until(lambda: engine.client.of(B).status().state == "ready", COLD_START_S, every=1,
                what=f"deployment {B} ready")
+    # the page follows it without a reload (it said "starting" until someone reloaded, issue 31)
+    expect(pg.get_by_test_id("stDataFrame").first).not_to_contain_text("starting", timeout=20_000)
+    expect(pg.get_by_test_id("stDataFrame").first).not_to_contain_text("0 serving of", timeout=20_000)
 
     link = pg.locator(f'a[href*="deployment={B}"]').filter(has_text="Open").first
     link.click()
