@@ -240,7 +240,7 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
     app.state.generated_admin_password = generated
     app.hosts = engine_hosts(config)
     # /v1 bodies, data path and /v1/generate together, and each client's share of them
-    budget = BodyBudget(config.v1_body_budget_bytes, config.v1_body_share_bytes or config.body_limit_v1_bytes)
+    budget = BodyBudget(config.v1_body_budget_bytes, config.v1_body_share)
     app.data_path = DataPath(gateway, keys, BodyLimits(config.body_limit_v1_bytes, config.body_timeout_s,
                                                        config.json_max_depth, config.v1_body_budget_bytes,
                                                        config.body_first_byte_s,

@@ -139,7 +139,9 @@ class AppConfig(BaseSettings):
     v1_body_share_bytes: int | None = Field(None, ge=4096, description="The most of v1_body_budget_bytes one "
                                             "client (its gateway key, else its address) holds at once; past it: 503 "
                                             "and Retry-After, so that no one client can take the whole budget. At "
-                                            "least body_limit_v1_bytes; empty: body_limit_v1_bytes.")
+                                            "least body_limit_v1_bytes; empty: half the budget (at least "
+                                            "body_limit_v1_bytes), so that clients behind one proxy whose forwarded "
+                                            "addresses are not trusted still send several large bodies at once.")
     v1_max_n: int = Field(16, ge=1, le=1024, description="The most choices (n, best_of) one /v1 request may ask "
                           "for; past it: 400 naming the field (n=1,024 held every other client of the deployment for "
                           "seconds, and the time grows with it).")
@@ -196,6 +198,11 @@ class AppConfig(BaseSettings):
                              f"body_limit_v1_bytes ({self.body_limit_v1_bytes:,}): a body the limit allows could "
                              "never be taken; raise the budget or lower the limit")
         return self
+
+    @property
+    def v1_body_share(self) -> int:
+        """v1_body_share_bytes, or its default: half the budget, at least one largest body."""
+        return self.v1_body_share_bytes or max(self.body_limit_v1_bytes, self.v1_body_budget_bytes // 2)
 
     @property
     def db_path(self) -> Path:
