@@ -310,13 +310,29 @@ def prompt_count(value: Any) -> int:
 
 
 def _raw_prompt_count(raw: msgspec.Raw) -> int:
-    """prompt_count of a field left as raw JSON (a large body), its items not built."""
+    """prompt_count of a field left as raw JSON (a large body): a list of token ids (one prompt) is never decoded
+    (31 MiB of them would be millions of objects, on the event loop's thread); a list of texts or lists is decoded
+    as raw items, not built."""
     head = bytes(memoryview(raw)[:64]).lstrip()
     if not head.startswith(b"["):
         return 1
-    items = _RAW_LIST.decode(raw)
-    first = bytes(memoryview(items[0])[:1]) if items else b""
-    return len(items) if first in (b'"', b"[") else 1
+    first = head[1:].lstrip()[:1]
+    if first not in (b'"', b"["):
+        return 1
+    return len(_RAW_LIST.decode(raw))
+
+
+def _lax_int(value: Any) -> int | None:
+    """An integer as pydantic's lax mode takes one (an int, an integral float, a numeric string), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,18}\s*", value):
+        return int(value)
+    return None
 
 
 @dataclass(frozen=True)
@@ -331,10 +347,9 @@ class RequestBounds:
     def check(self, body: V1Body) -> None:
         """BodyError(400) naming the field and the setting, when the request asks for more than one may."""
         choices = 1
-        for name, value in (("n", body.n), ("best_of", body.best_of)):
-            if value is None:
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        for name, raw in (("n", body.n), ("best_of", body.best_of)):
+            value = _lax_int(raw)  # as vLLM's pydantic reads it: 1024.0 and "1024" are 1024
+            if value is None or value < 1:
                 continue  # vLLM refuses what is not a positive integer, saying so
             if value > self.max_n:
                 raise BodyError(400, f"{name} is {value:,}; one request may ask for at most {self.max_n} choices "
@@ -350,11 +365,12 @@ class RequestBounds:
 
 
 def asked_max_tokens(data: object) -> int | None:
-    """The max_tokens (or max_completion_tokens) a /v1 request body asks for, when it is a sane integer."""
+    """The max_tokens (or max_completion_tokens) a /v1 request body asks for, when it is a sane integer (as vLLM's
+    lax pydantic reads it: 64.0 and "64" are 64)."""
     if not isinstance(data, dict):
         return None
-    value = data.get("max_completion_tokens", data.get("max_tokens"))
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31 else None
+    value = _lax_int(data.get("max_completion_tokens", data.get("max_tokens")))
+    return value if value is not None and 0 < value < 2**31 else None
 
 
 def _small(raw: msgspec.Raw) -> Any:

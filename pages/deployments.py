@@ -92,6 +92,8 @@ for row in rows:
                       + f"  \n{row.model or 'no model'}")
         open_link("overview", "Open", row.name, icon=":material/open_in_new:", where=c[1],
                   help=f"opens the Overview of {row.name}; the other pages act on it from then on")
+        if not row.enabled and st.session_state.get("dep_disabling") == row.name:
+            st.session_state.pop("dep_disabling", None)  # disabled meanwhile (elsewhere): nothing to confirm
         if row.enabled:  # it stops serving as surely as Delete: confirmed first, as Delete is
             if c[2].button("Disable…", key=f"dep_disable_{row.id}", disabled=not operator,
                            icon=":material/stop_circle:",

@@ -371,12 +371,12 @@ class AuditMiddleware:
 
     def _tallied(self, scope: Scope, state: dict[str, Any], status: int) -> bool:
         """Count a refused request instead of writing its row (in memory: no thread, no write per request): one
-        without a valid credential, and one whose credential may not do it at all (403: a viewer's change, a gateway
-        key on /api; 429) — a key or a viewer token wrote 300-370 full rows a second of those (issue 31); the
+        without a valid credential, and one the gate refused for what its credential is (403: a viewer's change, a
+        gateway key on /api) — a key or a viewer token wrote 300-370 full rows a second of those (issue 31); the
         count's source names the credential. A change an authenticated caller may make stays a row of its own,
-        refused or not."""
+        refused or not, and so does a refusal its route made (an operator turning trust_remote_code on)."""
         principal = state.get("principal")
-        if self.tallies is None or status < 400 or (principal is not None and status not in (403, 429)):
+        if self.tallies is None or status < 400 or (principal is not None and not state.get("refused_by_gate")):
             return False
         note: AuditNote = state.get("audit") or AuditNote()
         source = source_of(scope, self.console_key)

@@ -75,6 +75,7 @@ class LastAdminError(AuthError):
 
 
 SSO_MINTED = "sso:"  # a session's created_by when single sign-on opened it: sso:<the credential's token id>
+SSO_MINTED_BY = re.compile(r"sso:(\d{1,18})")
 
 
 class LockedError(AuthError):
@@ -407,9 +408,10 @@ class Auth:
             if row is None or row.revoked_at or (row.expires_at and row.expires_at < now):
                 return None
             name, role = row.name, row.role
-            if row.created_by.startswith(SSO_MINTED):  # a session opened by single sign-on lives as long as the
-                # credential that opened it: revoked or expired, its sessions end with it
-                minter = s.get(ApiToken, int(row.created_by.removeprefix(SSO_MINTED) or 0))
+            if row.kind == "session" and (minted := SSO_MINTED_BY.fullmatch(row.created_by)):
+                # a session opened by single sign-on lives as long as the credential that opened it: revoked or
+                # expired, its sessions end with it (a user name cannot hold ':', so no sign-in's looks like this)
+                minter = s.get(ApiToken, int(minted[1]))
                 if minter is None or minter.revoked_at or (minter.expires_at and minter.expires_at < now):
                     return None
             if row.user_id is not None:

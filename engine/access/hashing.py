@@ -95,15 +95,18 @@ class HashPool:
             try:
                 return fn(*args)
             finally:
-                done()
                 with self._lock:
                     self._avg_s = 0.8 * self._avg_s + 0.2 * (time.monotonic() - t0)
 
         try:
-            return self._executor.submit(job)
+            future = self._executor.submit(job)
         except RuntimeError:  # shut down: the engine is stopping
             done()
             raise
+        # released when the job ends, or when it is cancelled before it ran (a sign-in whose caller went away):
+        # its place in the queue, and its source's, never stays taken
+        future.add_done_callback(lambda _: done())
+        return future
 
     async def run(self, fn: Callable[..., T], *args: object, source: str | None = None) -> T:
         """``fn`` on a hashing thread, awaited (no thread of the shared pool is held meanwhile); ``source``: whose

@@ -88,13 +88,16 @@ class AccessGate:
                 return
             state["principal"] = principal
             if principal.kind == "gateway":
+                state["refused_by_gate"] = True  # counted, not a row each (the audit's tallies)
                 await send_json(send, 403, {"detail": "a gateway API key serves /v1 only"})
                 return
             if principal.kind == "sso" and scope["path"] != "/api/auth/sso":
+                state["refused_by_gate"] = True  # counted, not a row each (the audit's tallies)
                 await send_json(send, 403, {"detail": "the console's single sign-on credential opens sessions "
                                             "(POST /api/auth/sso) and does nothing else"})
                 return
             if not allows(principal.role, needed):
+                state["refused_by_gate"] = True  # counted, not a row each (the audit's tallies)
                 await send_json(send, 403, {"detail": f"role {principal.role} may not {scope['method']} "
                                             f"{scope['path']}: it needs {needed}"})
                 return

@@ -34,7 +34,7 @@ def body_owner(scope: Scope) -> str:
     the body was read), else its peer's address."""
     principal = scope.get("state", {}).get("principal")
     if principal is not None:
-        return f"key:{principal.name}"
+        return f"key:{principal.token_id}"
     client = scope.get("client")
     return f"peer:{client[0]}" if client else "peer:"
 

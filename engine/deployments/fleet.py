@@ -130,9 +130,8 @@ class Fleet:
         if stray:
             await self.events.emit("stray_killed", f"stopped vLLM processes {stray} left by an engine that died",
                                    severity="warning")
-        if (warning := getattr(self.placement, "warning", None)) is not None:  # an open Ray cluster, allowed
-            await self.events.emit("ray_unauthenticated", f"accepted anyway (ray_allow_unauthenticated): {warning}",
-                                   severity="warning")
+        if (warning := getattr(self.placement, "warning", None)) is not None:  # Ray: open and allowed, or not told
+            await self.events.emit("ray_unauthenticated", warning, severity="warning")
         rows = await asyncio.to_thread(self.store.all)
         for row in rows:
             await self._add(row)

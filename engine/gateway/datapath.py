@@ -92,7 +92,7 @@ class DataPath:
                 {k: v for k, v in m.items() if k != "deployment"} for m in models]}).encode())
             return
         # the body's bytes count in its key's share of the budget (its peer's, with no key)
-        owner = f"key:{principal.name}" if principal is not None else (
+        owner = f"key:{principal.token_id}" if principal is not None else (
             f"peer:{scope['client'][0]}" if scope.get("client") else "peer:")
         hold = self.budget.hold(owner)
         try:

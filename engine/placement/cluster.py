@@ -42,9 +42,15 @@ class RayPlacement:
     def __init__(self, address: str, sample_interval_s: float = 1.0, allow_unauthenticated: bool = False) -> None:
         # an open cluster runs code for anyone on its network: refused before the engine joins it, unless allowed
         self.auth = require_token(address, allow_unauthenticated)
-        self.warning = OPEN_MESSAGE.format(address=address) if self.auth.verdict == "open" else None
+        self.warning: str | None = None  # said in the log and as an event: an open cluster allowed, or one not told
+        if self.auth.verdict == "open":
+            self.warning = "accepted anyway (ray_allow_unauthenticated): " + OPEN_MESSAGE.format(address=address)
+        elif self.auth.verdict == "unknown":
+            self.warning = (f"could not tell whether the Ray cluster at {address} asks for a token "
+                            f"({self.auth.detail[:300] or 'no answer'}): make sure every node runs with "
+                            "RAY_AUTH_MODE=token (docs/fleet.md)")
         if self.warning:
-            log.warning("ACCEPTED ANYWAY (LLMOPS_RAY_ALLOW_UNAUTHENTICATED): %s", self.warning)
+            log.warning("%s", self.warning)
         if not ray.is_initialized():
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, configure_logging=False)
         self.address = address

@@ -21,9 +21,9 @@ PROBE_TIMEOUT_S = 30.0
 # token, 4: anything else (not reachable, not a Ray GCS): the driver's own connection will say what
 _PROBE = r"""
 import sys
-from ray._private import services
-from ray._raylet import GcsClient
 try:
+    from ray._private import services
+    from ray._raylet import GcsClient
     address = services.canonicalize_bootstrap_address_or_die(sys.argv[1])
     GcsClient(address=address).internal_kv_get(b"llmops-auth-probe", None, timeout=10)
 except Exception as exc:

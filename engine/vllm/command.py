@@ -27,6 +27,7 @@ def vllm_distribution() -> tuple[Build, str | None]:
 
 
 GUARD = "engine.vllm_guard.KeyOnEveryPath"
+GUARD_ROOT = str(Path(__file__).resolve().parent.parent.parent)  # the folder that holds the engine package
 
 
 def build_command(
@@ -187,6 +188,10 @@ def build_env(base: Mapping[str, str] | None = None, *, offline: bool = False, h
         env["HF_TOKEN"] = hf_token
     if api_key:
         env["VLLM_API_KEY"] = api_key
+    # the guard vLLM loads (--middleware engine.vllm_guard...) is found where this engine's package is, whatever
+    # Python runs vLLM (a venv of its own on a GPU host) and wherever it runs (its working dir is the data dir)
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([GUARD_ROOT, *filter(None, env.get("PYTHONPATH", "")
+                                                                             .split(os.pathsep))]))
     env["PYTHONUNBUFFERED"] = "1"
     env["VLLM_NO_USAGE_STATS"] = "1"
     env["DO_NOT_TRACK"] = "1"

@@ -221,7 +221,7 @@ def test_on_call_checks_health_follows_a_restart_live_and_filters_the_log(browse
     for leave in (lambda: open_page(pg, "Overview"), pg.reload):  # the filters are kept across both
         leave()
         open_page(pg, "Events & logs")
-        expect(pg.get_by_role("combobox", name="Level")).to_have_value("failures only")
+        expect(pg.get_by_role("combobox", name="Level")).to_have_value("failures only", timeout=20_000)
     choose(pg, "Level", "everything")
     eventually(lambda: "lines of leak reports at exit" in code.inner_text())  # ~30 lines each stop, folded
     expect(code).not_to_contain_text('"GET /health')  # polling is hidden by default

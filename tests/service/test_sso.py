@@ -81,3 +81,13 @@ def test_the_console_names_a_user_by_a_verified_email_only() -> None:
                                         {"preferred_username": "admin"}, {}]
     for claims in refused:
         assert sso_username(claims) is None, claims
+
+
+def test_a_token_made_by_a_credential_named_like_the_sso_mark_works(api: TestClient) -> None:
+    """The mark of a single sign-on session (created_by sso:<id>) is read on sessions only: a token made by a
+    credential whose name looks like it neither answers 500 nor lives and dies with another token."""
+    for name in ("sso:x", "sso:1", "sso:99999999999999999999"):
+        maker = api.post("/api/tokens", json={"name": name, "role": "admin"}).json()["token"]
+        made = api.post("/api/tokens", json={"name": f"made by {name}", "role": "viewer"}, headers=bearer(maker))
+        assert made.status_code == 201, made.text
+        assert api.get("/api/status", headers=bearer(made.json()["token"])).status_code == 200

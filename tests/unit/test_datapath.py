@@ -628,7 +628,10 @@ def test_one_request_cannot_ask_for_more_than_the_bounds(big: bool) -> None:
         ({"prompt": ["x"] * 3000, "max_tokens": 1}, "v1_max_prompts"),
         ({"input": [[1, 2]] * 3000}, "v1_max_prompts"),
         ({"prompt": "x", "n": 16, "max_tokens": 8192}, "v1_max_asked_tokens"),
-        ({"prompt": ["a", "b"] * 100, "max_tokens": 1000}, "v1_max_asked_tokens")]
+        ({"prompt": ["a", "b"] * 100, "max_tokens": 1000}, "v1_max_asked_tokens"),
+        # as vLLM's lax pydantic reads them: a float or a numeric string is the integer it names
+        ({"prompt": "x", "n": "1024"}, "v1_max_n"), ({"prompt": "x", "n": 1024.0}, "v1_max_n"),
+        ({"prompt": "x", "n": 16, "max_tokens": "100000"}, "v1_max_asked_tokens")]
     for fields, named in refusals:
         status, answer = ask(**fields)
         assert status == 400 and named in answer["error"]["message"], (fields.keys(), status, answer)

@@ -53,3 +53,21 @@ def test_a_server_without_its_key_refuses_to_start(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     with pytest.raises(RuntimeError, match="VLLM_API_KEY"):
         KeyOnEveryPath(ok)  # type: ignore[arg-type]
+
+
+def test_the_guard_is_found_by_a_python_that_does_not_have_the_engine_installed(tmp_path: object) -> None:
+    """vLLM may run under a Python of its own (a GPU host's staged venv), in the data dir: the guard is found
+    through the PYTHONPATH the engine gives it, with no site-packages at all (-S), and imports the standard library
+    only."""
+    import subprocess
+    import sys
+
+    from engine.vllm import build_env
+
+    env = build_env({"PATH": "/usr/bin:/bin", "PYTHONPATH": "/elsewhere"}, api_key="k")
+    assert env["PYTHONPATH"].split(":")[-1] == "/elsewhere"  # what the engine was given is kept, after it
+    done = subprocess.run([sys.executable, "-S", "-c", "import engine.vllm_guard as g, sys; "
+                           "print(sorted(m for m in sys.modules if m.startswith('engine')))"],
+                          env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['engine', 'engine.vllm_guard']"
