@@ -216,8 +216,8 @@ with right:
                         f"{pred.kv_bytes_per_token:,} bytes per token")
             seqs = values.get("max_num_seqs")
             held = isinstance(seqs, int) and seqs < pred.max_concurrency
-            c[1].metric("Concurrency (max_num_seqs)" if held else "Concurrency",
-                        str(seqs) if held else fmt.times(pred.max_concurrency),
+            c[1].metric("Concurrency", str(seqs) if held else fmt.times(pred.max_concurrency),  # (a longer label
+                        # is cut in its column at laptop widths: the help says which bound it is)
                         help=(f"requests that run at once: at most max_num_seqs ({seqs}); the KV cache would hold "
                               f"{fmt.times(pred.max_concurrency)} requests of max_model_len ({pred.max_model_len:,} "
                               "tokens)") if held else

@@ -82,7 +82,7 @@ def test_settings_preview_follows_the_form_and_writes_nothing(console_env: Engin
     assert pred is not None and metrics["KV tokens"][0].isdigit()
     # what runs at once: max_num_seqs when it is the tighter bound (the KV cache's figure alone overstated it 4-8x)
     if seqs < pred.max_concurrency:
-        assert metrics["Concurrency (max_num_seqs)"] == str(seqs)
+        assert metrics["Concurrency"] == str(seqs)
     else:
         assert metrics["Concurrency"].endswith("x")
     assert len(at.dataframe) == 1  # the edits: max_num_seqs only
