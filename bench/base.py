@@ -11,7 +11,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import secrets
 import shlex
 import subprocess
 import sys
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.profiles import REPO, Profile
+from tests.testkit.environ import environ
+from tests.testkit.ray_cluster import ray_token_auth
 
 __all__ = ["REPO", "Help", "RunRecord", "apply_profile", "common_options", "ray_head", "write_json"]
 
@@ -172,21 +173,15 @@ def ray_head(profile: Profile, out: Path) -> Iterator[None]:
     cluster asks for a token (RAY_AUTH_MODE=token, a fresh RAY_AUTH_TOKEN that the engines inherit): the engine
     refuses a cluster without one (docs/fleet.md), and the bench measures what is deployed."""
     ray = [sys.executable, "-m", "ray.scripts.scripts"]
-    wanted = {"LLMOPS_RAY_ADDRESS": "auto", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    before = {k: os.environ.get(k) for k in wanted}
-    os.environ.update(wanted)
-    try:
-        with (out / "ray-start.log").open("wb") as log:
-            subprocess.run([*ray, "start", "--head", "--num-gpus", str(profile.ray_gpus), "--disable-usage-stats",
-                            "--include-dashboard", "false", "--object-store-memory",
-                            str(profile.ray_object_store_bytes)],
-                           stdout=log, stderr=subprocess.STDOUT, check=True, cwd=REPO)
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        with (out / "ray-stop.log").open("wb") as log:
-            subprocess.run([*ray, "stop", "--force"], stdout=log, stderr=subprocess.STDOUT, check=False, cwd=REPO)
+    with ray_token_auth(), environ({"LLMOPS_RAY_ADDRESS": "auto"}):
+        try:
+            with (out / "ray-start.log").open("wb") as log:
+                subprocess.run([*ray, "start", "--head", "--num-gpus", str(profile.ray_gpus), "--disable-usage-stats",
+                                "--include-dashboard", "false", "--object-store-memory",
+                                str(profile.ray_object_store_bytes)],
+                               stdout=log, stderr=subprocess.STDOUT, check=True, cwd=REPO)
+            yield
+        finally:
+            with (out / "ray-stop.log").open("wb") as log:
+                subprocess.run([*ray, "stop", "--force"], stdout=log, stderr=subprocess.STDOUT, check=False,
+                               cwd=REPO)

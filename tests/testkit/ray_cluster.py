@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.vllm import free_port
+from tests.testkit.environ import environ
 
 OBJECT_STORE = 80 << 20  # the tests move no objects through it; Ray's default would take a third of the RAM
 
@@ -28,20 +29,20 @@ def ray_cluster(nodes: int = 2, cpus: int = 2) -> Iterator[Any]:
     """``Cluster`` with ``nodes`` nodes (the first the head); shut down, every node, whatever happens."""
     from ray.cluster_utils import Cluster
 
-    wanted = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    before = {k: os.environ.get(k) for k in wanted}
-    os.environ.update(wanted)
-    _reload_ray_config()
+    with ray_token_auth(), _cluster(Cluster, nodes, cpus) as cluster:
+        yield cluster
+
+
+@contextmanager
+def ray_token_auth() -> Iterator[None]:
+    """RAY_AUTH_MODE=token and a fresh RAY_AUTH_TOKEN in this process's environment for the block (the clusters and
+    engines started in it inherit them; this process's own Ray config reads them again)."""
     try:
-        with _cluster(Cluster, nodes, cpus) as cluster:
-            yield cluster
+        with environ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}):
+            _reload_ray_config()
+            yield
     finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        _reload_ray_config()
+        _reload_ray_config()  # the variables put back, read again
 
 
 def _reload_ray_config() -> None:
