@@ -88,6 +88,7 @@ class Fleet:
                                                                    config.ray_allow_unauthenticated)
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._sync_lock = asyncio.Lock()  # the loop and a route that waits for its change never add one twice
         self._started = False
         planner.neighbours = self.neighbours
         if self.placement.kind == "ray":
@@ -171,6 +172,10 @@ class Fleet:
     async def sync(self) -> None:
         """Bring the live deployments in step with the table: new ones start, deleted ones stop, renames and
         placements are taken over, an enabled flag that changed starts or stops the deployment."""
+        async with self._sync_lock:
+            await self._sync()
+
+    async def _sync(self) -> None:
         rows = {r.id: r for r in await asyncio.to_thread(self.store.all) if r.id is not None}
         changed = False
         for deployment_id, runtime in list(self.runtimes.items()):

@@ -227,3 +227,15 @@ def test_a_disabled_deployment_cannot_be_started(api: TestClient) -> None:
         assert resp.status_code == 409 and "is disabled: enable it first" in resp.text, resp.text
     assert api.post("/api/deployments/small/engine/stop").status_code == 202  # stopping is always allowed
     assert api.get("/api/deployments/small/status").json()["state"] != "starting"
+
+
+def test_a_created_deployment_is_there_as_soon_as_its_creation_is_answered(api: TestClient) -> None:
+    """Creating one and opening it at once (the console does; so did a CI run whose fleet loop was busy) finds it:
+    the answer to the creation waits until the engine has taken it, not the registry's next round."""
+    fleet = api.app.state.services.fleet  # type: ignore[attr-defined]
+    fleet.wake = lambda: None  # its loop looks again only after a second: the creation must not rely on it
+    made = create(api, name="at-once")
+    assert made.status_code == 201, made.text
+    status = api.get("/api/deployments/at-once/status")
+    assert status.status_code == 200 and status.json()["deployment"] == "at-once", status.text
+    assert "at-once" in {d["name"] for d in api.get("/api/deployments").json()}

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio.from_thread
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 
@@ -137,7 +138,8 @@ def create(body: DeploymentIn, request: Request, svc: ServicesDep, fleet: FleetD
         raise HTTPException(409, detail=str(exc)) from None
     except DeploymentError as exc:
         raise HTTPException(422, detail=[{"loc": ["body", "name"], "msg": str(exc), "type": "value_error"}]) from None
-    fleet.wake()
+    # taken before the answer: whoever created it opens it next (the registry's own loop may be a second away)
+    anyio.from_thread.run(fleet.sync)
     note.after = {"model": settings.model, "gpus": body.gpus, "enabled": body.enabled, "revision": rev.id,
                   "forced": bool(errors)}
     assert row.id is not None and rev.id is not None
