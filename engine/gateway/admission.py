@@ -1,17 +1,19 @@
 """Admission: who may send to vLLM now. The open upstreams (one per instance that serves), a bounded waiting room
 while none is open (an apply, a crash) or every one is at its limit of requests, and the requests in flight. A
-request goes to the open upstream with the fewest requests outstanding; the serving controller opens, relabels,
-closes and drains upstreams (engine/serving/launcher.py), and waits for their requests to end before it stops an
-instance."""
+request goes to the open upstream that routing picks (engine/gateway/routing.py: by prefix and load, or the fewest
+requests outstanding); the serving controller opens, relabels, closes and drains upstreams (engine/serving/gate.py),
+and waits for their requests to end before it stops an instance."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
+from engine.gateway.routing import PrefixIndex, Routed, RoutingPolicy, instance_salt, pick
 
 CAPACITY_QUEUE = 65_536  # requests that wait for a free slot (every instance at its max_num_seqs), as vLLM's queue
 
@@ -29,6 +31,13 @@ class Upstream:
     admission: Admission | None = None  # whose upstream it is (set when opened)
     down_until: float = 0.0  # monotonic: it refused a connection; the others take new requests until then
     limit: int | None = None  # most requests in flight to it (its max_num_seqs under a higher ceiling); None: vLLM's
+    kv_usage: float | None = None  # its KV cache's use, 0-1, by vLLM's own metrics (the serving monitor's scrape)
+    cache_hit_pct: float | None = None  # vLLM's prefix-cache hit rate between the monitor's last two scrapes, %
+    routed: Routed = field(default_factory=Routed, repr=False)  # what routing knows of it (its index, counts)
+    salt: int = field(init=False, repr=False)  # its weight's seed in rendezvous hashing (from the instance's name)
+
+    def __post_init__(self) -> None:
+        self.salt = instance_salt(self.instance)
 
 
 class Admission:
@@ -47,6 +56,7 @@ class Admission:
         self.waiting = 0
         self.rejected = 0
         self.refusal: str | None = None  # set while vLLM is down on purpose: refuse at once, do not queue
+        self.routing: RoutingPolicy = "prefix"  # the deployment's (its revision's ``routing``, set by the gate)
 
     @property
     def upstreams(self) -> list[Upstream]:
@@ -66,27 +76,33 @@ class Admission:
     def revision(self) -> int | None:
         return self._open[0].revision if self._open else None
 
+    @property
+    def by_prefix(self) -> bool:
+        """Whether a request's prompt chooses where it goes (the policy ``prefix`` and more than one open)."""
+        return self.routing == "prefix" and len(self._open) > 1
+
     def _room(self) -> bool:
         """Whether an open upstream can take one more request now (its limit, if it has one, not reached)."""
         return any(u.limit is None or u.outstanding < u.limit for u in self._open)
 
-    def _take(self) -> Upstream:
+    def _take(self, keys: Sequence[int] | None) -> Upstream:
         if len(self._open) > 1:
             now = time.monotonic()  # one that just failed to connect is passed over while others answer
             free = [u for u in self._open if u.limit is None or u.outstanding < u.limit]
-            best = min((u for u in free if u.down_until <= now), key=lambda u: u.outstanding, default=None) \
-                or min(free, key=lambda u: u.outstanding)
+            best = pick(self.routing, [u for u in free if u.down_until <= now] or free, self.in_flight,
+                        len(self._open), keys)
         else:
             best = self._open[0]
         best.outstanding += 1
         self.in_flight += 1
         return best
 
-    async def acquire(self, deadline: float) -> Upstream:
-        """The upstream with the fewest outstanding requests, counted in flight; waits (until ``deadline``,
-        monotonic) while none is open, or every one has its limit of requests (first come, first served)."""
+    async def acquire(self, deadline: float, keys: Sequence[int] | None = None) -> Upstream:
+        """The upstream routing picks for a prompt of prefix ``keys`` (routing.prefix_keys; None: by load alone),
+        counted in flight; waits (until ``deadline``, monotonic) while none is open, or every one has its limit of
+        requests (first come, first served)."""
         if self._open and not self.waiting and self._room():  # nearly every request: no lock, no await
-            return self._take()
+            return self._take(keys)
         async with self._cond:
             if not self._open and self.refusal is not None:
                 self.rejected += 1
@@ -114,7 +130,7 @@ class Admission:
                 if not self._open:
                     self.rejected += 1
                     raise UpstreamUnavailableError(self.refusal or "vLLM is down")
-            return self._take()
+            return self._take(keys)
 
     async def release(self, upstream: Upstream) -> None:
         upstream.outstanding -= 1
@@ -125,14 +141,16 @@ class Admission:
                 self._cond.notify_all()
 
     async def open(self, url: str, revision: int | None = None, instance: str = "a", api_key: str | None = None,
-                   limit: int | None = None) -> Upstream:
+                   limit: int | None = None, cache_tokens: int | None = None) -> Upstream:
         """Send to ``url`` (instance ``instance``, replacing an upstream of the same instance), with the instance's
-        own API key when it has one."""
+        own API key when it has one; ``cache_tokens``: its KV cache's size, when known (routing's index)."""
         async with self._cond:
             old = next((u for u in self._open if u.instance == instance), None)
-            up = Upstream(url, revision, instance, old.outstanding if old and old.url == url else 0,
+            same = old is not None and old.url == url  # the same vLLM: its requests and its cache go on
+            routed = old.routed if same and old else Routed(PrefixIndex.for_tokens(cache_tokens))
+            up = Upstream(url, revision, instance, old.outstanding if same and old else 0,
                           auth=(b"authorization", b"Bearer " + api_key.encode()) if api_key else None, admission=self,
-                          limit=limit)
+                          limit=limit, routed=routed)
             self._open = [u for u in self._open if u.instance != instance] + [up]
             self.refusal = None
             self._cond.notify_all()

@@ -26,6 +26,7 @@ from engine.gateway.proxy import (
     with_usage,
 )
 from engine.gateway.routes import ROOT_PATHS, PathRefusal, check_path
+from engine.gateway.routing import PREFIX_BYTES
 
 ENGINE_OWN = frozenset({"/v1/generate"})
 
@@ -138,6 +139,7 @@ class DataPath:
         client = header(headers, b"x-llmops-client") or (scope["client"][0] if scope.get("client") else "")
         model = fields.model if fields is not None else None
         ledger = self.gateway.ledger
+        admission = self.gateway.route(model)
         record = Record(ts=0.0, revision_id=None, model=model[:200] if model else "",
                         endpoint=checked, stream=stream, status=0, latency_s=0.0, client=client[:200],
                         max_tokens=fields.max_tokens if fields is not None else None,
@@ -146,4 +148,6 @@ class DataPath:
         return Exchange(method=method, path=checked, query=forward_query(scope.get("query_string", b"")),
                         headers=[(k, v) for k, v in headers if k not in HOP_HEADERS and k != b"x-llmops-client"],
                         body=asked or body, stream=stream, hide_usage=asked is not None, record=record,
-                        admission=self.gateway.route(model))
+                        admission=admission,
+                        prompt=fields.prompt_bytes(PREFIX_BYTES) if fields is not None and admission is not None
+                        and admission.by_prefix else None)

@@ -33,6 +33,7 @@ from engine.bodies import V1Body
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.gateway.admission import Admission, Upstream
 from engine.gateway.ledger import Ledger, Record
+from engine.gateway.routing import prefix_keys
 from engine.gateway.upstream import Client, Connection, Head, UpstreamError, UpstreamTimeoutError
 
 log = logging.getLogger("llmops.gateway")
@@ -71,6 +72,7 @@ class Exchange:
                                                           status=0, latency_s=0.0, client=""))
     on_sent: Callable[[], None] | None = None  # told once vLLM has the body (the data path's budget)
     admission: Admission | None = None  # of the deployment the request's model names (None: no such deployment)
+    prompt: bytes | memoryview | None = None  # its prompt or messages as JSON (routing by prefix reads it)
 
     def sent(self) -> None:
         """vLLM has read the body and answered: let it go (no retry will need it)."""
@@ -287,9 +289,11 @@ class Gateway:
         deadline = t0 + admission.queue_timeout_s
         rec.deployment_id = admission.deployment_id
         target = ex.path + (f"?{ex.query}" if ex.query else "")
+        keys = prefix_keys(ex.prompt) if ex.prompt is not None and admission.by_prefix else None
+        ex.prompt = None  # (a view of the body: let it go with it)
         while True:
             try:
-                upstream = await admission.acquire(deadline)
+                upstream = await admission.acquire(deadline, keys)
             except QueueFullError as exc:
                 return self._refused(rec, t0, f"vLLM is restarting and the queue is full: {exc}")
             except QueueTimeoutError as exc:

@@ -44,9 +44,25 @@ class GatewayCounts(BaseModel):
     in_flight: int
     waiting: int
     rejected: int
+    routing: Literal["prefix", "least_outstanding"] = Field("prefix", description="how the gateway chooses among "
+                                                            "the instances that serve (the revision's `routing`)")
 
 
 InstanceRole = Literal["serving", "starting", "draining", "stopping", "bridge", "sleeping", "failed"]
+
+
+class RoutingCounts(BaseModel):
+    """How the gateway routed an instance's requests since it opened (engine/gateway/routing.py)."""
+
+    prefix: int = Field(0, description="to it because it was sent the longest start of the prompt before")
+    home: int = Field(0, description="a prompt seen nowhere, to its home by hashing")
+    load: int = Field(0, description="by load alone: a short prompt, every instance over its share, or the policy "
+                      "least_outstanding")
+    matched_share: float | None = Field(None, description="share of the prompts' blocks routed to it that it had "
+                                        "been sent before: the gateway's guess at its prefix-cache hit rate")
+    kv_cache_usage: float | None = Field(None, description="its KV cache's use, 0-1, by vLLM's own metrics")
+    prefix_cache_hit_pct: float | None = Field(None, description="vLLM's own prefix-cache hit rate (prompt "
+                                               "tokens found in the cache) between its last two scrapes, %")
 
 
 class InstanceOut(BaseModel):
@@ -64,6 +80,7 @@ class InstanceOut(BaseModel):
     outstanding: int = 0
     since: datetime | None = None
     startup: StartupView | None = None
+    routing: RoutingCounts | None = Field(None, description="how the gateway routed to it (while it serves)")
 
 
 class StepTiming(BaseModel):

@@ -63,9 +63,17 @@ class SettingsValues(BaseModel):
         "inside a node.",
     )
     replicas: int = Field(
-        1, ge=1, le=16, description="vLLM instances of this revision behind the gateway (least outstanding requests "
-        "first). On a multi-GPU host each gets its own GPUs (tensor_parallel_size each); with 2 or more an apply "
+        1, ge=1, le=16, description="vLLM instances of this revision behind the gateway (as `routing` chooses among "
+        "them). On a multi-GPU host each gets its own GPUs (tensor_parallel_size each); with 2 or more an apply "
         "replaces one at a time while the others serve.",
+    )
+    routing: Literal["prefix", "least_outstanding"] = Field(
+        "prefix", description="How the gateway chooses among the instances that serve (2 or more replicas, or the "
+        "old and the new one during an apply). prefix: a request goes where the longest start of its prompt was "
+        "sent before (that instance's prefix cache holds it), unless that instance has more than its share of the "
+        "requests in flight (1.25 x) or a full KV cache; a prompt seen nowhere goes to its home by hashing, so "
+        "prompts that begin alike go together. least_outstanding: the instance with the fewest requests in flight. "
+        "Changed without a restart.",
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Data type of weights and activations. auto: the model's own."

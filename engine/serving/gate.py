@@ -51,16 +51,18 @@ class Gate:
         """``inst`` takes traffic (with its own API key, held to its max_num_seqs under a higher ceiling)."""
         assert inst.revision.id is not None
         child = inst.child
+        self.admission.routing = inst.settings.routing
         upstream = await self.admission.open(child.url, inst.revision.id, instance=inst.name, api_key=child.api_key,
-                                             limit=gateway_limit(inst))
+                                             limit=gateway_limit(inst), cache_tokens=inst.kv_tokens)
         inst.upstream = upstream
         self.progress.gap_closed()
         return upstream
 
     async def relabel(self, inst: Instance, revision: Revision, settings: EngineSettings) -> None:
         """A serving instance takes a revision on as it runs (a soft change): the gateway holds it to its new
-        max_num_seqs from the next request."""
+        max_num_seqs and routing from the next request."""
         inst.revision, inst.settings = revision, settings
+        self.admission.routing = settings.routing
         await self.admission.relabel(inst.name, revision.id, gateway_limit(inst))
 
     # --- the gateway -------------------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ class Instance:
     compile_key: str = ""  # its settings and environment as vLLM's compile cache sees them
     predicted: dict[str, Any] | None = None
     launched_seqs: int = 0  # the max_num_seqs vLLM was started with (its ceiling)
+    kv_tokens: int | None = None  # its KV cache's size as vLLM logged it (routing's index is bounded by it)
     lowered: bool = False  # started at start_beside_nice (beside one that serves): raised to vllm_nice once it serves
     abortable: bool = True  # a newer revision or a stop gives its start up (not a revision brought back)
     launched_at: float = 0.0  # monotonic: when it was spawned (its start's deadline runs from here)

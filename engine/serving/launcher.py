@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from engine.capacity import Planner, logged_batched_tokens, parse_start
 from engine.clock import Clock
 from engine.config import AppConfig
-from engine.db import Revision
+from engine.db import Revision, database_url
 from engine.gateway import Upstream
 from engine.placement import Placement
 from engine.revisions import DeploymentRef, EngineSettings, resolve_local_model
@@ -45,12 +45,25 @@ from engine.vllm import (
     free_port,
     launch_max_num_seqs,
     renice_group,
+    sandbox_for,
+    sandbox_problem,
     unbound_omp_threads,
 )
+from engine.vllm_sandbox import Sandbox
 
 log = logging.getLogger("llmops.serving")
 S = EngineState
 RELEASE_WAIT_S = 30.0  # after a stop, how long the GPU memory of its processes is waited for
+
+
+def engine_secrets(config: AppConfig) -> list[Path]:
+    """The engine's secrets outside its data dir, which vLLM may not open either (the data dir's own are
+    engine/vllm/command.py DATA_DIR_SECRETS): the console's key, and a SQLite database elsewhere with its journals."""
+    secrets = [config.console_key_path]
+    url = database_url(config.database_url.get_secret_value()) if config.database_url else None
+    if url is not None and url.get_backend_name() == "sqlite" and url.database:
+        secrets += [Path(url.database + suffix) for suffix in ("", "-wal", "-shm", "-journal")]
+    return secrets
 
 
 class Launcher:
@@ -145,6 +158,13 @@ class Launcher:
 
     # --- launch ------------------------------------------------------------------------------------------------
 
+    def sandbox(self, data_dir: Path, env: dict[str, str]) -> Sandbox | None:
+        """What a new vLLM child may not open (engine/vllm_sandbox.py; ``env`` may get its TMPDIR), or None: the
+        sandbox is off, or this host has no Landlock (the fleet said so once, at start)."""
+        if not self.config.vllm_sandbox or sandbox_problem() is not None:
+            return None
+        return sandbox_for(data_dir, env, secrets=engine_secrets(self.config), model_roots=self.config.model_roots)
+
     async def launch(self, revision: Revision, settings: EngineSettings, *, device: str | None,
                      bridge: bool = False, node: str | None = None, index: int = 0,
                      abortable: bool = True) -> Instance:
@@ -178,11 +198,13 @@ class Launcher:
             env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
             env.setdefault("OMP_NUM_THREADS", str(unbound_omp_threads(settings.tensor_parallel_size)))
         port = int(args[args.index("--port") + 1])
+        sandbox = await asyncio.to_thread(self.sandbox, data_dir, env)  # walks the filesystem
         child = self.placement.child(ChildSpec(
             args=args, env=env, port=port, revision_id=revision.id, log=self.log,
             pidfile=self.run_dir / self.deployment.pidfile_name(name), name=name, cwd=data_dir, api_key=key,
             node=node, gpus=settings.tensor_parallel_size if self.build == "cuda" and
-            settings.pipeline_parallel_size == 1 else 0))  # in stages, vLLM's Ray executor places its workers
+            settings.pipeline_parallel_size == 1 else 0,  # in stages, vLLM's Ray executor places its workers
+            sandbox=sandbox))
         inst = Instance(name, child, revision, settings, device=device, bridge=bridge, index=index,
                         since=self.clock.time(), launched_seqs=launch_max_num_seqs(settings), lowered=lowered,
                         abortable=abortable and not bridge)
@@ -287,6 +309,9 @@ class Launcher:
         self.last_start = {"revision": inst.revision.id, **start_view(child.tracker, inst.eta),
                            **{k: startup.get(k) for k in ("error_s", "error_pct")}}
         measured = await asyncio.to_thread(self._measure_start, inst)  # calibration writes SQLite
+        if isinstance(kv := measured.get("kv_tokens"), int) and kv > 0:  # what its prefix cache can hold
+            inst.kv_tokens = kv
+            upstream.routed.index.resize(kv)
         if self.progress.state != S.READY:
             if self.progress.sm.can(S.READY):
                 self.progress.enter(S.READY, f"revision {inst.revision.id} ready after {seconds:.1f} s")

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from engine.gateway import Admission
+from engine.gateway import Admission, Upstream
 from engine.revisions import DeploymentRef, RevisionStore
-from engine.schemas import Build, GatewayCounts, InstanceOut, StartupView, StatusOut
+from engine.schemas import Build, GatewayCounts, InstanceOut, RoutingCounts, StartupView, StatusOut
 from engine.serving.eta import start_view
 from engine.serving.instances import Instance, Instances
 from engine.serving.intent import Intent
@@ -85,7 +85,7 @@ class StatusView:
             enabled=self.intent.enabled, halted=self.intent.halted, ready_since=when(p.ready_at if p else None),
             restarts=max(0, self._starts() - 1), startup=self.startup_view(),
             gateway=GatewayCounts(in_flight=self.admission.in_flight, waiting=self.admission.waiting,
-                                  rejected=self.admission.rejected),
+                                  rejected=self.admission.rejected, routing=self.admission.routing),
             instances=[self.instance_out(i) for i in self.instances], apply=self.progress.apply)
 
     def instance_out(self, inst: Instance) -> InstanceOut:
@@ -97,7 +97,7 @@ class StatusView:
                            pid=inst.child.pid, device=inst.device, node=inst.child.node,
                            address=inst.child.url if inst.child.started else None, serving=upstream is not None,
                            outstanding=upstream.outstanding if upstream else 0, since=when(inst.since),
-                           startup=startup)
+                           startup=startup, routing=routing_counts(upstream) if upstream else None)
 
     def startup_view(self) -> StartupView | None:
         """The start in progress, phase by phase with its ETA; else the latest start's record."""
@@ -106,3 +106,11 @@ class StatusView:
             return StartupView(revision=starting.revision.id, **start_view(starting.child.tracker, starting.eta))
         last = self._last_start()
         return StartupView.model_validate(last) if last else None
+
+
+def routing_counts(upstream: Upstream) -> RoutingCounts:
+    """How the gateway routed to an instance, and what vLLM's own metrics say of its cache."""
+    counts = upstream.routed.counts
+    return RoutingCounts(prefix=counts.prefix, home=counts.home, load=counts.load,
+                         matched_share=round(counts.matched_blocks / counts.blocks, 3) if counts.blocks else None,
+                         kv_cache_usage=upstream.kv_usage, prefix_cache_hit_pct=upstream.cache_hit_pct)

@@ -38,7 +38,7 @@ PHASES: tuple[tuple[str, str, re.Pattern[str] | None], ...] = (
 TITLES = {name: title for name, title, _ in PHASES}
 ORDER = {name: i for i, (name, _, _) in enumerate(PHASES)}
 # Settings outside vLLM's compile cache: changing only these reuses the compiled graphs.
-OUTSIDE_COMPILE = frozenset({"gpu_memory_utilization", "cpu_kv_cache_gib", "served_model_name"})
+OUTSIDE_COMPILE = frozenset({"gpu_memory_utilization", "cpu_kv_cache_gib", "served_model_name", "routing"})
 
 COMPILE_ENV = ("VLLM_CPU_OMP_THREADS_BIND",)
 # vLLM's log says whether its compile cache held the graphs: loaded them (a GPU), or found them and compiled again

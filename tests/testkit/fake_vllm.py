@@ -65,6 +65,7 @@ class Served:
     cut: int = 0  # cut off (a crash, a stop)
     probes: int = 0
     headers: list[dict[str, str]] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)  # the prompts of those requests, in order
 
 
 class FakeVllm:
@@ -261,6 +262,7 @@ class FakeVllm:
         else:
             self.served.requests += 1
             self.served.headers.append(headers)
+            self.served.prompts.append(str(request.get("prompt", request.get("messages", ""))))
         chat = path.endswith("chat/completions")
         if not request.get("stream"):
             text = "x" * tokens

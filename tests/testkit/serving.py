@@ -155,12 +155,13 @@ class Clients:
     n: int
     stream: bool = True
     model: str | None = "demo"
+    prompt: Callable[[], str] = lambda: "tell me"  # each request's prompt
     results: list[Result] = field(default_factory=list)
     _stop: bool = False
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def _one(self) -> Result:
-        request: dict[str, Any] = {"prompt": "tell me", "max_tokens": 16, "stream": self.stream}
+        request: dict[str, Any] = {"prompt": self.prompt(), "max_tokens": 16, "stream": self.stream}
         if self.model:
             request["model"] = self.model
         body = json.dumps(request).encode()
@@ -338,8 +339,11 @@ class Scenario:
                                               note=note)
 
     @contextlib.asynccontextmanager
-    async def clients(self, n: int = 8, stream: bool = True) -> AsyncIterator[Clients]:
+    async def clients(self, n: int = 8, stream: bool = True, prompt: Callable[[], str] | None = None
+                      ) -> AsyncIterator[Clients]:
         clients = Clients(self.datapath, self.clock, n, stream)
+        if prompt is not None:
+            clients.prompt = prompt
         self._clients.append(clients)
         clients.start()
         try:

@@ -1,8 +1,9 @@
 """The soft change: a revision the running instances take on as they run, no restart (plan kind ``soft``).
 
 What a running vLLM can take on: ``replicas`` (a scale: the controller adds or retires replicas one by one
-afterwards) and ``max_num_seqs`` within the ceiling it was started with (the gateway holds each instance to it
-from the next request). The instances that serve become the revision's own: no restart, no gap.
+afterwards), ``max_num_seqs`` within the ceiling it was started with (the gateway holds each instance to it
+from the next request) and ``routing`` (the gateway's, from the next request). The instances that serve become
+the revision's own: no restart, no gap.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from engine.revisions import EngineSettings
 from engine.schemas import ApplyPlanOut
 from engine.serving.instances import Instance
 
-SOFT_FIELDS = ("replicas", "max_num_seqs", "max_num_seqs_ceiling")  # what a running instance can take on
+SOFT_FIELDS = ("replicas", "max_num_seqs", "max_num_seqs_ceiling", "routing")  # what a running instance takes on
 
 
 def soft_change(inst: Instance, values: dict[str, Any]) -> bool:
@@ -25,7 +26,7 @@ def soft_change(inst: Instance, values: dict[str, Any]) -> bool:
         return False
     seqs, ceiling = int(values.get("max_num_seqs") or 1), values.get("max_num_seqs_ceiling")
     if seqs == current.get("max_num_seqs") and ceiling == current.get("max_num_seqs_ceiling"):
-        return True  # only replicas
+        return True  # only replicas or routing
     # a new max_num_seqs without a restart only under a ceiling the operator asked for, the one it runs with
     return ceiling is not None and ceiling == inst.launched_seqs and seqs <= ceiling
 
@@ -43,6 +44,8 @@ def soft_plan(serving: list[Instance], settings: EngineSettings) -> ApplyPlanOut
     if old.max_num_seqs != settings.max_num_seqs:
         steps.append(f"the gateway holds each instance to max_num_seqs {settings.max_num_seqs} from the next request "
                      f"(vLLM runs with a ceiling of {min(i.launched_seqs for i in serving)})")
+    if old.routing != settings.routing:
+        steps.append(f"the gateway routes by {settings.routing.replace('_', ' ')} from the next request")
     if settings.replicas > len(serving):
         steps.append(f"start {settings.replicas - len(serving)} more replica(s) beside those that serve")
     elif settings.replicas < len(serving):
@@ -88,11 +91,14 @@ async def adopt(ctx: SoftContext, desired: Revision, serving: list[Instance]) ->
     if old.max_num_seqs != settings.max_num_seqs:
         changed.append(f"max_num_seqs {old.max_num_seqs} → {settings.max_num_seqs} in effect now (within the "
                        f"ceiling of {min(i.launched_seqs for i in serving)} they were started with)")
+    if old.routing != settings.routing:
+        changed.append(f"routing {old.routing} → {settings.routing} from the next request")
     if old.replicas != want:
         changed.append(f"replicas {len(serving)} → {want}")
     await ctx.event("applied_soft", f"revision {desired.id}: " + "; ".join(changed or ["no change"])
                     + f"; instances {', '.join(i.name for i in serving)} serve it, nothing restarts",
                     revision_id=desired.id, data={"from_revisions": before, "replicas": want,
                                                   "max_num_seqs": settings.max_num_seqs,
+                                                  "routing": settings.routing,
                                                   "in_effect_s": round(seconds, 4)})
     return f"; scaling to {want} replica(s)" if want != len(serving) else ""
