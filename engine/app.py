@@ -172,7 +172,8 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
         admission = runtime.admission
         runtime.serving = ServingMonitor(config.serving_scrape_interval_s, lambda: admission.upstream,
                                          lambda: admission.revision, serving_history,
-                                         headers=lambda: admission.upstream_headers)
+                                         headers=lambda: admission.upstream_headers,
+                                         instances=lambda: admission.upstreams)
         runtime.benchmarks = Benchmarks(
             db, runtime.revisions, runtime.events, runtime.controller, ledger, f"http://{local}:{config.port}",
             sampler.energy_now,

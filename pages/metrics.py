@@ -42,6 +42,36 @@ def live() -> None:
         cols[i % 2].plotly_chart(charts.by_revision(history, metric, title, unit, scale), theme="streamlit")
     st.caption(f"vLLM's /metrics every {now.interval_s:.0f} s; {history.source} history, "
                f"{history.step_s:.0f} s per point; one line per revision that served.")
+    instances()
+
+
+def instances() -> None:
+    """Each instance that serves: how the gateway routed to it and what its prefix cache found (2+ instances)."""
+    try:
+        status = client().status()
+    except ClientError as exc:
+        unreachable(exc)
+    serving = [i for i in status.instances if i.serving and i.routing is not None]
+    if len(serving) < 2:
+        return
+    st.markdown("**Instances: routing and prefix cache**")
+    rows = []
+    for i in serving:
+        r = i.routing
+        assert r is not None
+        total = r.prefix + r.home + r.load
+        rows.append({"instance": i.name, "revision": str(i.revision), "in flight": i.outstanding, "routed": total,
+                     "by prefix": fmt.pct(100 * r.prefix / total if total else None, 0),
+                     "home": fmt.pct(100 * r.home / total if total else None, 0),
+                     "by load": fmt.pct(100 * r.load / total if total else None, 0),
+                     "prefix-cache hits": fmt.pct(r.prefix_cache_hit_pct, 0),
+                     "KV-cache use": fmt.pct(None if r.kv_cache_usage is None else 100 * r.kv_cache_usage, 0)})
+    st.dataframe(rows, hide_index=True, width="stretch")
+    policy = status.gateway.routing
+    st.caption(f"Routing: **{policy.replace('_', ' ')}** (the revision's `routing`). By prefix: sent where the "
+               "start of its prompt was sent before; home: a prompt seen nowhere, placed by hashing; by load: the "
+               "instance with the fewest requests in flight. Prefix-cache hits: vLLM's own, between its last two "
+               "scrapes.")
 
 
 live()

@@ -121,6 +121,9 @@ with left:
     c2.number_input("max_num_seqs", 1, 4096, start("max_num_seqs"), step=1, key=key("max_num_seqs"),
                     help=help_of("max_num_seqs"))
     c1, c2 = st.columns(2)
+    routes = ["prefix", "least_outstanding"]
+    c1.selectbox("routing (among instances)", routes, routes.index(start("routing")) if start("routing") in routes
+                 else 0, key=key("routing"), help=help_of("routing"))
     c2.number_input("max_num_seqs_ceiling (0 = max_num_seqs: no headroom)", 0, 4096, start("max_num_seqs_ceiling"),
                     step=1, key=key("max_num_seqs_ceiling"), help=help_of("max_num_seqs_ceiling"))
     with st.expander("Advanced"):

@@ -23,6 +23,9 @@ SCENARIOS = {s.name: s for s in (
     Scenario("gateway-overhead", "gateway_overhead", "vLLM's serving benchmark direct to vLLM and through the /v1 "
              "gateway, alternated; the gateway's cap of N against vLLM restarted with N; the plans and starts of "
              "applies after it", "engine + vLLM"),
+    Scenario("routing", "routing", "two replicas behind the gateway, routing by prefix against least outstanding "
+             "on a shared-prefix load and on one without (alternated, a soft change between runs), and the routing "
+             "decision's own cost", "engine + vLLM x2"),
     Scenario("apply-gap", "apply_gap", "N streaming clients while revisions are applied: the longest stretch with "
              "no completed request, failures, the plan and its predicted time against the real one", "engine + vLLM"),
     Scenario("fleet", "fleet_rolling", "a deployment of two replicas on a two-node Ray cluster on this host: a "

@@ -148,6 +148,15 @@ class EngineCollector(Collector):
                                       labels=["deployment"])
         in_flight = GaugeMetricFamily("llmops_deployment_in_flight", "Requests in flight to a deployment",
                                       labels=["deployment"])
+        routed = CounterMetricFamily("llmops_instance_routed_requests", "Requests the gateway sent to an instance, "
+                                     "by how it chose it: prefix (it was sent the longest start of the prompt "
+                                     "before), home (a prompt seen nowhere, by hashing), load (fewest in flight)",
+                                     labels=["deployment", "instance", "how"])
+        hits = GaugeMetricFamily("llmops_instance_prefix_cache_hit_ratio", "vLLM's own prefix-cache hit rate of an "
+                                 "instance (prompt tokens found in its cache) between the last two scrapes",
+                                 labels=["deployment", "instance"])
+        kv = GaugeMetricFamily("llmops_instance_kv_cache_usage_ratio", "Share of an instance's KV cache in use "
+                               "(vLLM's own metric)", labels=["deployment", "instance"])
         for st in self.deployments():
             for s in EngineState:
                 state.add_metric([st.deployment, s.value], 1.0 if st.state == s else 0.0)
@@ -155,7 +164,16 @@ class EngineCollector(Collector):
                 running.add_metric([st.deployment], st.running_revision)
             instances.add_metric([st.deployment], sum(1 for i in st.instances if i.serving))
             in_flight.add_metric([st.deployment], st.gateway.in_flight)
-        yield from (state, running, instances, in_flight)
+            for inst in st.instances:
+                if inst.routing is None:
+                    continue
+                for how in ("prefix", "home", "load"):
+                    routed.add_metric([st.deployment, inst.name, how], getattr(inst.routing, how))
+                if inst.routing.prefix_cache_hit_pct is not None:
+                    hits.add_metric([st.deployment, inst.name], inst.routing.prefix_cache_hit_pct / 100)
+                if inst.routing.kv_cache_usage is not None:
+                    kv.add_metric([st.deployment, inst.name], inst.routing.kv_cache_usage)
+        yield from (state, running, instances, in_flight, routed, hits, kv)
 
     def _gpu(self) -> Iterator[Any]:
         snaps = self.gpu()

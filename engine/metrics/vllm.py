@@ -11,9 +11,9 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -183,22 +183,37 @@ def cache_use(after: Scrape, before: Scrape | None) -> CacheUse | None:
     return CacheUse(queries - q0, hits - h0)
 
 
+class Scraped(Protocol):
+    """An instance that serves, as the monitor sees it (the gateway's upstream): where it listens, its key, and
+    where its KV cache's use and prefix-cache hit rate go (routing reads them)."""
+
+    url: str
+    auth: tuple[bytes, bytes] | None
+    kv_usage: float | None
+    cache_hit_pct: float | None
+
+
 class ServingMonitor:
-    """Scrapes the ready vLLM child every few seconds; ``latest`` holds the live figures."""
+    """Scrapes the ready vLLM child every few seconds; ``latest`` holds the live figures (of the first instance
+    that serves: the deployment's history); every other instance that serves is scraped too, for its KV cache's
+    use and prefix-cache hit rate (``instances``)."""
 
     def __init__(self, interval_s: float, upstream: Callable[[], str | None],
                  revision: Callable[[], int | None] = lambda: None, history: SeriesStore | None = None,
-                 headers: Callable[[], dict[str, str]] = dict) -> None:
+                 headers: Callable[[], dict[str, str]] = dict,
+                 instances: Callable[[], Sequence[Scraped]] = tuple) -> None:
         self.interval_s = interval_s
         self.upstream = upstream
         self.headers = headers  # the child's key: every path of it asks for one (engine/vllm_guard.py)
         self.revision = revision
         self.history = history
+        self.instances = instances
         self.latest: dict[str, Any] | None = None
         self.error: str | None = None
         self._previous: Scrape | None = None
         self._source: str | None = None
         self._task: asyncio.Task[None] | None = None
+        self._each: dict[str, Scrape] = {}  # each instance's previous scrape, by its address
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="serving-monitor")
@@ -234,6 +249,7 @@ class ServingMonitor:
         self.latest = derive(scrape, self._previous)
         self.error = None
         self._previous = scrape
+        await self._scrape_instances(client, url, scrape)
         if self.history is not None and not first:  # rates need two scrapes of the same child
             row = {"revision": self.revision(), **{m: self.latest.get(m) for m in HISTORY_METRICS}}
             try:
@@ -241,3 +257,27 @@ class ServingMonitor:
             except SQLAlchemyError as exc:  # the live figures go on; the history has a gap until it is back
                 self.error = f"cannot record the serving history: {type(exc).__name__}"
                 log.warning("serving history: could not record a scrape: %s", exc)
+
+    async def _scrape_instances(self, client: httpx.AsyncClient, first_url: str, first: Scrape) -> None:
+        """Each instance that serves: its KV cache's use and its prefix-cache hit rate since the last scrape (the
+        first instance's from the scrape just made). One that does not answer keeps no stale figure."""
+        seen: dict[str, Scrape] = {}
+        for inst in list(self.instances()):
+            scrape: Scrape | None = first if inst.url == first_url else None
+            if scrape is None:
+                headers = {inst.auth[0].decode(): inst.auth[1].decode()} if inst.auth else {}
+                try:
+                    resp = await client.get(f"{inst.url}/metrics", headers=headers)
+                    resp.raise_for_status()
+                    scrape = parse(resp.text, time.time())
+                except httpx.HTTPError:
+                    inst.kv_usage = inst.cache_hit_pct = None
+                    continue
+            usage = scrape.gauges.get("kv_cache_usage")
+            inst.kv_usage = float(usage) if usage is not None else None
+            before = self._each.get(inst.url)
+            use = cache_use(scrape, before) if before is not None else None
+            if use is not None and use.queries > 0:  # no lookups since the last scrape: the last rate stands
+                inst.cache_hit_pct = use.hit_pct
+            seen[inst.url] = scrape
+        self._each = seen

@@ -6,7 +6,9 @@ gateway stopped sending to a lost node) are `python -m bench fleet`'s."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import random
 import subprocess
 import sys
 import time
@@ -24,6 +26,8 @@ from tests.testkit.engine import COLD_START_S, REPO, EngineHandle, running_engin
 from tests.testkit.load import Load, summary
 from tests.testkit.ray_cluster import open_ray_head, ray_cluster
 from tests.testkit.wait import wait_until
+
+WORDS = ("alpha", "river", "stone", "cloud", "engine", "garden", "signal", "orbit", "paper", "lantern")
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +60,40 @@ def test_replicas_spread_over_the_nodes(fleet: tuple[EngineHandle, Any]) -> None
     assert spread.pid == first.pid  # a scale: the first replica was not restarted
     plan = engine.client.capacity({"max_num_seqs": 6}).plan  # an apply now would roll (the serving tier runs it)
     assert plan is not None and plan.kind == "rolling" and plan.capacity_dip_pct == 50.0
+    routes_by_prefix_and_spreads_a_hot_one(engine)
+
+
+def routing(engine: EngineHandle) -> dict[str, Any]:
+    return {i.name: i.routing for i in engine.client.status().instances if i.serving and i.routing}
+
+
+def routes_by_prefix_and_spreads_a_hot_one(engine: EngineHandle) -> None:
+    """Real vLLM, two replicas, routing by prefix (the default): one request at a time (each replica far from its
+    share), each system prompt's follow-ups go where it went first; then one system prompt sent by 8 clients at once
+    reaches both replicas."""
+    rng = random.Random(7)
+    systems = [" ".join(rng.choice(WORDS) for _ in range(150)) for _ in range(4)]
+    before = routing(engine)
+
+    def ask(prompt: str, max_tokens: int = 2) -> None:
+        resp = httpx.post(f"{engine.url}/v1/completions", timeout=120,
+                          json={"model": "demo", "prompt": prompt, "max_tokens": max_tokens})
+        assert resp.status_code == 200, resp.text
+
+    for n in range(5):
+        for i, system in enumerate(systems):
+            ask(f"{system}\nQuestion {n} {i}: and then?")
+    after = routing(engine)
+    gained = {name: (r.prefix - before[name].prefix, r.home - before[name].home) for name, r in after.items()}
+    assert sum(p for p, _ in gained.values()) == 16 and sum(h for _, h in gained.values()) == 4, gained
+    assert all(p + h > 0 for p, h in gained.values()), gained  # the system prompts' homes are on both replicas
+    hot = systems[0]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: ask(f"{hot}\nHot question {k}?", 48), range(8)))
+    spread = routing(engine)
+    served = {name: r.prefix + r.home + r.load - (after[name].prefix + after[name].home + after[name].load)
+              for name, r in spread.items()}
+    assert all(v > 0 for v in served.values()), served  # one replica got its share, the other the rest
 
 
 def test_a_lost_node_is_sent_nothing_and_its_replica_comes_back_on_the_head(fleet: tuple[EngineHandle, Any]
