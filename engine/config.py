@@ -36,6 +36,13 @@ class AppConfig(BaseSettings):
                              "default: /v1 traffic would bury everything else the engine says.")
     engine_url: str = Field("http://127.0.0.1:8000", description="Where the console and the CLI reach the engine.")
     vllm_python: str = Field(sys.executable, description="Python interpreter that runs vLLM's API server.")
+    vllm_sandbox: bool = Field(True, description="Start every vLLM server in a filesystem sandbox (Linux Landlock, "
+                               "engine/vllm_sandbox.py): vLLM runs a model's code as the engine's user, and cannot "
+                               "open the engine's data dir (the database, run/cli.token, run/console.key, the logs) "
+                               "but for models/ and the caches its environment puts there, nor the console's key "
+                               "or a SQLite database elsewhere; the engine's code and Python it can only read. "
+                               "Where the kernel has no Landlock, vLLM starts unconfined and the engine says so in "
+                               "its log and events; off: the same, on purpose (docs/fleet.md, What vLLM can read).")
     autostart: bool = Field(True, description="Start vLLM with the desired revision when the engine starts.")
     startup_timeout_s: float = Field(900.0, gt=0, description="Longest wait for a vLLM start to become ready.")
     stop_timeout_s: float = Field(20.0, gt=0, description="Wait after SIGTERM before the child's group is SIGKILLed.")

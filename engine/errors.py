@@ -104,6 +104,12 @@ class StrayProcessError(ServingError):
     """Processes of an earlier vLLM child survived SIGKILL; starting another would fight them for memory."""
 
 
+class SandboxUnavailableError(ServingError):
+    """Landlock cannot confine a vLLM child on this host (a kernel built without it, or with it turned off at
+    boot): the sandbox of engine/vllm_sandbox.py cannot be made. The engine then starts vLLM unconfined and says so;
+    vllm_sandbox=false says it is meant."""
+
+
 # --- the /v1 gateway ------------------------------------------------------------------------------------------
 
 

@@ -39,7 +39,7 @@ from engine.placement import Placement, make_placement
 from engine.revisions import HUB_ID, DeploymentRef, EngineSettings, FlagSource, RevisionStore, SettingsWriter
 from engine.schemas import Build, FleetInstance, FleetOut, HostReading, NodeOut
 from engine.serving import Controller
-from engine.vllm import reap_all
+from engine.vllm import reap_all, sandbox_problem
 
 log = logging.getLogger("llmops.deployments")
 
@@ -133,6 +133,9 @@ class Fleet:
                                    severity="warning")
         if (warning := getattr(self.placement, "warning", None)) is not None:  # Ray: open and allowed, or not told
             await self.events.emit("ray_unauthenticated", warning, severity="warning")
+        if (unconfined := await asyncio.to_thread(self.unconfined)) is not None:
+            log.warning("%s", unconfined)
+            await self.events.emit("vllm_unconfined", unconfined, severity="warning")
         rows = await asyncio.to_thread(self.store.all)
         for row in rows:
             await self._add(row)
@@ -141,6 +144,17 @@ class Fleet:
         if self.placement.kind == "ray":
             self._telemetry = threading.Thread(target=self._poll_nodes, name="node-telemetry", daemon=True)
             self._telemetry.start()
+
+    def unconfined(self) -> str | None:
+        """Why the vLLM servers of this engine start without their sandbox (engine/vllm_sandbox.py), or None."""
+        exposed = ("they can open whatever the engine's user can: the engine's database and admin token "
+                   f"({self.config.data_dir / 'run' / 'cli.token'}) included")
+        if not self.config.vllm_sandbox:
+            return f"vllm_sandbox is off: vLLM servers start unconfined, and {exposed}"
+        if (problem := sandbox_problem()) is not None:
+            return (f"vLLM servers start unconfined, {problem}: {exposed}. Set vllm_sandbox to false to say "
+                    "that this is meant")
+        return None
 
     async def shutdown(self) -> None:
         self._telemetry_stop.set()

@@ -22,6 +22,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from engine.vllm_sandbox import Sandbox
+
 # Runs beside vLLM's process group, in a session of its own: when the actor that started it is gone (its parent
 # changed), or the process that started the actor (on a Ray node, its raylet: the node's death, which the actor's
 # own exit follows only a second or two later) is, the group is killed (checked ten times a second); when the group
@@ -87,10 +89,11 @@ class VllmProcessImpl:
         self._lock = threading.Lock()
         self._done = threading.Event()
 
-    def start(self, args: list[str], env: dict[str, str], cwd: str | None, host: str | None = None
-              ) -> dict[str, Any]:
+    def start(self, args: list[str], env: dict[str, str], cwd: str | None, host: str | None = None,
+              sandbox: Sandbox | None = None) -> dict[str, Any]:
         """Start vLLM listening on this node's address (``host``: another, for a test without Ray) and a free port
-        there: (pid, address, port, node)."""
+        there: (pid, address, port, node). ``sandbox``: started through it (engine/vllm_sandbox.py), which hides
+        the engine's files where this node is the engine's host, and nothing elsewhere."""
         in_ray = host is None
         host = host or node_ip()
         port = free_port(host)
@@ -104,6 +107,8 @@ class VllmProcessImpl:
                 args += [flag, value]
         folder = Path(cwd) if cwd else Path(os.environ.get("LLMOPS_NODE_DIR") or Path.home() / ".cache" / "llmops")
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if sandbox is not None:
+            args = sandbox.wrap(args, sys.executable)
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=env, cwd=str(folder), start_new_session=True)
         self.guard = subprocess.Popen([sys.executable, "-c", GUARD, str(os.getpid()), str(self.proc.pid)],

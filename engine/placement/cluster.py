@@ -208,7 +208,7 @@ class RayChild:
                          f"{' '.join(spec.args)}")
         self._actor = VllmProcess.options(**options).remote(self.name)
         try:
-            info = await self._actor.start.remote(spec.args, spec.env, None)
+            info = await self._actor.start.remote(spec.args, spec.env, None, sandbox=spec.sandbox)
         except RayError as exc:  # its node went away meanwhile, or cannot start it: a failed start, not a crash
             self.lost = f"could not start on node {spec.node[:12]}: {type(exc).__name__}"
             self.on_lost(spec.node)

@@ -20,7 +20,7 @@ class LocalPlacement:
 
     def child(self, spec: ChildSpec) -> Child:
         return VllmChild(spec.args, spec.env, spec.port, spec.revision_id, spec.log, spec.pidfile, name=spec.name,
-                         cwd=spec.cwd, api_key=spec.api_key)
+                         cwd=spec.cwd, api_key=spec.api_key, sandbox=spec.sandbox)
 
     def place(self, index: int, taken: list[str | None], gpus: int = 0) -> str | None:
         return None

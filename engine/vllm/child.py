@@ -24,6 +24,7 @@ import psutil
 from engine.errors import PortBusyError, StrayProcessError
 from engine.vllm.logs import ChildLog
 from engine.vllm.phases import StartTracker
+from engine.vllm_sandbox import Sandbox
 
 log = logging.getLogger("llmops.child")
 
@@ -68,8 +69,10 @@ class VllmChild:
 
     def __init__(self, args: list[str], env: dict[str, str], port: int, revision_id: int, log_: ChildLog,
                  pidfile: Path, name: str = "a", keep_lines: int = 5000, cwd: Path | None = None,
-                 on_exit: Callable[[Any], None] | None = None, api_key: str | None = None) -> None:
+                 on_exit: Callable[[Any], None] | None = None, api_key: str | None = None,
+                 sandbox: Sandbox | None = None) -> None:
         self.args = args
+        self.sandbox = sandbox  # what vLLM may not open: it is started through engine/vllm_sandbox.py (None: as is)
         self.api_key = api_key  # the instance's own key for vLLM's /v1 (VLLM_API_KEY): only the engine holds it
         self.cwd = cwd  # vLLM's working directory: the data dir, never the engine's (a relative --model is read there)
         self.on_exit = on_exit  # called on the event loop the moment the server process exits
@@ -129,9 +132,10 @@ class VllmChild:
 
     async def spawn(self) -> None:
         ensure_port_free(self.port)
-        self.log.new_run(f"instance {self.name}, revision {self.revision_id}: {' '.join(self.args)}")
+        args = self.sandbox.wrap(self.args) if self.sandbox is not None else self.args
+        self.log.new_run(f"instance {self.name}, revision {self.revision_id}: {' '.join(args)}")
         self.proc = await asyncio.create_subprocess_exec(
-            *self.args,
+            *args,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

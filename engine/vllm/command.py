@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import shutil
-from collections.abc import Mapping
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping
 from functools import cache
 from pathlib import Path
 
+from engine.errors import SandboxUnavailableError
 from engine.revisions import EngineSettings, resolve_local_model
 from engine.schemas import Build
+from engine.vllm_sandbox import Sandbox, abi_version, boot_id
 
 GIB = 1 << 30
+log = logging.getLogger("llmops.child")
 
 
 @cache
@@ -203,3 +209,67 @@ def build_env(base: Mapping[str, str] | None = None, *, offline: bool = False, h
     if dev_endpoints:  # sleep mode's endpoints; vLLM listens on 127.0.0.1 and the gateway never forwards them
         env["VLLM_SERVER_DEV_MODE"] = "1"
     return env
+
+
+# --- the sandbox of a vLLM child (engine/vllm_sandbox.py) ----------------------------------------------------------
+
+# The entries of the data dir that hold the engine's secrets: the database (password hashes, token digests, the
+# audit), run/ (cli.token: an admin token; console.key; the pid files) and logs/ (what every instance printed).
+# The whole data dir is hidden but for what vLLM needs; these are named as well, so that no folder vLLM keeps can
+# ever uncover them.
+DATA_DIR_SECRETS = ("llmops.db", "llmops.db-wal", "llmops.db-shm", "llmops.db-journal", "run", "logs")
+# Folders vLLM's environment may put inside the data dir (a container's one volume: HF_HOME=/data/hf): kept
+CACHE_ENV = ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
+             "TRITON_CACHE_DIR", "TMPDIR")
+# What vLLM, PyTorch, Triton and CUDA make in HOME (caches, compiled kernels)
+HOME_CACHES = (".cache", ".config", ".triton", ".nv")
+ENGINE_CODE = Path(__file__).resolve().parents[1]  # the engine package: read-only to vLLM
+
+
+@cache
+def sandbox_problem() -> str | None:
+    """Why vLLM children cannot be confined on this host (no Landlock), or None (asked once)."""
+    try:
+        abi_version()
+    except SandboxUnavailableError as exc:
+        return str(exc)
+    return None
+
+
+def sandbox_for(data_dir: Path, env: dict[str, str], *, secrets: Iterable[Path] = (),
+                model_roots: Iterable[Path] = ()) -> Sandbox:
+    """The sandbox of a vLLM child of the engine on ``data_dir``, whose environment is ``env``.
+
+    Hidden (cannot be opened): the data dir, but for what vLLM needs of it: models/, the model roots inside it and
+    the cache folders ``env`` puts there (CACHE_ENV); the database, run/, logs/ and whatever else the data dir
+    holds stay hidden (DATA_DIR_SECRETS can never be kept); ``secrets`` elsewhere (the console's key, a SQLite
+    database outside the data dir) too. Read-only: the engine's own code and Python, so that vLLM cannot change
+    what the engine runs next. Everything else is as it was.
+
+    Nothing new can be made in a folder on the way to a hidden path: where the temp folder is one (a data dir in
+    /tmp), or is hidden, vLLM's TMPDIR becomes DATA_DIR/tmp (set in ``env``); where HOME is one, the folders of
+    HOME_CACHES are made now, as vLLM would make them."""
+    data = Path(os.path.realpath(data_dir))
+    hidden = [data, *(data / name for name in DATA_DIR_SECRETS), *(Path(os.path.realpath(p)) for p in secrets)]
+    wanted = [data / "models", *map(Path, model_roots), *(Path(env[k]) for k in CACHE_ENV if env.get(k))]
+
+    def keepable(path: Path) -> bool:  # strictly inside the data dir, and neither in nor around a secret
+        return path != data and path.is_relative_to(data) and not any(
+            path.is_relative_to(s) or s.is_relative_to(path) for s in hidden[1:])
+
+    kept = [p for p in dict.fromkeys(Path(os.path.realpath(p)) for p in wanted) if keepable(p)]
+    sandbox = Sandbox(hide=tuple(map(str, hidden)), read=(str(ENGINE_CODE), os.path.realpath(sys.prefix)),
+                      keep=tuple(map(str, kept)), host=boot_id())
+    if not sandbox.can_make_in(env.get("TMPDIR") or tempfile.gettempdir()):
+        private = data / "tmp"
+        private.mkdir(mode=0o700, exist_ok=True)
+        env["TMPDIR"] = str(private)
+        sandbox = sandbox.keeping(str(private))
+    home = env.get("HOME")
+    if home and not sandbox.can_make_in(home):
+        for name in HOME_CACHES:
+            try:
+                (Path(home) / name).mkdir(mode=0o700, exist_ok=True)
+            except OSError as exc:  # vLLM says what it misses, if it does
+                log.warning("could not make %s for vLLM in HOME, a folder it cannot add to: %s", name, exc)
+    return sandbox

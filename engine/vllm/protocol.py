@@ -12,12 +12,14 @@ from typing import Protocol
 
 from engine.vllm.logs import ChildLog
 from engine.vllm.phases import StartTracker
+from engine.vllm_sandbox import Sandbox
 
 
 @dataclass(frozen=True)
 class ChildSpec:
     """What to start: vLLM's argument list and environment (from engine/vllm/command.py), its log, the
-    instance's name, its API key, where it may write (its working directory) and on which node."""
+    instance's name, its API key, where it may write (its working directory), on which node, and in which
+    sandbox."""
 
     args: list[str]
     env: dict[str, str]
@@ -30,6 +32,7 @@ class ChildSpec:
     api_key: str | None
     node: str | None = None
     gpus: int = 0  # GPUs the instance takes on its node (Ray reserves them)
+    sandbox: Sandbox | None = None  # what it may not open (engine/vllm_sandbox.py); None: unconfined
 
 
 class Child(Protocol):
