@@ -151,7 +151,14 @@ def data_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
-    """The session's real engine (real vLLM), ready: shared by the system and browser tiers."""
-    with running_engine(tmp_path_factory.mktemp("engine")) as handle:
+    """The session's real engine (real vLLM), ready: shared by the system and browser tiers. Its vLLM runs eager
+    (no torch.compile): each of the tiers' restarts is about 15 s shorter on two cores, and what they prove (plans,
+    phases, the gateway, the console's journeys) does not depend on it; the engines of test_fleet, test_postgres_engine
+    and test_up start vLLM as the product's defaults do, compile included."""
+    data_dir = tmp_path_factory.mktemp("engine")
+    with running_engine(data_dir, {"LLMOPS_AUTOSTART": "false"}) as first:  # the revision written, nothing started
+        rev = first.client.settings().revision
+        first.client.put_settings(rev, {"enforce_eager": True}, "tests: eager vLLM, shorter restarts")
+    with running_engine(data_dir) as handle:  # as the product runs: autostart on (a new deployment starts at once)
         handle.client.wait_for({"ready"}, COLD_START_S)
         yield handle
