@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pynvml
 import uvicorn
@@ -32,7 +33,17 @@ from engine.deployments import DeploymentStore, Fleet, Runtime
 from engine.edge import HostCheck, edge_protocol, engine_hosts, head_limits, host_of, refuse_host
 from engine.errors import EngineError
 from engine.events import EventLog
-from engine.gateway import BodyLimits, DataPath, Gateway, Ledger
+from engine.gateway import (
+    BodyLimits,
+    Coordinator,
+    DataPath,
+    Emit,
+    Gateway,
+    Ledger,
+    WorkerPool,
+    WorkersCollector,
+    WorkerSpec,
+)
 from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
 from engine.metrics import HISTORY_METRICS, EngineCollector, LoopLag, RequestMetrics, SeriesStore, ServingMonitor
 from engine.placement import Placement
@@ -194,19 +205,27 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
         lambda: [r.controller.status() for r in list(fleet.runtimes.values())]))
     limits = RateLimiter()
     keys = GatewayKeys(auth, limits, gateway_keys)
+    workers = gateway_workers(config, Coordinator(fleet.admission_for, keys, ledger, fleet.models), gateway_keys,
+                              lambda kind, message, severity, data: events.add(kind, message, severity=severity,
+                                                                               data=data))
     services = Services(config=config, db=db, events=events, prompts=prompts, auth=auth, audit=audit,
                         tallies=tallies, limits=limits, fleet=fleet, deployments=deployments, planner=planner,
                         sampler=sampler,
                         telemetry=telemetry, alerts=alerts, serving_history=serving_history, ledger=ledger,
                         gateway=gateway, registry=registry,
                         public_url=config.public_url or f"http://{local}:{config.port}", gateway_keys=gateway_keys,
-                        build=build, vllm_version=vllm_version)
+                        build=build, vllm_version=vllm_version, workers=workers,
+                        data_url=data_url(config, local) if workers is not None else None)
+    if workers is not None:
+        registry.register(WorkersCollector(workers))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await events.emit("engine_started", f"engine listening on {config.host}:{config.port}",
                           data={"data_dir": str(config.data_dir.resolve()), "database": db.where,
                                 "vllm_build": build, "vllm_version": vllm_version, "gateway_keys": gateway_keys})
+        if workers is not None:  # first: a data port that cannot be bound stops the start before vLLM's
+            await workers.start()
         await asyncio.to_thread(sampler.start)  # its first sample (NVML) is there before anyone asks
         await fleet.start()
         ledger.start()
@@ -216,6 +235,8 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
             yield
         finally:
             await loop_lag.close()
+            if workers is not None:  # their streams end first: the instances still serve them
+                await workers.stop()
             await fleet.shutdown()  # before the sampler: waiting for the GPU's memory reads its samples
             await asyncio.to_thread(sampler.stop)
             try:
@@ -256,6 +277,35 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
                        writable=lambda: free_space_problem(config.data_dir, config.min_free_disk_bytes))
     app.add_middleware(AuditMiddleware, log=audit, tallies=tallies, console_key=console_key)
     return app
+
+
+def data_url(config: AppConfig, local: str) -> str:
+    """The data port's address as clients reach it: the public URL's host (or the engine's), on data_port."""
+    host = urlsplit(config.public_url).hostname if config.public_url else None
+    host = host or local
+    return f"http://{f'[{host}]' if ':' in host else host}:{config.data_port}"
+
+
+def gateway_workers(config: AppConfig, coordinator: Coordinator, keys_required: bool, emit: Emit
+                    ) -> WorkerPool | None:
+    """The data path's worker processes (gateway_workers), or None when there are none."""
+    count = config.gateway_worker_count
+    if not count:
+        return None
+    hosts = engine_hosts(config)
+    budget = max(config.body_limit_v1_bytes, config.v1_body_budget_bytes // count)  # the budget, shared out
+    spec = WorkerSpec(index=0, engine_port=config.port, hosts=[*hosts.names, *hosts.suffixes, *(["*"] if hosts.any
+                                                                                               else [])],
+                      head_bytes=config.header_limit_bytes, line_bytes=config.header_line_limit_bytes,
+                      head_timeout_s=config.header_timeout_s, body_max_bytes=config.body_limit_v1_bytes,
+                      body_timeout_s=config.body_timeout_s, json_max_depth=config.json_max_depth,
+                      body_budget_bytes=budget, body_share_bytes=min(budget, config.v1_body_share),
+                      body_first_byte_s=config.body_first_byte_s, max_n=config.v1_max_n,
+                      max_prompts=config.v1_max_prompts, max_asked_tokens=config.v1_max_asked_tokens,
+                      upstream_timeout_s=config.upstream_timeout_s, ledger_sample_rate=config.ledger_sample_rate,
+                      keys_required=keys_required, graceful_s=config.drain_timeout_s)
+    return WorkerPool(count, config.host, config.data_port, spec, coordinator, emit,
+                      stop_timeout_s=config.drain_timeout_s + 5)
 
 
 def engine_log_handler(config: AppConfig) -> logging.Handler:

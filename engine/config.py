@@ -6,6 +6,7 @@ The knobs of vLLM are settings revisions (``engine/revisions/settings.py``), ver
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Literal
@@ -81,6 +82,17 @@ class AppConfig(BaseSettings):
     queue_size: int = Field(256, ge=0, description="Requests held while vLLM restarts; past it: 503.")
     queue_timeout_s: float = Field(300.0, ge=0, description="Longest a held request waits for vLLM; then 503.")
     upstream_timeout_s: float = Field(600.0, gt=0, description="Longest a /v1 request may take inside vLLM.")
+    gateway_workers: int | None = Field(None, ge=0, le=64, description="Worker processes that serve the /v1 data "
+                                        "path on gateway_port besides the engine's own port, each relaying tokens "
+                                        "on a core of its own while the engine keeps what they share (each "
+                                        "instance's cap and requests in flight, routing, keys and their limits, the "
+                                        "ledger); one that dies is started again and the others' requests go on "
+                                        "(engine/gateway/workers.py). One process relays about 27,000 tokens/s. "
+                                        "Empty: by the cores this process may use, a quarter of them, at most 8, "
+                                        "none below 4 cores; 0: none (the data port is not opened).")
+    gateway_port: int | None = Field(None, ge=0, le=65535, description="Port of the gateway workers' /v1 data "
+                                     "path, on the engine's host; empty: port + 1. Only /v1 (and /tokenize, "
+                                     "/detokenize) is served there; the engine's API stays on port.")
     serving_scrape_interval_s: float = Field(5.0, gt=0, description="Period of the scrape of vLLM's /metrics.")
     ledger_sample_rate: float = Field(0.0, ge=0, le=1, description="Share of /v1 requests whose prompt text the "
                                       "request ledger keeps (0: none; tokens and timings are always kept).")
@@ -210,6 +222,19 @@ class AppConfig(BaseSettings):
     def v1_body_share(self) -> int:
         """v1_body_share_bytes, or its default: half the budget, at least one largest body."""
         return self.v1_body_share_bytes or max(self.body_limit_v1_bytes, self.v1_body_budget_bytes // 2)
+
+    @property
+    def gateway_worker_count(self) -> int:
+        """gateway_workers, or its default by the cores this process may use."""
+        if self.gateway_workers is not None:
+            return self.gateway_workers
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return 0 if cores < 4 else min(8, cores // 4)
+
+    @property
+    def data_port(self) -> int:
+        """Where the gateway workers listen (gateway_port, or port + 1)."""
+        return self.gateway_port if self.gateway_port is not None else self.port + 1 if self.port < 65535 else 65534
 
     @property
     def db_path(self) -> Path:

@@ -130,7 +130,7 @@ def live() -> None:
 
 
 def snippets(info: GatewayInfo) -> tuple[str, str]:
-    base, model = info.base_url, info.served_model or "demo"
+    base, model = info.data_base_url or info.base_url, info.served_model or "demo"
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}],
                        "max_tokens": SNIPPET_MAX_TOKENS})
     key = ' \\\n     -H "Authorization: Bearer $LLMOPS_API_KEY"' if info.keys_required else ""
@@ -152,8 +152,12 @@ def gateway_card() -> None:
     st.subheader("Use the model")
     left, right = st.columns([3, 2], gap="large")
     with left:
-        st.markdown(f"OpenAI-compatible API at **`{info.base_url}`**, model **`{info.served_model}`**. "
-                    "The address stays the same across restarts and settings changes.")
+        st.markdown(f"OpenAI-compatible API at **`{info.data_base_url or info.base_url}`**, model "
+                    f"**`{info.served_model}`**. The address stays the same across restarts and settings changes.")
+        if info.data_base_url:
+            alive = sum(w.alive for w in info.workers)
+            st.caption(f"Served by {alive} of {len(info.workers)} gateway workers, each relaying on a core of its "
+                       f"own (gateway_workers); `{info.base_url}`, the engine's own port, serves /v1 too.")
         if info.keys_required:
             st.caption("This gateway needs an API key (`Authorization: Bearer …`): an admin creates one on the "
                        "Access page (kind *gateway*). Set it as `LLMOPS_API_KEY`.")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.vllm import free_port
 from tests.testkit.data import make_data_dir
 from tests.testkit.engine import COLD_START_S, EngineHandle, running_engine
 from tests.testkit.postgres import PostgresServer, bindir_or_skip, fresh_database, shared_server
@@ -32,6 +33,9 @@ TIERS = ("unit", "service", "serving", "console", "system", "browser", "gpu")
 # The apps the tests build answer the Host that Starlette's TestClient and schemathesis send ("testserver"), beside
 # their own names (engine/edge.py's Host check); tests/service/test_edge.py sets its own allowed_hosts.
 os.environ.setdefault("LLMOPS_ALLOWED_HOSTS", '["testserver"]')
+# The engines the tests build have no gateway workers unless a test asks (by cores, a machine of 4 or more would
+# start them on port + 1 in every one); the session engine and tests/service/test_gateway_workers.py have theirs.
+os.environ.setdefault("LLMOPS_GATEWAY_WORKERS", "0")
 
 
 def tier_of(path: Path) -> str | None:
@@ -159,6 +163,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
     with running_engine(data_dir, {"LLMOPS_AUTOSTART": "false"}) as first:  # the revision written, nothing started
         rev = first.client.settings().revision
         first.client.put_settings(rev, {"enforce_eager": True}, "tests: eager vLLM, shorter restarts")
-    with running_engine(data_dir) as handle:  # as the product runs: autostart on (a new deployment starts at once)
+    # as the product runs: autostart on (a new deployment starts at once), with a gateway worker on a data port
+    with running_engine(data_dir, {"LLMOPS_GATEWAY_WORKERS": "1", "LLMOPS_GATEWAY_PORT": str(free_port())}) as handle:
         handle.client.wait_for({"ready"}, COLD_START_S)
         yield handle

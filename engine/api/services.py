@@ -13,7 +13,7 @@ from engine.config import AppConfig
 from engine.db import Database
 from engine.deployments import DeploymentStore, Fleet
 from engine.events import EventLog
-from engine.gateway import Gateway, Ledger
+from engine.gateway import Gateway, Ledger, WorkerPool
 from engine.gpu import AlertEngine, Sampler, TelemetryStore
 from engine.metrics import SeriesStore
 from engine.prompts import PromptStore
@@ -47,3 +47,5 @@ class Services:
     gateway_keys: bool  # /v1 needs an API key
     build: Build
     vllm_version: str | None
+    workers: WorkerPool | None = None  # the data path's worker processes (gateway_workers), if any
+    data_url: str | None = None  # their address as clients reach it (the data port)

@@ -52,6 +52,7 @@ class Admission:
         self._open: list[Upstream] = []
         self._cond = asyncio.Condition()
         self._watchers = 0  # drains and waiters that want to hear of every change
+        self._notes: set[asyncio.Task[None]] = set()  # release_nowait's notices on their way
         self.in_flight = 0
         self.waiting = 0
         self.rejected = 0
@@ -137,8 +138,25 @@ class Admission:
         upstream.finished += 1
         self.in_flight -= 1
         if self._watchers:
-            async with self._cond:
-                self._cond.notify_all()
+            await self._notify()
+
+    def release_nowait(self, upstream: Upstream) -> None:
+        """``release`` from code that cannot wait (a worker's message): those who wait hear of it in a moment."""
+        upstream.outstanding -= 1
+        upstream.finished += 1
+        self.in_flight -= 1
+        if self._watchers:
+            task = asyncio.ensure_future(self._notify())
+            self._notes.add(task)
+            task.add_done_callback(self._notes.discard)
+
+    async def _notify(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
+
+    def mark_down(self, upstream: Upstream, seconds: float) -> None:
+        """``upstream`` refused a connection: it takes no new request for ``seconds`` while another can."""
+        upstream.down_until = time.monotonic() + seconds
 
     async def open(self, url: str, revision: int | None = None, instance: str = "a", api_key: str | None = None,
                    limit: int | None = None, cache_tokens: int | None = None) -> Upstream:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
-from engine.access.keys import GatewayKeys, KeyRefusedError
+from engine.access.auth import Principal
+from engine.access.keys import KeyRefusedError
 from engine.bodies import BodyBudget, BodyError, BodyHold, RequestBounds, header, inspect_v1, read_body
 from engine.gateway.ledger import Record
 from engine.gateway.proxy import (
@@ -54,8 +55,14 @@ def prompt_text(data: Any) -> str | None:
 BODY_KINDS = {400: "invalid_request_error", 408: "timeout", 413: "request_too_large", 503: "service_unavailable"}
 
 
+class KeyCheck(Protocol):
+    """Who sends a request, from its head (engine.access.GatewayKeys; a worker asks the engine's)."""
+
+    async def check(self, headers: list[tuple[bytes, bytes]]) -> Principal | None: ...
+
+
 class DataPath:
-    def __init__(self, gateway: Gateway, keys: GatewayKeys, limits: BodyLimits,
+    def __init__(self, gateway: Gateway, keys: KeyCheck, limits: BodyLimits,
                  budget: BodyBudget | None = None, models: Callable[[], list[dict[str, Any]]] | None = None) -> None:
         self.gateway = gateway
         self.keys = keys
@@ -64,6 +71,14 @@ class DataPath:
         # GET /v1/models is answered here from the deployments that serve (None: forwarded to vLLM), so a client
         # sees every model of the gateway, and never a model's folder on this host (vLLM's `root`)
         self.models = models
+
+    async def list_models(self, principal: Principal | None) -> bytes | None:
+        """GET /v1/models's answer: the models the caller may use (None: vLLM answers)."""
+        if self.models is None:
+            return None
+        models = [m for m in self.models() if principal is None or principal.may_use(m.get("deployment"))]
+        return json.dumps({"object": "list", "data": [
+            {k: v for k, v in m.items() if k != "deployment"} for m in models]}).encode()
 
     @staticmethod
     def handles(scope: Scope) -> bool:
@@ -87,10 +102,8 @@ class DataPath:
             kind = {401: "authentication_error", 429: "rate_limit"}.get(exc.status, "service_unavailable")
             await send_simple(send, exc.status, _error(exc.status, str(exc), kind), exc.headers)
             return
-        if checked == "/v1/models" and self.models is not None:
-            models = [m for m in self.models() if principal is None or principal.may_use(m.get("deployment"))]
-            await send_simple(send, 200, json.dumps({"object": "list", "data": [
-                {k: v for k, v in m.items() if k != "deployment"} for m in models]}).encode())
+        if checked == "/v1/models" and (listed := await self.list_models(principal)) is not None:
+            await send_simple(send, 200, listed)
             return
         # the body's bytes count in its key's share of the budget (its peer's, with no key)
         owner = f"key:{principal.token_id}" if principal is not None else (
@@ -139,7 +152,7 @@ class DataPath:
         client = header(headers, b"x-llmops-client") or (scope["client"][0] if scope.get("client") else "")
         model = fields.model if fields is not None else None
         ledger = self.gateway.ledger
-        admission = self.gateway.route(model)
+        admission = await self.gateway.resolve(model)
         record = Record(ts=0.0, revision_id=None, model=model[:200] if model else "",
                         endpoint=checked, stream=stream, status=0, latency_s=0.0, client=client[:200],
                         max_tokens=fields.max_tokens if fields is not None else None,

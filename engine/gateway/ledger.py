@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, func
 from sqlalchemy.exc import SQLAlchemyError
@@ -48,6 +48,14 @@ class Record:
     instance: str | None = None
     deployment_id: int | None = None
     max_tokens: int | None = None  # what the request asked for (max_tokens or max_completion_tokens), if it did
+
+
+class RecordSink(Protocol):
+    """Where the gateway's records go: the ledger, or a gateway worker's link to the engine's ledger."""
+
+    def record(self, rec: Record) -> None: ...
+
+    def sample_prompt(self) -> bool: ...
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -32,7 +32,7 @@ from starlette.types import Message, Receive, Send
 from engine.bodies import V1Body
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.gateway.admission import Admission, Upstream
-from engine.gateway.ledger import Ledger, Record
+from engine.gateway.ledger import Record, RecordSink
 from engine.gateway.routing import prefix_keys
 from engine.gateway.upstream import Client, Connection, Head, UpstreamError, UpstreamTimeoutError
 
@@ -257,7 +257,7 @@ class Gateway:
     model no deployment serves), through that deployment's admission."""
 
     def __init__(self, route: Callable[[str | None], Admission | None], upstream_timeout_s: float,
-                 ledger: Ledger | None = None,
+                 ledger: RecordSink | None = None,
                  retry_after_s: int = 5) -> None:
         self.route = route
         self.upstream_timeout_s = upstream_timeout_s
@@ -267,6 +267,10 @@ class Gateway:
 
     async def aclose(self) -> None:
         self.client.close()
+
+    async def resolve(self, model: str | None) -> Admission | None:
+        """The admission of the deployment ``model`` names (None: no deployment serves it)."""
+        return self.route(model)
 
     def _refused(self, rec: Record, t0: float, message: str) -> Refused:
         self._done(rec, t0, 503, message)
@@ -309,6 +313,8 @@ class Gateway:
                 self._done(rec, t0, 504, "timeout")
                 return Refused(504, _error(504, "vLLM did not answer within upstream_timeout_s", "timeout"))
             except UpstreamError as exc:
+                if exc.before_response:  # (before its slot is given back: a worker's engine hears both at once)
+                    admission.mark_down(upstream, DOWN_S)
                 await admission.release(upstream)
                 if not exc.before_response:  # an answer vLLM began that cannot be read
                     self._done(rec, t0, 502, str(exc))
@@ -316,7 +322,6 @@ class Gateway:
                 # The instance died or is being replaced before answering: send it again to the next one, and
                 # send it nothing new for a while (its exit may not be seen yet: a lost node takes Ray a moment)
                 log.info("upstream %s failed before answering (%s); retrying", upstream.url, exc)
-                upstream.down_until = time.monotonic() + DOWN_S
                 if time.monotonic() >= deadline:
                     return self._refused(rec, t0, "vLLM failed while serving this request")
                 if len(admission.upstreams) < 2:

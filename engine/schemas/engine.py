@@ -153,11 +153,29 @@ class ModelCard(BaseModel):
     layers: int
 
 
+class GatewayWorkerOut(BaseModel):
+    """One of the processes that serve /v1 on the data port (gateway_workers)."""
+
+    index: int
+    pid: int | None = Field(description="its process now (None: between an exit and its next start)")
+    alive: bool
+    started_at: float | None = Field(description="when its process started, Unix time")
+    restarts: int = Field(description="times it exited and was started again since the engine started")
+    last_exit: int | None = Field(description="its last exit code (negative: the signal that ended it)")
+    requests: int = Field(description="requests it was given a slot on an instance for, since its process started")
+    in_flight: int = Field(description="its requests on an instance now")
+    waiting: int = Field(description="its requests waiting for a key's check or a slot now")
+    refused: int = Field(description="its requests refused by the engine (key, model, queue) since it started")
+
+
 class GatewayInfo(BaseModel):
     base_url: str
     keys_required: bool
     served_model: str | None
     model: ModelCard | None
+    data_base_url: str | None = Field(None, description="the /v1 base URL of the gateway workers (the data port), "
+                                      "where the relay runs on several cores; None: no workers (gateway_workers 0)")
+    workers: list[GatewayWorkerOut] = Field(default_factory=list)
 
 
 class EventOut(BaseModel):

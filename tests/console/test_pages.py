@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from engine.client import EngineClient, Run
 from engine.db import BenchmarkRun
+from engine.vllm import free_port
 from tests.testkit.console import ADMIN_PASSWORD, InProcessEngine, in_process_engine
 from tests.testkit.wait import wait_until
 
@@ -491,3 +492,17 @@ def test_deployments_page_creates_disables_and_deletes_after_confirmation(consol
     assert f"Deleted **{name}**" in "\n".join(s.value for s in at.success)
     assert name not in {d.name for d in c.deployments()}
     assert not any(n.startswith(name) for n in at.dataframe[0].value["name"])
+
+
+
+def test_the_overview_sends_clients_to_the_gateway_workers_when_the_engine_has_them(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    port = free_port()
+    with in_process_engine(tmp_path_factory.mktemp("workers"), gateway_workers=1, gateway_port=port) as engine:
+        engine.client.wait_for({"ready"}, 60)
+        wait_until(lambda: engine.client.gateway().workers[0].alive, 30, what="the gateway worker")
+        at = page("overview", engine.token)
+        body = texts(at)
+        assert f"OpenAI-compatible API at **`http://127.0.0.1:{port}/v1`**" in body
+        assert "Served by 1 of 1 gateway workers" in body
+        assert any(f"http://127.0.0.1:{port}/v1/chat/completions" in c.value for c in at.code)

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.schemas import BenchmarkRunOut, StatusOut
+from engine.schemas import BenchmarkRunOut, GatewayWorkerOut, StatusOut
 from engine.vllm import group_members
 from tests.testkit.engine import COLD_START_S, ENGINE_ONLY_ENV, HF_TOKEN, EngineHandle
 from tests.testkit.load import PAUSE_BOUND_S, Load, longest_gap, summary
@@ -69,6 +69,39 @@ def test_streamed_chat_arrives_in_chunks(engine: EngineHandle) -> None:
     assert done
     assert len(chunks) >= 3  # role chunk, at least one content chunk, the finish chunk
     assert chunks[0]["object"] == "chat.completion.chunk"
+
+
+def test_a_gateway_worker_serves_v1_on_the_data_port_and_one_killed_is_started_again(engine: EngineHandle) -> None:
+    """Issue 32, item 3, with real vLLM: the session engine has one gateway worker (tests/conftest.py)."""
+    info = engine.client.gateway()
+    assert info.data_base_url is not None and [w.alive for w in info.workers] == [True]
+    data, before = info.data_base_url, info.workers[0]
+
+    def chat() -> list[str]:
+        with httpx.stream("POST", f"{data}/chat/completions", timeout=60,
+                          json={"model": "demo", "messages": [{"role": "user", "content": "Name a file."}],
+                                "max_tokens": 8, "stream": True}) as resp:
+            assert resp.status_code == 200, resp.read()
+            return [line for line in resp.iter_lines() if line.startswith("data: ")]
+
+    lines = chat()
+    assert lines[-1] == "data: [DONE]" and len(lines) >= 3
+    assert not any('"usage"' in line for line in lines)  # asked of vLLM for the ledger, hidden as on the engine's port
+    models = httpx.get(f"{data}/models", timeout=30).json()
+    assert [m["id"] for m in models["data"]][:1] == ["demo"]
+    elsewhere = httpx.get(data.removesuffix("/v1") + "/api/status", timeout=30)
+    assert elsewhere.status_code == 404 and f"port {engine.port}" in elsewhere.json()["error"]["message"]
+    after = engine.client.gateway().workers[0]
+    assert after.requests >= before.requests + 1 and after.in_flight == 0
+    assert before.pid is not None
+    os.kill(before.pid, signal.SIGKILL)
+    def replaced() -> GatewayWorkerOut | None:
+        worker = engine.client.gateway().workers[0]
+        return worker if worker.alive and worker.pid != before.pid else None
+
+    again = wait_until(replaced, 30, what="the gateway worker started again")
+    assert again.restarts == before.restarts + 1 and again.last_exit == -signal.SIGKILL
+    assert chat()[-1] == "data: [DONE]"
 
 
 def test_simple_generate_endpoint(engine: EngineHandle) -> None:

@@ -283,7 +283,7 @@ def test_a_client_that_hangs_up_ends_the_upstream_request_and_frees_the_slot() -
                 def sample_prompt(self) -> bool:
                     return False
 
-            path.gateway.ledger = Ledger()  # type: ignore[assignment]
+            path.gateway.ledger = Ledger()
             t0 = time.monotonic()
             status, _, _, _ = await drive(path, "POST", "/v1/completions", b'{"stream": true, "prompt": "x"}',
                                           {"content-type": "application/json"}, hang_up_after=5)

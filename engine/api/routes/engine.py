@@ -18,7 +18,7 @@ from engine.api.deps import (
 from engine.capacity import find_model_config, load_shape, model_card
 from engine.metrics import render
 from engine.revisions import EngineSettings
-from engine.schemas import ActionOut, GatewayInfo, ModelCard, StatusOut
+from engine.schemas import ActionOut, GatewayInfo, GatewayWorkerOut, ModelCard, StatusOut
 
 router = APIRouter(tags=["engine"])
 
@@ -81,8 +81,13 @@ def gateway_info(svc: ServicesDep, runtime: RuntimeDep) -> GatewayInfo:
         except (KeyError, ValueError, TypeError, OSError):
             card = None  # a config.json this model does not understand: no card, not an error
     served = values.get("served_model_name")
+    workers = [GatewayWorkerOut(index=w.index, pid=w.pid, alive=w.alive, started_at=w.started_at,
+                                restarts=w.restarts, last_exit=w.last_exit, requests=w.tally.requests,
+                                in_flight=w.tally.held, waiting=w.tally.waits, refused=w.tally.refused)
+               for w in (svc.workers.workers if svc.workers is not None else [])]
     return GatewayInfo(base_url=svc.public_url.rstrip("/") + "/v1", keys_required=svc.gateway_keys,
-                       served_model=str(served) if served else None, model=card)
+                       served_model=str(served) if served else None, model=card,
+                       data_base_url=svc.data_url + "/v1" if svc.data_url else None, workers=workers)
 
 
 @router.get("/metrics", tags=["export"], response_class=Response, dependencies=access("viewer"),

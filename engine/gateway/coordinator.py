@@ -1,0 +1,173 @@
+"""The engine's side of its gateway workers: it answers each worker's questions (engine/gateway/wire.py) with the
+engine's own keys, deployments, admissions and ledger, so that what must be one for every worker is one — each
+instance's cap and requests in flight, routing's index and counts, a key's rate limit, the ledger. A worker that
+dies (its socket closes) gives back every slot it held and every wait it had: its requests are gone with it, and
+the other workers' are not touched."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.access import GatewayKeys, KeyRefusedError
+from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
+from engine.gateway import wire
+from engine.gateway.admission import Admission, Upstream
+from engine.gateway.ledger import RecordSink
+from engine.gateway.proxy import DOWN_S
+
+log = logging.getLogger("llmops.gateway")
+
+
+@dataclass
+class WorkerTally:
+    """What one worker's connection asked of the engine since it was made."""
+
+    requests: int = 0  # slots granted
+    refused: int = 0  # keys refused, models not found, queues full or timed out
+    held: int = 0  # slots it holds now
+    waits: int = 0  # requests of it waiting for a slot now
+
+
+@dataclass
+class _Conn:
+    writer: asyncio.StreamWriter
+    tally: WorkerTally
+    permits: dict[int, Upstream] = field(default_factory=dict)
+    waits: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+
+    def send(self, message: wire.Answer) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(wire.frame(message))
+
+
+class Coordinator:
+    """Answers the workers. ``route``: a model's admission (the fleet's); ``keys``: the engine's gateway keys;
+    ``models``: GET /v1/models's entries, each with its ``deployment``."""
+
+    def __init__(self, route: Callable[[str | None], Admission | None], keys: GatewayKeys, ledger: RecordSink | None,
+                 models: Callable[[], list[dict[str, Any]]]) -> None:
+        self.route = route
+        self.keys = keys
+        self.ledger = ledger
+        self.models = models
+        self._permits = itertools.count(1)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tally: WorkerTally) -> None:
+        """Answer one worker until its socket closes; then give back what it held."""
+        conn = _Conn(writer, tally)
+        try:
+            while True:
+                try:
+                    ask = await wire.read_ask(reader)
+                except wire.WireError as exc:
+                    if not reader.at_eof():
+                        log.warning("a gateway worker sent what the engine cannot read (%s): disconnected", exc)
+                    return
+                self._take(conn, ask)
+        finally:
+            for task in conn.waits.values():
+                task.cancel()
+            for task in list(conn.waits.values()):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            for upstream in conn.permits.values():  # a dead worker's requests: their slots are free again
+                await _release(upstream)
+            conn.permits.clear()
+            tally.held = 0
+            tally.waits = 0
+            writer.close()
+
+    def _take(self, conn: _Conn, ask: wire.Ask) -> None:
+        match ask:
+            case wire.Acquire():
+                self._wait(conn, ask.id, self._acquire(conn, ask))
+            case wire.Done():
+                upstream = conn.permits.pop(ask.permit, None)
+                conn.tally.held = len(conn.permits)
+                if upstream is not None and upstream.admission is not None:
+                    if ask.down:
+                        upstream.admission.mark_down(upstream, DOWN_S)
+                    upstream.admission.release_nowait(upstream)
+            case wire.Cancel():
+                task = conn.waits.get(ask.id)
+                if task is not None:
+                    task.cancel()
+            case wire.Check():
+                self._wait(conn, ask.id, self._check(conn, ask))
+            case wire.Resolve():
+                admission = self.route(ask.model)
+                conn.send(wire.Route(ask.id, None) if admission is None else wire.Route(
+                    ask.id, admission.deployment, admission.deployment_id, admission.queue_timeout_s,
+                    admission.by_prefix))
+            case wire.Ledger():
+                if self.ledger is not None:
+                    self.ledger.record(ask.record)
+            case wire.Models():
+                entries = [(str(m.get("deployment") or ""), json.dumps(
+                    {k: v for k, v in m.items() if k != "deployment"}).encode()) for m in self.models()]
+                conn.send(wire.ModelList(ask.id, entries))
+
+    def _wait(self, conn: _Conn, ask_id: int, work: Any) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        conn.waits[ask_id] = task
+        conn.tally.waits = len(conn.waits)
+
+        def gone(_: asyncio.Task[None]) -> None:
+            if conn.waits.get(ask_id) is task:
+                del conn.waits[ask_id]
+            conn.tally.waits = len(conn.waits)
+
+        task.add_done_callback(gone)
+
+    async def _check(self, conn: _Conn, ask: wire.Check) -> None:
+        headers = [(b"authorization", b"Bearer " + ask.token.encode("latin-1", "replace"))] if ask.token else []
+        try:
+            principal = await self.keys.check(headers)
+        except KeyRefusedError as exc:
+            conn.tally.refused += 1
+            conn.send(wire.Refused(ask.id, "key", exc.status, str(exc), exc.headers))
+            return
+        conn.send(wire.Checked(ask.id, None if principal is None else wire.Principal(
+            principal.name, principal.role, principal.kind, principal.token_id,
+            list(principal.deployments) if principal.deployments is not None else None)))
+
+    async def _acquire(self, conn: _Conn, ask: wire.Acquire) -> None:
+        admission = self.route(ask.model)
+        if admission is None:
+            conn.tally.refused += 1
+            conn.send(wire.Refused(ask.id, "not_found", 404, ask.model or "(none)"))
+            return
+        try:
+            upstream = await admission.acquire(time.monotonic() + ask.wait_s,
+                                               ask.keys if admission.by_prefix else None)
+        except (QueueFullError, QueueTimeoutError, UpstreamUnavailableError) as exc:
+            conn.tally.refused += 1
+            kind = ("queue_full" if isinstance(exc, QueueFullError) else
+                    "queue_timeout" if isinstance(exc, QueueTimeoutError) else "unavailable")
+            conn.send(wire.Refused(ask.id, kind, 503, str(exc)))
+            return
+        except asyncio.CancelledError:
+            raise
+        permit = next(self._permits)
+        conn.permits[permit] = upstream
+        conn.tally.held = len(conn.permits)
+        conn.tally.requests += 1
+        if conn.writer.is_closing():  # the worker died while this waited: the slot goes back at once
+            conn.permits.pop(permit, None)
+            await _release(upstream)
+            return
+        conn.send(wire.Granted(ask.id, permit, upstream.url, upstream.revision, upstream.instance,
+                               admission.deployment_id, upstream.auth, len(admission.upstreams)))
+
+
+async def _release(upstream: Upstream) -> None:
+    if upstream.admission is not None:
+        await upstream.admission.release(upstream)

@@ -1,0 +1,200 @@
+"""What the engine and its gateway workers say to each other (engine/gateway/workers.py): typed messages, msgpack
+in frames of a 4-byte length, over a socket pair the engine makes for each worker (no name on the filesystem, no
+one else can connect; the worker's end closes when it dies).
+
+A worker relays tokens; the engine decides. Every decision that must be one for all workers is taken by the engine
+on the worker's behalf, so that caps, routing and limits hold exactly as with one process: a key's check (and its
+rate limit), a model's deployment, a slot on an instance (its cap, the queue, routing by prefix and load), the
+ledger's record. A request costs a worker two round trips (the key; a slot) and one message without an answer (its
+end: the slot freed, the record)."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import msgspec
+
+from engine.errors import EngineError
+from engine.gateway.ledger import Record
+
+MAX_FRAME = 8 << 20  # a message is a few hundred bytes; a record's sampled prompt at most 4,000 characters
+_LEN = struct.Struct("!I")
+
+
+class WireError(EngineError):
+    """The other end sent what is not a message, or went away."""
+
+
+class WorkerSpec(msgspec.Struct, frozen=True):
+    """What a worker is told at start (its argument: no secret in it)."""
+
+    index: int
+    engine_port: int
+    hosts: list[str]  # the Host names it answers (engine.edge.HostCheck's names; "*": any)
+    head_bytes: int
+    line_bytes: int
+    head_timeout_s: float
+    body_max_bytes: int
+    body_timeout_s: float
+    json_max_depth: int
+    body_budget_bytes: int  # this worker's share of v1_body_budget_bytes
+    body_share_bytes: int | None
+    body_first_byte_s: float | None
+    max_n: int
+    max_prompts: int
+    max_asked_tokens: int
+    upstream_timeout_s: float
+    ledger_sample_rate: float
+    keys_required: bool
+    graceful_s: float
+
+
+
+# --- a worker asks ---------------------------------------------------------------------------------------------
+
+
+class Check(msgspec.Struct, tag="check", frozen=True):
+    """The key of a request (its bearer token; None: it sent none), before a byte of its body is read."""
+
+    id: int
+    token: str | None
+
+
+class Resolve(msgspec.Struct, tag="resolve", frozen=True):
+    """Which deployment serves ``model`` (None: the default one)."""
+
+    id: int
+    model: str | None
+
+
+class Acquire(msgspec.Struct, tag="acquire", frozen=True):
+    """A slot on an instance of ``model``'s deployment for a request whose prompt has prefix ``keys``; waits as a
+    request in the engine would (the queue, up to ``wait_s``)."""
+
+    id: int
+    model: str | None
+    keys: list[int] | None
+    wait_s: float
+
+
+class Cancel(msgspec.Struct, tag="cancel", frozen=True):
+    """The request of Acquire ``id`` is gone (its client left while it waited): give up its wait, or its slot."""
+
+    id: int
+
+
+class Done(msgspec.Struct, tag="done", frozen=True):
+    """The request of slot ``permit`` ended (``down``: its instance refused the connection); no answer."""
+
+    permit: int
+    down: bool = False
+
+
+class Ledger(msgspec.Struct, tag="ledger", frozen=True):
+    """A request for the ledger; no answer."""
+
+    record: Record
+
+
+class Models(msgspec.Struct, tag="models", frozen=True):
+    id: int
+
+
+Ask = Check | Resolve | Acquire | Cancel | Done | Ledger | Models
+
+
+# --- the engine answers ----------------------------------------------------------------------------------------
+
+
+class Principal(msgspec.Struct, frozen=True):
+    """Who a key is, as far as the data path needs: its token (the body budget's share) and its deployments."""
+
+    name: str
+    role: str
+    kind: str
+    token_id: int | None
+    deployments: list[str] | None
+
+
+class Checked(msgspec.Struct, tag="checked", frozen=True):
+    id: int
+    principal: Principal | None  # None: keys are not required
+
+
+class Refused(msgspec.Struct, tag="refused", frozen=True):
+    """The request is answered ``status`` with ``message`` (and ``headers``) by the worker, vLLM not reached.
+    ``kind``: key (401/429/503 of a key), unavailable, queue_full, queue_timeout, not_found."""
+
+    id: int
+    kind: str
+    status: int
+    message: str
+    headers: list[tuple[bytes, bytes]] = []
+
+
+class Route(msgspec.Struct, tag="route", frozen=True):
+    """A model's deployment (``deployment`` None: no deployment serves it)."""
+
+    id: int
+    deployment: str | None
+    deployment_id: int | None = None
+    queue_timeout_s: float = 0.0
+    by_prefix: bool = False
+
+
+class Granted(msgspec.Struct, tag="granted", frozen=True):
+    """A slot: send the request to ``url`` (with ``auth`` as a header, if any) and say Done with ``permit``."""
+
+    id: int
+    permit: int
+    url: str
+    revision: int | None
+    instance: str
+    deployment_id: int | None
+    auth: tuple[bytes, bytes] | None
+    open: int  # instances of the deployment open now (a refused connection is retried only where another is)
+
+
+class ModelList(msgspec.Struct, tag="model_list", frozen=True):
+    """GET /v1/models: each model's deployment and its entry in the list, as JSON."""
+
+    id: int
+    models: list[tuple[str, bytes]]
+
+
+Answer = Checked | Refused | Route | Granted | ModelList
+
+_encoder = msgspec.msgpack.Encoder()
+_ask = msgspec.msgpack.Decoder(Ask)
+_answer = msgspec.msgpack.Decoder(Answer)
+
+
+def frame(message: Ask | Answer) -> bytes:
+    body = _encoder.encode(message)
+    return _LEN.pack(len(body)) + body
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    try:
+        head = await reader.readexactly(4)
+        (size,) = _LEN.unpack(head)
+        if size > MAX_FRAME:
+            raise WireError(f"a message of {size:,} bytes (at most {MAX_FRAME:,})")
+        return await reader.readexactly(size)
+    except asyncio.IncompleteReadError as exc:
+        raise WireError("the other end closed the connection") from exc
+
+
+async def read_ask(reader: asyncio.StreamReader) -> Ask:
+    try:
+        return _ask.decode(await _read_frame(reader))
+    except msgspec.DecodeError as exc:
+        raise WireError(f"not a message from a worker: {exc}") from exc
+
+
+async def read_answer(reader: asyncio.StreamReader) -> Answer:
+    try:
+        return _answer.decode(await _read_frame(reader))
+    except msgspec.DecodeError as exc:
+        raise WireError(f"not a message from the engine: {exc}") from exc

@@ -1,0 +1,283 @@
+"""A gateway worker: one of the processes that serve the /v1 data path on ``gateway_port`` (engine/gateway/workers.py
+starts them: ``python -m engine.gateway.worker``). It relays tokens — the head's bounds and Host check, the body's
+limits and budget, the connection to vLLM, each stream's events and usage — on a core of its own; it decides
+nothing that the other workers must agree on: a key, a model's deployment, a slot on an instance and the ledger's
+record are the engine's (engine/gateway/coordinator.py), asked over the socket the engine gave it.
+
+When the engine's end of that socket closes (the engine stopped or died) the worker stops taking connections, lets
+its streams finish within its grace, and exits: no worker outlives its engine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import random
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import msgspec
+import uvicorn
+from starlette.types import Receive, Scope, Send
+
+from engine.access.auth import Principal
+from engine.access.keys import KeyRefusedError, bearer
+from engine.bodies import BodyBudget, RequestBounds
+from engine.edge import HeadLimits, HostCheck, edge_protocol, host_of, refuse_host
+from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
+from engine.gateway import wire
+from engine.gateway.admission import Admission, Upstream
+from engine.gateway.datapath import BodyLimits, DataPath
+from engine.gateway.ledger import Record
+from engine.gateway.proxy import Gateway, send_simple
+
+log = logging.getLogger("llmops.gateway.worker")
+
+ROUTE_CACHE_S = 1.0  # a model's deployment, as the engine said, is believed this long (the slot is the engine's)
+
+
+class EngineLink:
+    """The worker's end of its socket to the engine: questions by id, their answers as they come."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[wire.Answer]] = {}
+        self.lost: str | None = None
+
+    async def run(self) -> None:
+        """Read answers until the engine's end closes."""
+        try:
+            while True:
+                answer = await wire.read_answer(self.reader)
+                future = self._waiting.pop(answer.id, None)
+                if future is not None and not future.done():
+                    future.set_result(answer)
+                elif isinstance(answer, wire.Granted):  # for a request that was given up meanwhile
+                    self.tell(wire.Done(answer.permit))
+        except wire.WireError as exc:
+            self.lost = str(exc)
+        finally:
+            self.lost = self.lost or "the engine's link ended"
+            for future in self._waiting.values():
+                if not future.done():
+                    future.set_exception(UpstreamUnavailableError(f"the engine is gone ({self.lost})"))
+            self._waiting.clear()
+
+    def tell(self, message: wire.Ask) -> None:
+        if self.lost is None and not self.writer.is_closing():
+            self.writer.write(wire.frame(message))
+
+    async def ask(self, make: Callable[[int], wire.Ask]) -> wire.Answer:
+        if self.lost is not None:
+            raise UpstreamUnavailableError(f"the engine is gone ({self.lost})")
+        ask_id = next(self._ids)
+        future: asyncio.Future[wire.Answer] = asyncio.get_running_loop().create_future()
+        self._waiting[ask_id] = future
+        message = make(ask_id)
+        self.writer.write(wire.frame(message))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._waiting.pop(ask_id, None)
+            if future.done() and not future.cancelled() and isinstance(granted := future.result(), wire.Granted):
+                self.tell(wire.Done(granted.permit))  # granted as the client left: the slot goes back
+            elif isinstance(message, wire.Acquire):
+                self.tell(wire.Cancel(ask_id))
+            raise
+
+
+class RemoteKeys:
+    """The engine's gateway keys, asked (a key's rate limit is one for every worker)."""
+
+    def __init__(self, link: EngineLink, required: bool) -> None:
+        self.link = link
+        self.required = required
+
+    async def check(self, headers: list[tuple[bytes, bytes]]) -> Principal | None:
+        if not self.required:
+            return None
+        token = bearer(headers)
+        answer = await self.link.ask(lambda i: wire.Check(i, token))
+        if isinstance(answer, wire.Refused):
+            raise KeyRefusedError(answer.status, answer.message, list(answer.headers))
+        if not isinstance(answer, wire.Checked):
+            raise UpstreamUnavailableError(f"the engine answered a key's check with {type(answer).__name__}")
+        p = answer.principal
+        if p is None:
+            return None
+        return Principal(p.name, p.role, p.kind, p.token_id,
+                         deployments=tuple(p.deployments) if p.deployments is not None else None)
+
+
+class RemoteLedger:
+    """The engine's request ledger: each record is sent to it."""
+
+    def __init__(self, link: EngineLink, sample_rate: float) -> None:
+        self.link = link
+        self.sample_rate = sample_rate
+
+    def record(self, rec: Record) -> None:
+        self.link.tell(wire.Ledger(rec))
+
+    def sample_prompt(self) -> bool:
+        return self.sample_rate > 0 and random.random() < self.sample_rate
+
+
+@dataclass(eq=False)
+class RemoteUpstream(Upstream):
+    permit: int = 0  # the engine's slot
+
+
+class RemoteAdmission(Admission):
+    """A deployment's admission as a worker sees it: a slot is the engine's to give (Acquire) and take back (Done)."""
+
+    def __init__(self, link: EngineLink, model: str | None, route: wire.Route) -> None:
+        super().__init__(0, route.queue_timeout_s, route.deployment_id, route.deployment)
+        self.link = link
+        self.model = model
+        self._by_prefix = route.by_prefix
+        self._open_now = 1
+
+    @property
+    def by_prefix(self) -> bool:
+        return self._by_prefix
+
+    @property
+    def upstreams(self) -> list[Upstream]:
+        return [Upstream("", None)] * self._open_now  # how many are open (the retry after a refused connection)
+
+    async def acquire(self, deadline: float, keys: Sequence[int] | None = None) -> Upstream:
+        wait_s = max(0.0, deadline - time.monotonic())
+        answer = await self.link.ask(lambda i: wire.Acquire(i, self.model, list(keys) if keys else None, wait_s))
+        if isinstance(answer, wire.Granted):
+            self._open_now = answer.open
+            return RemoteUpstream(answer.url, answer.revision, answer.instance, auth=answer.auth, admission=self,
+                                  permit=answer.permit)
+        if isinstance(answer, wire.Refused):
+            if answer.kind == "queue_full":
+                raise QueueFullError(answer.message)
+            if answer.kind == "queue_timeout":
+                raise QueueTimeoutError(answer.message)
+            if answer.kind == "not_found":
+                raise UpstreamUnavailableError(f"no deployment serves model {answer.message!r} now")
+            raise UpstreamUnavailableError(answer.message)
+        raise UpstreamUnavailableError(f"the engine answered a slot's request with {type(answer).__name__}")
+
+    async def release(self, upstream: Upstream) -> None:
+        if isinstance(upstream, RemoteUpstream):
+            self.link.tell(wire.Done(upstream.permit, down=upstream.down_until > time.monotonic()))
+
+
+class WorkerGateway(Gateway):
+    """The relay of a worker: deployments and slots asked of the engine."""
+
+    def __init__(self, link: EngineLink, upstream_timeout_s: float, ledger: RemoteLedger) -> None:
+        super().__init__(lambda _: None, upstream_timeout_s, ledger)
+        self.link = link
+        self._routes: dict[str | None, tuple[float, wire.Route]] = {}
+
+    async def resolve(self, model: str | None) -> Admission | None:
+        now = time.monotonic()
+        cached = self._routes.get(model)
+        if cached is None or now - cached[0] > ROUTE_CACHE_S:
+            answer = await self.link.ask(lambda i: wire.Resolve(i, model))
+            if not isinstance(answer, wire.Route):
+                raise UpstreamUnavailableError(f"the engine answered a model's route with {type(answer).__name__}")
+            if len(self._routes) >= 1024:
+                self._routes.clear()
+            self._routes[model] = cached = (now, answer)
+        route = cached[1]
+        return None if route.deployment is None else RemoteAdmission(self.link, model, route)
+
+
+class WorkerDataPath(DataPath):
+    async def list_models(self, principal: Principal | None) -> bytes | None:
+        link = self.gateway.link if isinstance(self.gateway, WorkerGateway) else None
+        if link is None:
+            return None
+        answer = await link.ask(lambda i: wire.Models(i))
+        entries = answer.models if isinstance(answer, wire.ModelList) else []
+        data = b",".join(body for deployment, body in entries if principal is None or principal.may_use(deployment))
+        return b'{"object":"list","data":[' + data + b"]}"
+
+
+class WorkerApp:
+    """The worker's ASGI app: the Host check, then the data path; anything else is the engine's, on its port."""
+
+    def __init__(self, data_path: DataPath, hosts: HostCheck, engine_port: int) -> None:
+        self.data_path = data_path
+        self.hosts = hosts
+        self.elsewhere = json.dumps({"error": {
+            "message": f"this port serves the /v1 gateway only; the engine's API is on port {engine_port}",
+            "type": "not_found", "code": 404}}).encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return
+        if not self.hosts.admits(host := host_of(scope)):
+            await refuse_host(scope, send, self.hosts.refusal(host or ""))
+            return
+        if self.data_path.handles(scope):
+            await self.data_path(scope, receive, send)
+        elif scope["type"] == "http":
+            await send_simple(send, 404, self.elsewhere)
+        else:
+            await send({"type": "websocket.close", "code": 1008})
+
+
+async def serve(spec: wire.WorkerSpec, listener: socket.socket, engine: socket.socket) -> None:
+    reader, writer = await asyncio.open_connection(sock=engine)
+    link = EngineLink(reader, writer)
+    gateway = WorkerGateway(link, spec.upstream_timeout_s, RemoteLedger(link, spec.ledger_sample_rate))
+    limits = BodyLimits(spec.body_max_bytes, spec.body_timeout_s, spec.json_max_depth, spec.body_budget_bytes,
+                        spec.body_first_byte_s, RequestBounds(spec.max_n, spec.max_prompts, spec.max_asked_tokens))
+    data_path = WorkerDataPath(gateway, RemoteKeys(link, spec.keys_required), limits,
+                               BodyBudget(spec.body_budget_bytes, spec.body_share_bytes))
+    app = WorkerApp(data_path, HostCheck(spec.hosts), spec.engine_port)
+    server = uvicorn.Server(uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="off", server_header=False,
+        http=edge_protocol(HeadLimits(spec.head_bytes, spec.line_bytes, spec.head_timeout_s)),
+        timeout_graceful_shutdown=int(spec.graceful_s) or None))
+
+    async def watch() -> None:
+        await link.run()
+        log.warning("gateway worker %d: %s; stopping", spec.index, link.lost)
+        server.should_exit = True
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await server.serve(sockets=[listener])
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await gateway.aclose()
+        writer.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m engine.gateway.worker",
+                                     description="A gateway worker of the engine (the engine starts it).")
+    parser.add_argument("--spec", required=True, help="the worker's WorkerSpec, as JSON")
+    parser.add_argument("--listen-fd", type=int, required=True, help="the data port's listening socket")
+    parser.add_argument("--engine-fd", type=int, required=True, help="the socket to the engine")
+    args = parser.parse_args(argv)
+    spec = msgspec.json.decode(args.spec, type=wire.WorkerSpec)
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s %(levelname)s gateway-worker-{spec.index} "
+                        "%(name)s: %(message)s")
+    listener = socket.socket(fileno=args.listen_fd)
+    engine = socket.socket(fileno=args.engine_fd)
+    import uvloop  # the engine's own loop (engine.app.server_config)
+
+    uvloop.run(serve(spec, listener, engine))
+
+
+if __name__ == "__main__":
+    main()

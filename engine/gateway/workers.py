@@ -1,0 +1,199 @@
+"""Gateway workers: the /v1 data path across cores (gateway_workers, gateway_port).
+
+One Python process relays about 27,000 tokens/s (3.7 % of a core per 1,000: docs/benchmarks.md), three H200s of an
+8B model; a fleet puts more behind one engine than that. So the engine binds the data port once and starts N
+worker processes (engine/gateway/worker.py) that accept on it, each relaying on a core of its own; the kernel hands
+each new connection to one of them. What must be one for all of them stays in the engine, which answers their
+questions (engine/gateway/coordinator.py): each instance's cap and requests in flight, routing's index, keys and
+their limits, the ledger. The engine's own port serves /v1 as before (the console's playground, the built-in
+benchmarks, one address for everything), so N = 0 is the engine as it was.
+
+A worker that exits is started again (after 0.5 s, doubling to 30 s while it keeps dying within a minute of its
+start), with an event each time; the slots it held are free at once, and the other workers' requests never notice.
+Each worker is a child of its own process group, with the engine's allow-listed environment, stopped by SIGTERM (its
+streams finish within drain_timeout_s) and then SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine.errors import EngineError
+from engine.gateway.coordinator import Coordinator, WorkerTally
+from engine.gateway.wire import WorkerSpec
+from engine.vllm import child_env
+
+RESTART_FIRST_S = 0.5
+RESTART_MAX_S = 30.0
+STABLE_S = 60.0  # a worker that ran this long before it exited is started again at once (its backoff reset)
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # where `engine` is imported from
+
+Emit = Callable[[str, str, str, dict[str, object]], object]  # kind, message, severity, data (what it returns: unused)
+
+
+class DataPortError(EngineError):
+    """The data port could not be bound (in use, or not an address of this host)."""
+
+
+@dataclass
+class WorkerState:
+    index: int
+    pid: int | None = None
+    started_at: float | None = None  # wall clock
+    restarts: int = 0
+    last_exit: int | None = None  # its last exit code (negative: the signal that ended it)
+    tally: WorkerTally = field(default_factory=WorkerTally)
+    alive: bool = False  # its process runs now
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The data port's socket, bound once by the engine (its workers inherit it)."""
+    wildcard_v6 = host == "::"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=4096, dualstack_ipv6=wildcard_v6)
+    sock.setblocking(False)
+    return sock
+
+
+class WorkerPool:
+    def __init__(self, count: int, host: str, port: int, spec: WorkerSpec, coordinator: Coordinator,
+                 emit: Emit | None = None, stop_timeout_s: float = 20.0) -> None:
+        self.count = count
+        self.host = host
+        self.port = port
+        self.spec = spec
+        self.coordinator = coordinator
+        self.emit = emit
+        self.stop_timeout_s = stop_timeout_s
+        self.workers = [WorkerState(i) for i in range(count)]
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._listener: socket.socket | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        """Bind the data port and start the workers (they take connections as soon as each is up)."""
+        try:
+            self._listener = listen(self.host, self.port)
+        except OSError as exc:
+            raise DataPortError(f"the gateway workers' data port {self.host}:{self.port} cannot be bound "
+                                f"({exc.strerror}): set gateway_port to a free port, or gateway_workers to 0") from exc
+        self.port = self._listener.getsockname()[1]  # (0: a free one, for tests)
+        self._tasks = [asyncio.ensure_future(self._keep(state)) for state in self.workers]
+
+    async def _keep(self, state: WorkerState) -> None:
+        """Run worker ``state.index`` until the pool stops, starting it again when it exits."""
+        backoff = RESTART_FIRST_S
+        while not self._stopping:
+            began = time.monotonic()
+            code = await self._run_once(state)
+            if self._stopping:
+                return
+            state.restarts += 1
+            state.last_exit = code
+            ran = time.monotonic() - began
+            backoff = RESTART_FIRST_S if ran >= STABLE_S else min(backoff * 2, RESTART_MAX_S) if \
+                state.restarts > 1 else RESTART_FIRST_S
+            self._say("gateway_worker_exited",
+                      f"gateway worker {state.index} (pid {state.pid}) exited with {code} after {ran:.1f} s; started "
+                      f"again in {backoff:g} s (its requests in flight were lost, the other workers' were not)",
+                      "warning", {"worker": state.index, "pid": state.pid, "code": code, "ran_s": round(ran, 1)})
+            await asyncio.sleep(backoff)
+
+    async def _run_once(self, state: WorkerState) -> int:
+        assert self._listener is not None
+        ours, theirs = socket.socketpair()
+        spec = msgspec.structs.replace(self.spec, index=state.index)
+        env = child_env()
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([PACKAGE_ROOT, *filter(None, env.get(
+            "PYTHONPATH", "").split(os.pathsep))]))
+        env["PYTHONUNBUFFERED"] = "1"
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "engine.gateway.worker", "--spec", msgspec.json.encode(spec).decode(),
+                "--listen-fd", str(self._listener.fileno()), "--engine-fd", str(theirs.fileno()),
+                pass_fds=(self._listener.fileno(), theirs.fileno()), start_new_session=True, env=env,
+                stdin=asyncio.subprocess.DEVNULL, cwd=PACKAGE_ROOT)
+        finally:
+            theirs.close()
+        self._procs[state.index] = proc
+        state.pid, state.started_at, state.tally, state.alive = proc.pid, time.time(), WorkerTally(), True
+        reader, writer = await asyncio.open_connection(sock=ours)
+        link = asyncio.ensure_future(self.coordinator.serve(reader, writer, state.tally))
+        try:
+            return await proc.wait()
+        finally:
+            state.alive = False
+            self._procs.pop(state.index, None)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await link
+
+    async def stop(self) -> None:
+        """Stop taking connections, let the workers' streams finish (stop_timeout_s), then end them."""
+        self._stopping = True
+        procs = list(self._procs.values())
+        for proc in procs:
+            _signal_group(proc.pid, signal.SIGTERM)
+        if procs:
+            await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs],
+                                            timeout=self.stop_timeout_s)
+            for proc in procs:
+                if proc.returncode is None:
+                    _signal_group(proc.pid, signal.SIGKILL)
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    await proc.wait()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    def _say(self, kind: str, message: str, severity: str, data: dict[str, object]) -> None:
+        if self.emit is not None:
+            self.emit(kind, message, severity, data)
+
+
+class WorkersCollector(Collector):
+    """The workers in /metrics: up or not, restarts, and each one's requests since its process started."""
+
+    def __init__(self, pool: WorkerPool) -> None:
+        self.pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("llmops_gateway_worker_up", "Whether a gateway worker's process runs",
+                               labels=["worker"])
+        restarts = CounterMetricFamily("llmops_gateway_worker_restarts", "Times a gateway worker exited and was "
+                                       "started again", labels=["worker"])
+        requests = GaugeMetricFamily("llmops_gateway_worker_requests", "Requests a gateway worker was given a slot "
+                                     "for since its process started", labels=["worker"])
+        held = GaugeMetricFamily("llmops_gateway_worker_in_flight", "A gateway worker's requests on an instance now",
+                                 labels=["worker"])
+        for w in self.pool.workers:
+            label = [str(w.index)]
+            up.add_metric(label, 1.0 if w.alive else 0.0)
+            restarts.add_metric(label, w.restarts)
+            requests.add_metric(label, w.tally.requests)
+            held.add_metric(label, w.tally.held)
+        yield from (up, restarts, requests, held)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)

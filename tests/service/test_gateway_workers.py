@@ -1,0 +1,222 @@
+"""The data path across cores (issue 32, item 3): gateway worker processes on the data port, the engine keeping
+what they share. Real worker processes (``python -m engine.gateway.worker``) against a stub upstream, with the
+engine's coordinator and admission in the test's loop: one cap for all workers, one rate limit per key, every
+request in the ledger, a worker killed mid-stream replaced while the other's streams finish, and nothing left
+behind when the pool stops."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from engine.access import GatewayKeys, Principal, RateLimiter
+from engine.gateway import Admission, Coordinator, Record, WorkerPool, WorkerSpec
+from tests.testkit.served import read_until_closed
+from tests.testkit.stub_upstream import stub_upstream
+from tests.testkit.wait import eventually
+
+pytestmark = pytest.mark.one_database  # the engine's store plays no part: keys and the ledger are stand-ins
+
+
+class Keys:
+    """Stands in for Auth: 'good' (any deployment), 'limited' (3 requests a minute), 'only-b' (deployment b)."""
+
+    changes = 0
+
+    def authenticate(self, token: str) -> Principal | None:
+        return {"good": Principal("k", "prompter", "gateway", 1),
+                "limited": Principal("l", "prompter", "gateway", 2, rate_limit_per_min=3),
+                "only-b": Principal("b", "prompter", "gateway", 3, deployments=("b",))}.get(token)
+
+
+class Records:
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    def record(self, rec: Record) -> None:
+        self.records.append(rec)
+
+    def sample_prompt(self) -> bool:
+        return False
+
+
+def spec(keys_required: bool = False, max_bytes: int = 1 << 20) -> WorkerSpec:
+    return WorkerSpec(index=0, engine_port=8000, hosts=[], head_bytes=16384, line_bytes=4096, head_timeout_s=5.0,
+                      body_max_bytes=max_bytes, body_timeout_s=5.0, json_max_depth=64, body_budget_bytes=8 << 20,
+                      body_share_bytes=None, body_first_byte_s=5.0, max_n=16, max_prompts=64, max_asked_tokens=4096,
+                      upstream_timeout_s=30.0, ledger_sample_rate=0.0, keys_required=keys_required, graceful_s=5.0)
+
+
+@asynccontextmanager
+async def pool_of(url: str, count: int = 2, limit: int | None = None, keys_required: bool = False,
+                  events: list[tuple[str, dict[str, object]]] | None = None
+                  ) -> AsyncIterator[tuple[WorkerPool, Admission, Records, str]]:
+    """``count`` workers on a free data port, before one deployment ("a", model "m") whose one instance is ``url``
+    (held to ``limit`` requests at once)."""
+    admission = Admission(16, 10.0, deployment_id=1, deployment="a")
+    await admission.open(url, revision=1, instance="a", limit=limit)
+    records = Records()
+
+    def route(model: str | None) -> Admission | None:
+        return admission if model in ("m", None) else None
+
+    def models() -> list[dict[str, Any]]:
+        return [{"id": "m", "object": "model", "deployment": "a"}, {"id": "mb", "object": "model", "deployment": "b"}]
+
+    keys = GatewayKeys(Keys(), RateLimiter(), keys_required)  # type: ignore[arg-type]
+    coordinator = Coordinator(route, keys, records, models)
+    pool = WorkerPool(count, "127.0.0.1", 0, spec(keys_required), coordinator,
+                      emit=lambda kind, _m, _s, data: events.append((kind, data)) if events is not None else None,
+                      stop_timeout_s=10)
+    await pool.start()
+    base = f"http://127.0.0.1:{pool.port}"
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            async def up() -> bool:
+                try:
+                    return (await client.get(f"{base}/v1/models")).status_code in (200, 401)
+                except httpx.TransportError:
+                    return False
+            deadline = time.monotonic() + 30
+            while not await up():
+                assert time.monotonic() < deadline, "the gateway workers did not answer within 30 s"
+                await asyncio.sleep(0.1)
+        await eventually(lambda: all(w.pid for w in pool.workers), 30, what="every worker started")
+        yield pool, admission, records, base
+    finally:
+        await pool.stop()
+
+
+async def stream(base: str, tokens: int, headers: dict[str, str] | None = None, model: str = "m"
+                 ) -> tuple[int, bytes]:
+    """One streamed completion on a connection of its own (so the kernel may hand it to any worker)."""
+    async with httpx.AsyncClient(timeout=30) as client, client.stream(
+            "POST", f"{base}/v1/completions", headers=headers,
+            json={"model": model, "prompt": "hello", "max_tokens": tokens, "stream": True}) as resp:
+        return resp.status_code, b"".join([chunk async for chunk in resp.aiter_bytes()])
+
+
+def raw(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        return read_until_closed(sock, 10)
+
+
+def run(coro: Callable[[], Any]) -> None:
+    asyncio.run(asyncio.wait_for(coro(), 120))
+
+
+def test_every_worker_holds_to_the_one_cap_of_an_instance_and_every_request_is_answered_and_recorded() -> None:
+    async def body() -> None:
+        with stub_upstream(token_s=0.004) as (stub, url):
+            async with pool_of(url, count=2, limit=3) as (pool, admission, records, base):
+                answers = await asyncio.gather(*(stream(base, 25) for _ in range(24)))
+                assert [status for status, _ in answers] == [200] * 24
+                assert all(text.endswith(b"data: [DONE]\n\n") and text.count(b'"text":" tok"') == 25
+                           for _, text in answers)
+                assert stub.peak <= 3, f"{stub.peak} requests at once on an instance held to 3"
+                await eventually(lambda: stub.served == 24, 5, what="the stub counted every request")
+                await eventually(lambda: len(records.records) == 24, 5, what="every request in the ledger")
+                assert {r.status for r in records.records} == {200}
+                assert {r.output_tokens for r in records.records} == {25}
+                assert all(r.deployment_id == 1 and r.instance == "a" for r in records.records)
+                await eventually(lambda: admission.in_flight == 0, 5, what="every slot given back")
+                assert sum(w.tally.requests for w in pool.workers) == 24
+    run(body)
+
+
+def test_a_worker_killed_mid_stream_is_replaced_its_slots_freed_and_the_other_workers_streams_go_on() -> None:
+    events: list[tuple[str, dict[str, object]]] = []
+
+    async def body() -> None:
+        with stub_upstream(token_s=0.02) as (_, url):
+            async with pool_of(url, count=2, events=events) as (pool, admission, _, base):
+                tasks: list[asyncio.Task[tuple[int, bytes]]] = []
+                deadline = time.monotonic() + 20
+                while not all(w.tally.held for w in pool.workers):  # a stream on each worker
+                    assert time.monotonic() < deadline and len(tasks) < 60, "the streams all went to one worker"
+                    tasks.append(asyncio.ensure_future(stream(base, 150)))  # 3 s each
+                    await asyncio.sleep(0.05)
+                victim, survivor = pool.workers
+                old_pid, on_survivor = victim.pid, survivor.tally.held
+                assert old_pid is not None
+                os.kill(old_pid, signal.SIGKILL)
+                # the dead worker's slots are free at once, not when its streams would have ended
+                await eventually(lambda: admission.in_flight == survivor.tally.held, 2,
+                                 what="the dead worker's slots given back")
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+                whole = [r for r in results if isinstance(r, tuple) and r[0] == 200
+                         and r[1].endswith(b"data: [DONE]\n\n")]
+                assert len(whole) >= on_survivor, f"{len(whole)} whole streams; the other worker held {on_survivor}"
+                assert len(whole) < len(tasks), "no stream was lost with the killed worker: it held none?"
+                await eventually(lambda: victim.pid not in (None, old_pid), 10, what="the worker started again")
+                assert victim.restarts == 1 and victim.last_exit == -signal.SIGKILL
+                assert [kind for kind, _ in events] == ["gateway_worker_exited"]
+                # and the data port serves as before, on both workers
+                answers = await asyncio.gather(*(stream(base, 5) for _ in range(8)))
+                assert [status for status, _ in answers] == [200] * 8
+                await eventually(lambda: admission.in_flight == 0, 5, what="every slot given back")
+    run(body)
+
+
+def test_keys_their_rate_limit_and_their_deployments_are_the_engines_for_every_worker() -> None:
+    async def body() -> None:
+        with stub_upstream() as (_, url):
+            async with pool_of(url, count=2, keys_required=True) as (_, _a, _r, base):
+                status, text = await stream(base, 3)
+                assert status == 401 and b"API key" in text
+                status, _ = await stream(base, 3, {"authorization": "Bearer good"})
+                assert status == 200
+                # 3 a minute for the key, whichever worker each connection reaches
+                statuses = [(await stream(base, 2, {"authorization": "Bearer limited"}))[0] for _ in range(6)]
+                assert statuses == [200, 200, 200, 429, 429, 429]
+                async with httpx.AsyncClient(timeout=10) as client:
+                    listed = (await client.get(f"{base}/v1/models", headers={"authorization": "Bearer only-b"})).json()
+                    assert [m["id"] for m in listed["data"]] == ["mb"]
+                    assert "deployment" not in listed["data"][0]
+                    listed = (await client.get(f"{base}/v1/models", headers={"authorization": "Bearer good"})).json()
+                    assert [m["id"] for m in listed["data"]] == ["m", "mb"]
+                # a key limited to b does not see a's model; a model nobody serves is not found
+                status, text = await stream(base, 2, {"authorization": "Bearer only-b"})
+                assert status == 404 and b"does not exist" in text
+                status, text = await stream(base, 2, {"authorization": "Bearer good"}, model="nobody")
+                assert status == 404 and b"nobody" in text
+    run(body)
+
+
+def test_the_data_port_serves_only_v1_within_the_engines_bounds_and_closes_with_the_pool() -> None:
+    async def body() -> None:
+        with stub_upstream() as (stub, url):
+            async with pool_of(url, count=1) as (pool, _, _r, base):
+                port = pool.port
+                async with httpx.AsyncClient(timeout=10) as client:
+                    resp = await client.get(f"{base}/api/status")
+                    assert resp.status_code == 404 and "port 8000" in resp.json()["error"]["message"]
+                    # a body past the limit is refused from its declared length, before a byte of it is read
+                    answer = await asyncio.to_thread(raw, port, b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+                                                     b"content-type: application/json\r\ncontent-length: 2097152"
+                                                     b"\r\n\r\n")
+                    assert answer.startswith(b"HTTP/1.1 413") and b"body_limit_v1_bytes" in answer
+                    resp = await client.get(f"{base}/v1/models", headers={"x-long": "y" * 20000})
+                    assert resp.status_code == 431
+                    resp = await client.post(f"{base}/v1/completions", content=b'{"model": "m", "prompt": [[[[',
+                                             headers={"content-type": "application/json"})
+                    assert resp.status_code == 400
+                assert stub.served == 0  # none of it reached vLLM
+                pid = pool.workers[0].pid
+                assert pid is not None
+        # the pool stopped: its workers are gone and the port refuses connections
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass
+    run(body)
