@@ -26,6 +26,9 @@ SCENARIOS = {s.name: s for s in (
     Scenario("routing", "routing", "two replicas behind the gateway, routing by prefix against least outstanding "
              "on a shared-prefix load and on one without (alternated, a soft change between runs), and the routing "
              "decision's own cost", "engine + vLLM x2"),
+    Scenario("relay-ceiling", "relay_ceiling", "the gateway's data path with 0, 1, 2, ... worker processes "
+             "against a stub upstream that streams as fast as it can: tokens/s and the gateway's CPU per 1,000",
+             "gateway + stub"),
     Scenario("apply-gap", "apply_gap", "N streaming clients while revisions are applied: the longest stretch with "
              "no completed request, failures, the plan and its predicted time against the real one", "engine + vLLM"),
     Scenario("fleet", "fleet_rolling", "a deployment of two replicas on a two-node Ray cluster on this host: a "

@@ -1,0 +1,258 @@
+"""The relay's ceiling: how many tokens/s the gateway's data path passes with 0, 1, 2, … worker processes, against a
+stub upstream that streams as fast as it can (tests/testkit/stub_upstream.py, a benchmark stub: no model), so that
+the gateway is the only thing measured.
+
+    python -m bench relay-ceiling --workers 0 1 2 --seconds 20 --out DIR          # this host
+    python -m bench relay-ceiling --profile h200                                   # 16 cores: 0 1 2 4 8
+
+For each worker count a gateway host process (this module, ``--host-gateway``) builds what the engine builds for
+/v1 — an admission over the stub upstreams, the gateway, the data path on uvicorn with the engine's edge protocol
+(0 workers: the engine's own port), or the coordinator and the worker pool (engine/gateway/workers.py) — and a
+load of ``--clients`` streaming completions of ``--tokens`` tokens each, from ``--load-procs`` processes (raw
+keep-alive sockets, events counted, nothing parsed), runs ``--seconds`` after ``--warmup``. Reported: tokens/s and
+requests/s through the gateway, the gateway's CPU (its process and its workers, in cores) and its CPU per 1,000
+tokens/s; and the same load straight to the stubs first, which says what the stubs and the load can do at all.
+Writes relay-ceiling.json and relay-ceiling.md under ``--out``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+import psutil
+
+from bench.base import REPO
+from engine.vllm import free_port
+
+MARK = b"data: {"
+END = b"\r\n0\r\n\r\n"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="worker counts to measure, in turn")
+    p.add_argument("--clients", type=int, default=64, help="streaming clients at once")
+    p.add_argument("--tokens", type=int, default=256, help="tokens a request asks for (one event each)")
+    p.add_argument("--stubs", type=int, default=1, help="stub upstream processes (the deployment's instances)")
+    p.add_argument("--token-s", type=float, default=0.0, help="the stubs' time between a stream's tokens (0: as fast "
+                   "as they can, events batched in few reads; vLLM's decode steps send one event a read)")
+    p.add_argument("--load-procs", type=int, default=1, help="processes the clients are spread over")
+    p.add_argument("--seconds", type=float, default=20.0, help="measured window per run")
+    p.add_argument("--warmup", type=float, default=3.0, help="load before the window")
+    p.add_argument("--host-gateway", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--upstream", action="append", default=[], help=argparse.SUPPRESS)
+
+
+# --- the load ----------------------------------------------------------------------------------------------------
+
+
+class _Stream(asyncio.Protocol):
+    def __init__(self, request: bytes, tally: list[int], stop_at: float, done: asyncio.Future[None]) -> None:
+        self.request, self.tally, self.stop_at, self.done = request, tally, stop_at, done
+        self.tail = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.tail + data
+        self.tally[0] += buf.count(MARK)
+        self.tail = buf[-7:]
+        if buf.endswith(END):
+            self.tally[1] += 1
+            self.tail = b""
+            if time.monotonic() < self.stop_at and self.transport is not None:
+                self.transport.write(self.request)  # the next request on the same connection
+            elif not self.done.done():
+                self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.tally[2] += 1
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def _load(port: int, clients: int, tokens: int, warmup: float, seconds: float) -> tuple[int, int, int]:
+    """Tokens and requests counted in the window (after ``warmup``), and connections lost."""
+    body = json.dumps({"model": "stub", "prompt": "hello", "max_tokens": tokens, "stream": True}).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+               b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    loop = asyncio.get_running_loop()
+    tally = [0, 0, 0]
+    stop_at = time.monotonic() + warmup + seconds
+    dones = []
+    for _ in range(clients):
+        done: asyncio.Future[None] = loop.create_future()
+        await loop.create_connection(functools.partial(_Stream, request, tally, stop_at, done), "127.0.0.1", port)
+        dones.append(done)
+    await asyncio.sleep(warmup)
+    start = tally.copy()
+    await asyncio.sleep(seconds)
+    end = tally.copy()
+    await asyncio.wait(dones, timeout=60)
+    return end[0] - start[0], end[1] - start[1], tally[2]
+
+
+def _load_proc(args: tuple[int, int, int, float, float]) -> tuple[int, int, int]:
+    import uvloop
+
+    return uvloop.run(_load(*args))
+
+
+def load(port: int, a: argparse.Namespace) -> dict[str, float]:
+    per = [a.clients // a.load_procs + (1 if i < a.clients % a.load_procs else 0) for i in range(a.load_procs)]
+    with multiprocessing.get_context("spawn").Pool(a.load_procs) as pool:
+        results = pool.map(_load_proc, [(port, n, a.tokens, a.warmup, a.seconds) for n in per])
+    tokens, requests, lost = (sum(r[i] for r in results) for i in range(3))
+    return {"tokens_per_s": tokens / a.seconds, "requests_per_s": requests / a.seconds, "connections_lost": lost}
+
+
+# --- the gateway host --------------------------------------------------------------------------------------------
+
+
+def host_gateway(a: argparse.Namespace) -> None:
+    """What the engine builds for /v1, over the stubs (run in a process of its own)."""
+    import uvicorn
+    import uvloop
+
+    from engine.access import GatewayKeys, RateLimiter
+    from engine.edge import HeadLimits, edge_protocol
+    from engine.gateway import Admission, BodyLimits, Coordinator, DataPath, Gateway, WorkerPool, WorkerSpec
+
+    class NoLedger:
+        def record(self, rec: Any) -> None:
+            pass
+
+        def sample_prompt(self) -> bool:
+            return False
+
+    workers = a.workers[0]
+
+    async def main() -> None:
+        admission = Admission(256, 30.0, deployment_id=1, deployment="stub")
+        admission.routing = "least_outstanding"
+        for i, url in enumerate(a.upstream):
+            await admission.open(url, revision=1, instance=f"s{i}")
+        keys = GatewayKeys(None, RateLimiter(), False)  # type: ignore[arg-type]  # no key asked: never consulted
+        if workers == 0:
+            path = DataPath(Gateway(lambda _: admission, 600.0, NoLedger()), keys, BodyLimits(1 << 20, 30.0, 64))
+            server = uvicorn.Server(uvicorn.Config(path, host="127.0.0.1", port=a.port, log_level="warning",
+                                                   lifespan="off", http=edge_protocol(HeadLimits())))
+            await server.serve()
+            return
+        spec = WorkerSpec(index=0, engine_port=0, hosts=[], head_bytes=65536, line_bytes=8192, head_timeout_s=10.0,
+                          body_max_bytes=1 << 20, body_timeout_s=30.0, json_max_depth=64, body_budget_bytes=64 << 20,
+                          body_share_bytes=None, body_first_byte_s=5.0, max_n=16, max_prompts=64,
+                          max_asked_tokens=1 << 20, upstream_timeout_s=600.0, ledger_sample_rate=0.0,
+                          keys_required=False, graceful_s=1.0)
+        pool = WorkerPool(workers, "127.0.0.1", a.port, spec,
+                          Coordinator(lambda _: admission, keys, NoLedger(), lambda: []))
+        await pool.start()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await pool.stop()
+
+    uvloop.run(main())
+
+
+def _ready(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    body = {"model": "stub", "prompt": "x", "max_tokens": 1}
+    while True:
+        try:
+            if httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"nothing answered on port {port} within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def _cpu(proc: psutil.Process) -> float:
+    """CPU seconds of a process and its children (the workers) so far."""
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def run(a: argparse.Namespace) -> int:
+    if a.host_gateway:
+        host_gateway(a)
+        return 0
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    stubs, ports = [], []
+    for _ in range(a.stubs):
+        port = free_port()
+        stubs.append(subprocess.Popen([sys.executable, "-m", "tests.testkit.stub_upstream", "--port", str(port),
+                                       "--token-s", str(a.token_s)], cwd=REPO, env=env))
+        ports.append(port)
+    results: list[dict[str, Any]] = []
+    try:
+        for port in ports:
+            _ready(port)
+        direct = load(ports[0], a) if a.stubs == 1 else None
+        if direct is not None:
+            results.append({"path": "direct to the stub", "workers": None, **direct})
+            print(f"direct: {direct['tokens_per_s']:,.0f} tok/s", flush=True)
+        for workers in a.workers:
+            port = free_port()
+            cmd = [sys.executable, "-m", "bench", "relay-ceiling", "--host-gateway", "--workers", str(workers),
+                   "--port", str(port), "--out", str(a.out / "host"),
+                   *[x for p in ports for x in ("--upstream", f"http://127.0.0.1:{p}")]]
+            host = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
+            try:
+                _ready(port)
+                proc = psutil.Process(host.pid)
+                cpu0, t0 = _cpu(proc), time.monotonic()
+                figures = load(port, a)
+                cores = (_cpu(proc) - cpu0) / (time.monotonic() - t0)
+            finally:
+                os.killpg(host.pid, 15)
+                host.wait(30)
+            row = {"path": "engine's port" if workers == 0 else f"{workers} workers", "workers": workers, **figures,
+                   "gateway_cores": cores,
+                   "cpu_pct_per_1k_tok_s": 100 * cores / (figures["tokens_per_s"] / 1000)
+                   if figures["tokens_per_s"] else None}
+            results.append(row)
+            print(f"{row['path']}: {figures['tokens_per_s']:,.0f} tok/s, {figures['requests_per_s']:,.1f} req/s, "
+                  f"gateway {cores:.2f} cores", flush=True)
+    finally:
+        for stub in stubs:
+            stub.terminate()
+            stub.wait(10)
+    out = {"clients": a.clients, "tokens": a.tokens, "token_s": a.token_s, "stubs": a.stubs, "load_procs": a.load_procs,
+           "seconds": a.seconds, "cores": len(os.sched_getaffinity(0)), "results": results}
+    (a.out / "relay-ceiling.json").write_text(json.dumps(out, indent=2))
+    lines = [f"{a.clients} streaming clients, {a.tokens} tokens a request "
+             f"({f'{a.token_s * 1000:g} ms apart' if a.token_s else 'as fast as the stub can'}), {a.stubs} stub(s), "
+             f"{a.load_procs} load process(es), {a.seconds:g} s windows, {out['cores']} cores", "",
+             "| path | tokens/s | requests/s | gateway CPU (cores) | % of a core per 1,000 tok/s | lost |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        head = f"| {r['path']} | {r['tokens_per_s']:,.0f} | {r['requests_per_s']:,.1f} | "
+        if "gateway_cores" in r:
+            lines.append(head + f"{r['gateway_cores']:.2f} | {r['cpu_pct_per_1k_tok_s'] or 0:.2f} | "
+                         f"{r['connections_lost']} |")
+        else:
+            lines.append(head + f"– | – | {r['connections_lost']} |")
+    (a.out / "relay-ceiling.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0

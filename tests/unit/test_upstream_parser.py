@@ -1,0 +1,76 @@
+"""The gateway's HTTP/1.1 reader of vLLM's answers (engine/gateway/upstream.py): a chunked stream read whole or cut
+at any byte gives the same body, events taken whole from a read (the fast path) or through the state machine alike;
+a chunk size that is not plain hex is an error, not a number int() happens to accept."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from engine.gateway.upstream import Connection, Pool, UpstreamError
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+EVENTS = [b'data: {"choices":[{"text":"%d"}]}\n\n' % i for i in range(12)]
+STREAM = HEAD + b"".join(b"%x\r\n" % len(e) + e + b"\r\n" for e in EVENTS) + b"0\r\n\r\n"
+
+
+class Sink:
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def received(reads: list[bytes]) -> tuple[bytes, Any]:
+    """The body a connection hands over for ``reads`` (as the socket delivered them), and its error if any."""
+
+    async def run() -> tuple[bytes, Any]:
+        conn = Connection(Pool("127.0.0.1", 1), 30.0)
+        conn.connection_made(Sink())  # type: ignore[arg-type]
+        conn.send(b"POST / HTTP/1.1\r\n\r\n", b"")
+        for data in reads:
+            conn.data_received(data)
+        out = []
+        try:
+            await conn.head()
+            while part := await conn.read():
+                out.append(part)
+        except UpstreamError as exc:
+            return b"".join(out), exc
+        finally:
+            conn._cancel_timer()
+        return b"".join(out), None
+
+    return asyncio.run(run())
+
+
+def test_a_stream_read_whole_or_cut_at_any_byte_gives_the_same_events() -> None:
+    whole = b"".join(EVENTS)
+    assert received([STREAM]) == (whole, None)
+    assert received([HEAD, STREAM[len(HEAD):]]) == (whole, None)  # the fast path: reads of whole chunks
+    for cut in range(len(HEAD), len(STREAM)):
+        assert received([STREAM[:cut], STREAM[cut:]]) == (whole, None), cut
+    assert received([bytes([b]) for b in STREAM]) == (whole, None)
+
+
+@pytest.mark.parametrize("size", [b"-1", b"1_0", b"+a", b" ", b"zz", b"1" * 17])
+def test_a_chunk_size_that_is_not_plain_hex_is_an_error(size: bytes) -> None:
+    for reads in ([HEAD + size + b"\r\nabcdefghijklmnopq\r\n0\r\n\r\n"],
+                  [HEAD, size + b"\r\nabcdefghijklmnopq\r\n0\r\n\r\n"]):
+        body, error = received(reads)
+        assert isinstance(error, UpstreamError) and "malformed chunk size" in str(error), (size, body)
+
+
+def test_a_chunk_without_its_crlf_is_an_error_on_either_path() -> None:
+    for reads in ([HEAD + b"3\r\nabcXY0\r\n\r\n"], [HEAD, b"3\r\nabcXY0\r\n\r\n"]):
+        _, error = received(reads)
+        assert isinstance(error, UpstreamError) and "CRLF" in str(error)
