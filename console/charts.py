@@ -118,6 +118,18 @@ def by_revision(history: SeriesOut, metric: str, title: str, unit: str, scale: f
     return empty_note(_layout(fig, title, unit, height=240))
 
 
+def by_instance(history: SeriesOut, metric: str, title: str, unit: str, scale: float = 1.0) -> go.Figure:
+    """One line per instance (average per bucket) of an instance's history."""
+    fig = go.Figure()
+    for name, series in sorted(history.series.items()):
+        band = bands(series).get(metric)
+        y = [None if v is None else v * scale for v in band.avg] if band else []
+        if any(v is not None for v in y):
+            t = [datetime.fromtimestamp(x, UTC) for x in series.t]
+            fig.add_trace(go.Scatter(x=t, y=y, mode="lines+markers", marker={"size": 4}, name=f"instance {name}"))
+    return empty_note(_layout(fig, title, unit, height=240))
+
+
 def compare_bars(levels: list[CompareLevel], key: str, title: str, names: tuple[str, str]) -> go.Figure:
     """Two benchmark runs side by side at each concurrency level they share."""
     fig = go.Figure()

@@ -28,7 +28,15 @@ from engine.benchmarks import Benchmarks
 from engine.bodies import BodyBudget, RequestBounds
 from engine.capacity import TRAFFIC_WINDOW_S, CalibrationStore, Planner, TrafficNeed
 from engine.config import AppConfig
-from engine.db import DEFAULT_DEPLOYMENT, SERVING_MINUTE, SERVING_RAW, open_database
+from engine.db import (
+    DEFAULT_DEPLOYMENT,
+    INSTANCE_METRICS,
+    INSTANCE_MINUTE,
+    INSTANCE_RAW,
+    SERVING_MINUTE,
+    SERVING_RAW,
+    open_database,
+)
 from engine.deployments import DeploymentStore, Fleet, Runtime
 from engine.edge import HostCheck, edge_protocol, engine_hosts, head_limits, host_of, refuse_host
 from engine.errors import EngineError
@@ -176,6 +184,8 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
                       else None)
     serving_history = SeriesStore(db, SERVING_RAW, SERVING_MINUTE, "revision", HISTORY_METRICS,
                                   config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
+    instance_history = SeriesStore(db, INSTANCE_RAW, INSTANCE_MINUTE, "instance", INSTANCE_METRICS,
+                                   config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
     local = "127.0.0.1" if config.host in ("0.0.0.0", "::", "localhost") or loopback else config.host
 
     def extras(runtime: Runtime) -> None:
@@ -184,7 +194,8 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
         runtime.serving = ServingMonitor(config.serving_scrape_interval_s, lambda: admission.upstream,
                                          lambda: admission.revision, serving_history,
                                          headers=lambda: admission.upstream_headers,
-                                         instances=lambda: admission.upstreams)
+                                         instances=lambda: admission.upstreams, instance_history=instance_history,
+                                         deployment_id=admission.deployment_id)
         runtime.benchmarks = Benchmarks(
             db, runtime.revisions, runtime.events, runtime.controller, ledger, f"http://{local}:{config.port}",
             sampler.energy_now,
@@ -211,7 +222,8 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
     services = Services(config=config, db=db, events=events, prompts=prompts, auth=auth, audit=audit,
                         tallies=tallies, limits=limits, fleet=fleet, deployments=deployments, planner=planner,
                         sampler=sampler,
-                        telemetry=telemetry, alerts=alerts, serving_history=serving_history, ledger=ledger,
+                        telemetry=telemetry, alerts=alerts, serving_history=serving_history,
+                        instance_history=instance_history, ledger=ledger,
                         gateway=gateway, registry=registry,
                         public_url=config.public_url or f"http://{local}:{config.port}", gateway_keys=gateway_keys,
                         build=build, vllm_version=vllm_version, workers=workers,

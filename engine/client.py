@@ -463,6 +463,14 @@ class EngineClient:
             params["metric"] = metrics
         return self._get(SeriesOut, "GET", "/api/serving/history", params=params)
 
+    def instance_history(self, window: str, metrics: list[str] | None = None) -> SeriesOut:
+        """Each instance of the deployment over time (requests routed, share by prefix, prefix-cache hits, KV use),
+        one series per instance name."""
+        params: dict[str, Any] = {"window": window}
+        if metrics:
+            params["metric"] = metrics
+        return self._get(SeriesOut, "GET", "/api/serving/instances/history", params=params)
+
     def kpis(self, window: str, revision: int | None = None, client: str | None = None) -> list[KpiRow]:
         params: dict[str, Any] = {"window": window}
         if revision is not None:

@@ -17,6 +17,10 @@ CHARTS = [("generation_tokens_per_s", "Generation", "tokens/s", 1.0),
           ("kv_cache_usage", "KV-cache use", "%", 100.0),
           ("requests_running", "Requests running", "", 1.0),
           ("requests_waiting", "Requests waiting", "", 1.0)]
+INSTANCE_CHARTS = [("requests_per_s", "Requests routed to each instance", "req/s", 1.0),
+                   ("prefix_routed_share", "Share routed by prefix", "%", 100.0),
+                   ("prefix_cache_hit_pct", "vLLM's prefix-cache hit rate", "%", 1.0),
+                   ("kv_cache_usage", "KV-cache use per instance", "%", 100.0)]
 
 restart_banner(engine_status())
 drafts.keep("metrics", ["metrics_window"], {"metrics_window": "1 hour"})  # kept across pages and reloads
@@ -67,11 +71,20 @@ def instances() -> None:
                      "prefix-cache hits": fmt.pct(r.prefix_cache_hit_pct, 0),
                      "KV-cache use": fmt.pct(None if r.kv_cache_usage is None else 100 * r.kv_cache_usage, 0)})
     st.dataframe(rows, hide_index=True, width="stretch")
+    try:
+        history = client().instance_history(WINDOWS[window], [m for m, *_ in INSTANCE_CHARTS])
+    except ClientError as exc:
+        unreachable(exc)
+    cols = st.columns(2)
+    for n, (metric, title, unit, scale) in enumerate(INSTANCE_CHARTS):
+        cols[n % 2].plotly_chart(charts.by_instance(history, metric, title, unit, scale), theme="streamlit",
+                                 key=f"instance_{metric}")
     policy = status.gateway.routing
     st.caption(f"Routing: **{policy.replace('_', ' ')}** (the revision's `routing`). By prefix: sent where the "
                "start of its prompt was sent before; home: a prompt seen nowhere, placed by hashing; by load: the "
                "instance with the fewest requests in flight. Prefix-cache hits: vLLM's own, between its last two "
-               "scrapes.")
+               f"scrapes. Charts: {history.source} history, {history.step_s:.0f} s per point, one line per "
+               "instance.")
 
 
 live()

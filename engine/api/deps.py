@@ -89,6 +89,7 @@ TelemetryDep = Annotated[TelemetryStore, Depends(_part("telemetry"))]
 AlertsDep = Annotated[AlertEngine, Depends(_part("alerts"))]
 ServingDep = Annotated[ServingMonitor, Depends(_of_runtime("serving"))]
 ServingHistoryDep = Annotated[SeriesStore, Depends(_part("serving_history"))]
+InstanceHistoryDep = Annotated[SeriesStore, Depends(_part("instance_history"))]
 BenchmarksDep = Annotated[Benchmarks, Depends(_of_runtime("benchmarks"))]
 
 

@@ -40,6 +40,7 @@ class Services:
     telemetry: TelemetryStore
     alerts: AlertEngine
     serving_history: SeriesStore
+    instance_history: SeriesStore  # each instance's requests, routing, prefix-cache hits and KV use over time
     ledger: Ledger
     gateway: Gateway
     registry: CollectorRegistry

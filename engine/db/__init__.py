@@ -18,6 +18,9 @@ from engine.db.sql import PortableString, epoch_now, floor_int, json_true, porta
 from engine.db.tables import (
     ACTIVE,
     DEFAULT_DEPLOYMENT,
+    INSTANCE_METRICS,
+    INSTANCE_MINUTE,
+    INSTANCE_RAW,
     SERVING_FINISH_REASONS,
     SERVING_METRICS,
     SERVING_MINUTE,
@@ -43,6 +46,9 @@ from engine.db.tables import (
 __all__ = [
     "ACTIVE",
     "DEFAULT_DEPLOYMENT",
+    "INSTANCE_METRICS",
+    "INSTANCE_MINUTE",
+    "INSTANCE_RAW",
     "RETRY_AFTER_S",
     "SERVING_FINISH_REASONS",
     "SERVING_METRICS",

@@ -262,11 +262,11 @@ SERVING_METRICS: tuple[str, ...] = (
 )
 
 
-def series_tables(name: str, key: str, metrics: tuple[str, ...]) -> tuple[Table, Table]:
+def series_tables(name: str, key: str, metrics: tuple[str, ...], key_type: Any = Integer) -> tuple[Table, Table]:
     """A series' raw table (one row per sample and key) and its per-minute roll-up (min, avg, max per metric)."""
-    raw = Table(f"{name}_raw", SQLModel.metadata, Column("ts", Float, nullable=False), Column(key, Integer),
+    raw = Table(f"{name}_raw", SQLModel.metadata, Column("ts", Float, nullable=False), Column(key, key_type),
                 *(Column(m, Float) for m in metrics), Index(f"ix_{name}_raw_ts", "ts"))
-    minute = Table(f"{name}_minute", SQLModel.metadata, Column("ts", Float, nullable=False), Column(key, Integer),
+    minute = Table(f"{name}_minute", SQLModel.metadata, Column("ts", Float, nullable=False), Column(key, key_type),
                    Column("n", Integer),
                    *(Column(f"{m}_{agg}", Float) for m in metrics for agg in ("min", "avg", "max")),
                    Index(f"ix_{name}_minute_ts", "ts"))
@@ -275,6 +275,9 @@ def series_tables(name: str, key: str, metrics: tuple[str, ...]) -> tuple[Table,
 
 TELEMETRY_RAW, TELEMETRY_MINUTE = series_tables("telemetry", "device", TELEMETRY_METRICS)
 SERVING_RAW, SERVING_MINUTE = series_tables("serving", "revision", SERVING_METRICS)
+INSTANCE_METRICS: tuple[str, ...] = ("requests_per_s", "prefix_routed_share", "prefix_cache_hit_pct", "kv_cache_usage")
+# each instance that serves, keyed "DEPLOYMENT_ID/INSTANCE" (an instance's name is its deployment's: a, b, r1…)
+INSTANCE_RAW, INSTANCE_MINUTE = series_tables("instance", "instance", INSTANCE_METRICS, String(80))
 
 
 # --- the same values on both dialects (keep this last: it applies to every table above) ----------------------

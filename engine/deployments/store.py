@@ -16,6 +16,8 @@ from sqlmodel import col, select
 
 from engine.db import (
     DEFAULT_DEPLOYMENT,
+    INSTANCE_MINUTE,
+    INSTANCE_RAW,
     SERVING_MINUTE,
     SERVING_RAW,
     BenchmarkRun,
@@ -167,6 +169,8 @@ class DeploymentStore:
             for table in (SERVING_RAW, SERVING_MINUTE):
                 if revisions:
                     s.exec(delete(table).where(table.c.revision.in_(revisions)))
+            for table in (INSTANCE_RAW, INSTANCE_MINUTE):
+                s.exec(delete(table).where(table.c.instance.startswith(f"{row.id}/", autoescape=True)))
             for model, column in ((Event, Event.deployment_id), (BenchmarkRun, BenchmarkRun.deployment_id),
                                   (RequestLog, RequestLog.deployment_id), (Revision, Revision.deployment_id)):
                 s.exec(delete(model).where(col(column) == row.id))

@@ -39,6 +39,11 @@ class Upstream:
     def __post_init__(self) -> None:
         self.salt = instance_salt(self.instance)
 
+    def route_tally(self) -> tuple[int, int]:
+        """Its requests routed by prefix, and all its requests routed, since it opened (the monitor's history)."""
+        counts = self.routed.counts
+        return counts.prefix, counts.total
+
 
 class Admission:
     """Who may send to vLLM now: the open upstreams, a bounded waiting room, and the requests in flight."""

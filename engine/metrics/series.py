@@ -70,9 +70,11 @@ class SeriesStore:
         if rows:
             conn.execute(insert(self.minute), rows)
 
-    def history(self, window_s: float, step_s: float | None = None, keys: list[int] | None = None,
-                metrics: list[str] | None = None, now: float | None = None) -> dict[str, Any]:
-        """Series per key over the last ``window_s``: per bucket the min, avg and max of each metric."""
+    def history(self, window_s: float, step_s: float | None = None, keys: Sequence[int | str] | None = None,
+                metrics: list[str] | None = None, now: float | None = None, key_prefix: str | None = None
+                ) -> dict[str, Any]:
+        """Series per key over the last ``window_s``: per bucket the min, avg and max of each metric (of ``keys``,
+        or of the keys that start with ``key_prefix``, if given)."""
         now = time.time() if now is None else now
         metrics = [m for m in (metrics or list(self.metrics)) if m in self.metrics]
         use_raw = window_s <= self.raw_retention_s
@@ -93,6 +95,8 @@ class SeriesStore:
         q = select(*cols).where(table.c.ts >= now - window_s).group_by(bucket, key).order_by(key, bucket)
         if keys:
             q = q.where(key.in_(keys))
+        if key_prefix is not None:
+            q = q.where(key.startswith(key_prefix, autoescape=True))
         out: dict[str, Any] = {}
         with self.engine.connect() as conn:
             for row in conn.execute(q):

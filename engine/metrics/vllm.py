@@ -191,6 +191,11 @@ class Scraped(Protocol):
     auth: tuple[bytes, bytes] | None
     kv_usage: float | None
     cache_hit_pct: float | None
+    instance: str
+
+    def route_tally(self) -> tuple[int, int]:
+        """Its requests routed by prefix, and all its requests, since it opened."""
+        ...
 
 
 class ServingMonitor:
@@ -201,7 +206,8 @@ class ServingMonitor:
     def __init__(self, interval_s: float, upstream: Callable[[], str | None],
                  revision: Callable[[], int | None] = lambda: None, history: SeriesStore | None = None,
                  headers: Callable[[], dict[str, str]] = dict,
-                 instances: Callable[[], Sequence[Scraped]] = tuple) -> None:
+                 instances: Callable[[], Sequence[Scraped]] = tuple, instance_history: SeriesStore | None = None,
+                 deployment_id: int | None = None) -> None:
         self.interval_s = interval_s
         self.upstream = upstream
         self.headers = headers  # the child's key: every path of it asks for one (engine/vllm_guard.py)
@@ -214,6 +220,9 @@ class ServingMonitor:
         self._source: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._each: dict[str, Scrape] = {}  # each instance's previous scrape, by its address
+        self.instance_history = instance_history  # each instance's figures over time, keyed "DEPLOYMENT/INSTANCE"
+        self.deployment_id = deployment_id
+        self._tallies: dict[str, tuple[float, int, int]] = {}  # by address: when, routed by prefix, routed in all
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="serving-monitor")
@@ -262,6 +271,7 @@ class ServingMonitor:
         """Each instance that serves: its KV cache's use and its prefix-cache hit rate since the last scrape (the
         first instance's from the scrape just made). One that does not answer keeps no stale figure."""
         seen: dict[str, Scrape] = {}
+        rows: list[dict[str, Any]] = []
         for inst in list(self.instances()):
             scrape: Scrape | None = first if inst.url == first_url else None
             if scrape is None:
@@ -280,4 +290,27 @@ class ServingMonitor:
             if use is not None and use.queries > 0:  # no lookups since the last scrape: the last rate stands
                 inst.cache_hit_pct = use.hit_pct
             seen[inst.url] = scrape
+            row = self._instance_row(inst, scrape.ts)
+            if row is not None:
+                rows.append(row)
         self._each = seen
+        self._tallies = {url: t for url, t in self._tallies.items() if url in seen}
+        if self.instance_history is not None and rows:
+            try:
+                await asyncio.to_thread(self.instance_history.write, first.ts, rows)
+            except SQLAlchemyError as exc:
+                log.warning("instance history: could not record a scrape: %s", exc)
+
+    def _instance_row(self, inst: Scraped, ts: float) -> dict[str, Any] | None:
+        """One instance's figures since its last scrape: requests routed to it a second, the share of them routed
+        by prefix, vLLM's prefix-cache hit rate and KV-cache use; None at its first scrape (rates need two)."""
+        by_prefix, total = inst.route_tally()
+        before = self._tallies.get(inst.url)
+        self._tallies[inst.url] = (ts, by_prefix, total)
+        if before is None or ts <= before[0] or total < before[2]:
+            return None
+        routed = total - before[2]
+        return {"instance": f"{self.deployment_id}/{inst.instance}",
+                "requests_per_s": routed / (ts - before[0]),
+                "prefix_routed_share": (by_prefix - before[1]) / routed if routed else None,
+                "prefix_cache_hit_pct": inst.cache_hit_pct, "kv_cache_usage": inst.kv_usage}

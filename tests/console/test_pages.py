@@ -506,3 +506,40 @@ def test_the_overview_sends_clients_to_the_gateway_workers_when_the_engine_has_t
         assert f"OpenAI-compatible API at **`http://127.0.0.1:{port}/v1`**" in body
         assert "Served by 1 of 1 gateway workers" in body
         assert any(f"http://127.0.0.1:{port}/v1/chat/completions" in c.value for c in at.code)
+
+
+def test_the_metrics_page_draws_each_instance_over_time_when_a_deployment_has_two(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 32 item 2: per instance, over time — requests routed to each, the share by prefix, vLLM's prefix-cache
+    hits and KV use, one line per instance."""
+    import json
+
+    from console.charts import bands
+
+    with in_process_engine(tmp_path_factory.mktemp("two")) as engine:
+        engine.client.wait_for({"ready"}, 60)
+        base = engine.client.settings().revision
+        engine.client.put_settings(base, {"replicas": 2}, "two instances")
+        wait_until(lambda: len([i for i in engine.client.status().instances if i.serving]) == 2, 60,
+                   what="two instances serving")
+        system = "You are a careful assistant who answers in one word. " * 8  # whole blocks after the first
+
+        def served() -> bool:  # 12 prompts whose first block differs: their homes spread them over both
+            for n in range(12):
+                prompt = f"Question {n:03d} of the quiz. " + system
+                answer = engine.http.post("/v1/completions", json={"model": "demo", "max_tokens": 2, "prompt": prompt})
+                assert answer.status_code == 200
+            history = engine.client.instance_history("15m")
+            return len(history.series) == 2 and all(
+                any(bands(s)["requests_per_s"].avg) for s in history.series.values())
+
+        wait_until(served, 30, every=0.5, what="both instances in the instance history")
+        at = page("metrics", engine.token)
+        body = texts(at)
+        assert "Instances: routing and prefix cache" in body and "one line per instance" in body
+        figures = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
+        by_title = {f["layout"]["title"]["text"]: f for f in figures}
+        routed = by_title["Requests routed to each instance"]
+        names = [trace["name"] for trace in routed["data"]]
+        assert len(names) == 2 and all(n.startswith("instance ") for n in names), names
+        assert "Share routed by prefix" in by_title and "vLLM's prefix-cache hit rate" in by_title

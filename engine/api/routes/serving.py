@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import Field
 
-from engine.api.deps import RuntimeDep, ServicesDep, ServingDep, ServingHistoryDep, access
+from engine.api.deps import InstanceHistoryDep, RuntimeDep, ServicesDep, ServingDep, ServingHistoryDep, access
 from engine.api.params import step_of, window_of
 from engine.schemas import MAX_ID, KpiRow, KpisOut, SeriesOut, ServingOut
 
@@ -33,6 +33,20 @@ def serving_history(history: ServingHistoryDep, runtime: RuntimeDep, window: str
     own = [r.id for r in runtime.revisions.history(1000) if r.id is not None]
     keys = [r for r in revision if r in own] if revision else own
     return SeriesOut.model_validate(history.history(seconds, step_of(step, seconds), keys or [0], metric))
+
+
+@router.get("/api/serving/instances/history", response_model=SeriesOut, dependencies=access("viewer"))
+def instance_history(history: InstanceHistoryDep, runtime: RuntimeDep, window: str = Query("1h", max_length=20),
+                     step: str | None = Query(None, max_length=20),
+                     metric: list[str] | None = Query(None, max_length=64)) -> SeriesOut:
+    """Each instance of the deployment over time, one series per instance name (a, b, r1…): requests routed to
+    it a second, the share of them routed by prefix, vLLM's prefix-cache hit rate (%) and KV-cache use (raw for
+    an hour, per minute for 7 d)."""
+    seconds = window_of(window, history.minute_retention_s)
+    prefix = f"{runtime.ref.id}/"
+    out = history.history(seconds, step_of(step, seconds), metrics=metric, key_prefix=prefix)
+    out["series"] = {key.removeprefix(prefix): series for key, series in out["series"].items()}
+    return SeriesOut.model_validate(out)
 
 
 @router.get("/api/kpis", response_model=KpisOut, dependencies=access("viewer"))
