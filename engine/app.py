@@ -315,7 +315,8 @@ def gateway_workers(config: AppConfig, coordinator: Coordinator, keys_required: 
                       body_first_byte_s=config.body_first_byte_s, max_n=config.v1_max_n,
                       max_prompts=config.v1_max_prompts, max_asked_tokens=config.v1_max_asked_tokens,
                       upstream_timeout_s=config.upstream_timeout_s, ledger_sample_rate=config.ledger_sample_rate,
-                      keys_required=keys_required, graceful_s=config.drain_timeout_s)
+                      keys_required=keys_required, graceful_s=config.drain_timeout_s,
+                      trusted_proxies=list(config.trusted_proxies))
     return WorkerPool(count, config.host, config.data_port, spec, coordinator, emit,
                       stop_timeout_s=config.drain_timeout_s + 5)
 

@@ -71,7 +71,11 @@ class Coordinator:
                     if not reader.at_eof():
                         log.warning("a gateway worker sent what the engine cannot read (%s): disconnected", exc)
                     return
-                self._take(conn, ask)
+                try:
+                    self._take(conn, ask)
+                except Exception as exc:  # a store or registry that failed: this request is refused, the link lives
+                    log.exception("the engine could not answer a gateway worker's %s", type(ask).__name__)
+                    _refuse(conn, ask, exc)
         finally:
             for task in conn.waits.values():
                 task.cancel()
@@ -88,7 +92,7 @@ class Coordinator:
     def _take(self, conn: _Conn, ask: wire.Ask) -> None:
         match ask:
             case wire.Acquire():
-                self._wait(conn, ask.id, self._acquire(conn, ask))
+                self._wait(conn, ask, self._acquire(conn, ask))
             case wire.Done():
                 upstream = conn.permits.pop(ask.permit, None)
                 conn.tally.held = len(conn.permits)
@@ -101,7 +105,7 @@ class Coordinator:
                 if task is not None:
                     task.cancel()
             case wire.Check():
-                self._wait(conn, ask.id, self._check(conn, ask))
+                self._wait(conn, ask, self._check(conn, ask))
             case wire.Resolve():
                 admission = self.route(ask.model)
                 conn.send(wire.Route(ask.id, None) if admission is None else wire.Route(
@@ -115,8 +119,16 @@ class Coordinator:
                     {k: v for k, v in m.items() if k != "deployment"}).encode()) for m in self.models()]
                 conn.send(wire.ModelList(ask.id, entries))
 
-    def _wait(self, conn: _Conn, ask_id: int, work: Any) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(work)
+    def _wait(self, conn: _Conn, ask: wire.Check | wire.Acquire, work: Any) -> None:
+        async def answered() -> None:
+            try:
+                await work
+            except Exception as exc:  # whatever failed, the worker hears of it: no request waits for ever
+                log.exception("the engine could not answer a gateway worker's %s", type(ask).__name__)
+                _refuse(conn, ask, exc)
+
+        ask_id = ask.id
+        task: asyncio.Task[None] = asyncio.ensure_future(answered())
         conn.waits[ask_id] = task
         conn.tally.waits = len(conn.waits)
 
@@ -141,7 +153,7 @@ class Coordinator:
 
     async def _acquire(self, conn: _Conn, ask: wire.Acquire) -> None:
         admission = self.route(ask.model)
-        if admission is None:
+        if admission is None or admission.deployment != ask.deployment:  # (a key was checked against that one)
             conn.tally.refused += 1
             conn.send(wire.Refused(ask.id, "not_found", 404, ask.model or "(none)"))
             return
@@ -166,6 +178,14 @@ class Coordinator:
             return
         conn.send(wire.Granted(ask.id, permit, upstream.url, upstream.revision, upstream.instance,
                                admission.deployment_id, upstream.auth, len(admission.upstreams)))
+
+
+def _refuse(conn: _Conn, ask: wire.Ask, exc: Exception) -> None:
+    """Answer a question the engine failed on with 503 (messages that want no answer get none)."""
+    if isinstance(ask, wire.Check | wire.Resolve | wire.Acquire | wire.Models):
+        conn.tally.refused += 1
+        conn.send(wire.Refused(ask.id, "unavailable", 503, f"the engine could not take this request now "
+                               f"({type(exc).__name__}); try again"))
 
 
 async def _release(upstream: Upstream) -> None:

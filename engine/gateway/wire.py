@@ -48,6 +48,7 @@ class WorkerSpec(msgspec.Struct, frozen=True):
     ledger_sample_rate: float
     keys_required: bool
     graceful_s: float
+    trusted_proxies: list[str] = []  # whose X-Forwarded-For is believed (the engine's trusted_proxies)
 
 
 
@@ -74,6 +75,7 @@ class Acquire(msgspec.Struct, tag="acquire", frozen=True):
 
     id: int
     model: str | None
+    deployment: str | None  # the deployment the worker resolved it to (and checked the key against)
     keys: list[int] | None
     wait_s: float
 

@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import random
 import socket
 import time
@@ -39,6 +40,7 @@ from engine.gateway.proxy import Gateway, send_simple
 log = logging.getLogger("llmops.gateway.worker")
 
 ROUTE_CACHE_S = 1.0  # a model's deployment, as the engine said, is believed this long (the slot is the engine's)
+ANSWER_S = 30.0  # the longest the engine may take to answer a question (a slot's wait comes on top)
 
 
 class EngineLink:
@@ -74,7 +76,9 @@ class EngineLink:
         if self.lost is None and not self.writer.is_closing():
             self.writer.write(wire.frame(message))
 
-    async def ask(self, make: Callable[[int], wire.Ask]) -> wire.Answer:
+    async def ask(self, make: Callable[[int], wire.Ask], timeout: float = ANSWER_S) -> wire.Answer:
+        """The engine's answer to the question ``make`` writes; UpstreamUnavailableError without one in
+        ``timeout`` (the engine always answers: past it, something is wrong, and the request is not held for ever)."""
         if self.lost is not None:
             raise UpstreamUnavailableError(f"the engine is gone ({self.lost})")
         ask_id = next(self._ids)
@@ -83,13 +87,16 @@ class EngineLink:
         message = make(ask_id)
         self.writer.write(wire.frame(message))
         try:
-            return await future
-        except asyncio.CancelledError:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(future)
+        except (asyncio.CancelledError, TimeoutError) as exc:
             self._waiting.pop(ask_id, None)
             if future.done() and not future.cancelled() and isinstance(granted := future.result(), wire.Granted):
                 self.tell(wire.Done(granted.permit))  # granted as the client left: the slot goes back
             elif isinstance(message, wire.Acquire):
                 self.tell(wire.Cancel(ask_id))
+            if isinstance(exc, TimeoutError):
+                raise UpstreamUnavailableError(f"the engine did not answer within {timeout:g} s") from None
             raise
 
 
@@ -155,7 +162,9 @@ class RemoteAdmission(Admission):
 
     async def acquire(self, deadline: float, keys: Sequence[int] | None = None) -> Upstream:
         wait_s = max(0.0, deadline - time.monotonic())
-        answer = await self.link.ask(lambda i: wire.Acquire(i, self.model, list(keys) if keys else None, wait_s))
+        answer = await self.link.ask(lambda i: wire.Acquire(i, self.model, self.deployment,
+                                                            list(keys) if keys else None, wait_s),
+                                     timeout=wait_s + ANSWER_S)
         if isinstance(answer, wire.Granted):
             self._open_now = answer.open
             return RemoteUpstream(answer.url, answer.revision, answer.instance, auth=answer.auth, admission=self,
@@ -244,7 +253,8 @@ async def serve(spec: wire.WorkerSpec, listener: socket.socket, engine: socket.s
     server = uvicorn.Server(uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="off", server_header=False,
         http=edge_protocol(HeadLimits(spec.head_bytes, spec.line_bytes, spec.head_timeout_s)),
-        timeout_graceful_shutdown=int(spec.graceful_s) or None))
+        proxy_headers=bool(spec.trusted_proxies), forwarded_allow_ips=list(spec.trusted_proxies),
+        timeout_graceful_shutdown=max(1, math.ceil(spec.graceful_s))))
 
     async def watch() -> None:
         await link.run()

@@ -9,8 +9,10 @@ their limits, the ledger. The engine's own port serves /v1 as before (the consol
 benchmarks, one address for everything), so N = 0 is the engine as it was.
 
 A worker that exits is started again (after 0.5 s, doubling to 30 s while it keeps dying within a minute of its
-start), with an event each time; the slots it held are free at once, and the other workers' requests never notice.
-Each worker is a child of its own process group, with the engine's allow-listed environment, stopped by SIGTERM (its
+start; a process that cannot be made is tried again the same way), with an event each time; the slots it held
+are free at once, and the other workers' requests never notice. A worker the engine lets go of (it sent what the
+engine cannot read) is killed before its slots are freed: none relays under slots the engine gave back. Each
+worker is a child of its own process group, with the engine's allow-listed environment, stopped by SIGTERM (its
 streams finish within drain_timeout_s) and then SIGKILL."""
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from engine.vllm import child_env
 
 RESTART_FIRST_S = 0.5
 RESTART_MAX_S = 30.0
-STABLE_S = 60.0  # a worker that ran this long before it exited is started again at once (its backoff reset)
+STABLE_S = 60.0  # a worker that ran this long before it exited starts its backoff again at RESTART_FIRST_S
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # where `engine` is imported from
 
 Emit = Callable[[str, str, str, dict[str, object]], object]  # kind, message, severity, data (what it returns: unused)
@@ -95,17 +97,20 @@ class WorkerPool:
 
     async def _keep(self, state: WorkerState) -> None:
         """Run worker ``state.index`` until the pool stops, starting it again when it exits."""
-        backoff = RESTART_FIRST_S
+        quick = 0  # exits in a row, each within STABLE_S of its start
         while not self._stopping:
             began = time.monotonic()
-            code = await self._run_once(state)
+            try:
+                code: int | str = await self._run_once(state)
+            except OSError as exc:  # no process could be made (EMFILE, ENOMEM): tried again, like an exit
+                code = f"no start ({exc.strerror or exc})"
             if self._stopping:
                 return
             state.restarts += 1
-            state.last_exit = code
+            state.last_exit = code if isinstance(code, int) else None
             ran = time.monotonic() - began
-            backoff = RESTART_FIRST_S if ran >= STABLE_S else min(backoff * 2, RESTART_MAX_S) if \
-                state.restarts > 1 else RESTART_FIRST_S
+            quick = 0 if ran >= STABLE_S else quick + 1
+            backoff = min(RESTART_FIRST_S * 2 ** max(0, quick - 1), RESTART_MAX_S)
             self._say("gateway_worker_exited",
                       f"gateway worker {state.index} (pid {state.pid}) exited with {code} after {ran:.1f} s; started "
                       f"again in {backoff:g} s (its requests in flight were lost, the other workers' were not)",
@@ -126,20 +131,38 @@ class WorkerPool:
                 "--listen-fd", str(self._listener.fileno()), "--engine-fd", str(theirs.fileno()),
                 pass_fds=(self._listener.fileno(), theirs.fileno()), start_new_session=True, env=env,
                 stdin=asyncio.subprocess.DEVNULL, cwd=PACKAGE_ROOT)
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         self._procs[state.index] = proc
         state.pid, state.started_at, state.tally, state.alive = proc.pid, time.time(), WorkerTally(), True
-        reader, writer = await asyncio.open_connection(sock=ours)
-        link = asyncio.ensure_future(self.coordinator.serve(reader, writer, state.tally))
+        if self._stopping:  # stop() began while it was being made: it ends with the others
+            _signal_group(proc.pid, signal.SIGTERM)
+        link: asyncio.Future[None] | None = None
+        writer: asyncio.StreamWriter | None = None
         try:
-            return await proc.wait()
+            reader, writer = await asyncio.open_connection(sock=ours)
+            link = asyncio.ensure_future(self.coordinator.serve(reader, writer, state.tally))
+            exited = asyncio.ensure_future(proc.wait())
+            await asyncio.wait([link, exited], return_when=asyncio.FIRST_COMPLETED)
+            if not exited.done():  # the engine let go of it (it sent what cannot be read): its slots are free, so
+                _signal_group(proc.pid, signal.SIGKILL)  # it must not relay on under them
+            return await exited
+        except BaseException:
+            _signal_group(proc.pid, signal.SIGKILL)
+            raise
         finally:
             state.alive = False
             self._procs.pop(state.index, None)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await link
+            if writer is not None:
+                writer.close()
+            else:
+                ours.close()
+            if link is not None:
+                with contextlib.suppress(Exception):
+                    await link
 
     async def stop(self) -> None:
         """Stop taking connections, let the workers' streams finish (stop_timeout_s), then end them."""
@@ -148,8 +171,7 @@ class WorkerPool:
         for proc in procs:
             _signal_group(proc.pid, signal.SIGTERM)
         if procs:
-            await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs],
-                                            timeout=self.stop_timeout_s)
+            await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=self.stop_timeout_s)
             for proc in procs:
                 if proc.returncode is None:
                     _signal_group(proc.pid, signal.SIGKILL)
@@ -158,8 +180,8 @@ class WorkerPool:
                     await proc.wait()
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+        for task in self._tasks:  # (a task that failed is logged, never raised into the engine's stop)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self._listener is not None:
             self._listener.close()

@@ -33,6 +33,8 @@ class Keys:
     changes = 0
 
     def authenticate(self, token: str) -> Principal | None:
+        if token == "boom":
+            raise RuntimeError("the store failed in a way no one planned for")
         return {"good": Principal("k", "prompter", "gateway", 1),
                 "limited": Principal("l", "prompter", "gateway", 2, rate_limit_per_min=3),
                 "only-b": Principal("b", "prompter", "gateway", 3, deployments=("b",))}.get(token)
@@ -124,13 +126,17 @@ def test_every_worker_holds_to_the_one_cap_of_an_instance_and_every_request_is_a
                 assert all(text.endswith(b"data: [DONE]\n\n") and text.count(b'"text":" tok"') == 25
                            for _, text in answers)
                 assert stub.peak <= 3, f"{stub.peak} requests at once on an instance held to 3"
-                await eventually(lambda: stub.served == 24, 5, what="the stub counted every request")
-                await eventually(lambda: len(records.records) == 24, 5, what="every request in the ledger")
+                # a forwarded address is believed only from trusted_proxies (none here): the ledger has the peer's
+                status, _ = await stream(base, 2, {"x-forwarded-for": "203.0.113.9"})
+                assert status == 200
+                await eventually(lambda: stub.served == 25, 5, what="the stub counted every request")
+                await eventually(lambda: len(records.records) == 25, 5, what="every request in the ledger")
+                assert {r.client for r in records.records} == {"127.0.0.1"}
                 assert {r.status for r in records.records} == {200}
-                assert {r.output_tokens for r in records.records} == {25}
+                assert sorted(r.output_tokens or 0 for r in records.records) == [2] + [25] * 24
                 assert all(r.deployment_id == 1 and r.instance == "a" for r in records.records)
                 await eventually(lambda: admission.in_flight == 0, 5, what="every slot given back")
-                assert sum(w.tally.requests for w in pool.workers) == 24
+                assert sum(w.tally.requests for w in pool.workers) == 25
     run(body)
 
 
@@ -190,6 +196,10 @@ def test_keys_their_rate_limit_and_their_deployments_are_the_engines_for_every_w
                 assert status == 404 and b"does not exist" in text
                 status, text = await stream(base, 2, {"authorization": "Bearer good"}, model="nobody")
                 assert status == 404 and b"nobody" in text
+                # the engine failing on a key is a 503 at once, not a request that waits for ever; the link lives
+                status, text = await asyncio.wait_for(stream(base, 2, {"authorization": "Bearer boom"}), 10)
+                assert status == 503 and b"RuntimeError" in text
+                assert (await stream(base, 2, {"authorization": "Bearer good"}))[0] == 200
     run(body)
 
 
