@@ -197,7 +197,8 @@ def run(a: argparse.Namespace) -> int:
     if a.host_gateway:
         host_gateway(a)
         return 0
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, os.environ.get(
+        "PYTHONPATH", "").split(os.pathsep))])}  # (vLLM's and the engine's packages may be staged elsewhere)
     stubs, ports = [], []
     for _ in range(a.stubs):
         port = free_port()
