@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import plotly.graph_objects as go
 
@@ -108,26 +110,26 @@ def empty_note(fig: go.Figure, text: str = "no data yet") -> go.Figure:
 
 def by_revision(history: SeriesOut, metric: str, title: str, unit: str, scale: float = 1.0) -> go.Figure:
     """One line per settings revision (average per bucket) of a serving metric's history."""
+    return _lines(history, metric, title, unit, scale, "revision",
+                  lambda key: int(key) if key != "None" else -1)
+
+
+def _lines(history: SeriesOut, metric: str, title: str, unit: str, scale: float, label: str,
+           order: Callable[[str], Any] = str) -> go.Figure:
+    """One line per key of ``history`` (average per bucket), named "``label`` key", in ``order``."""
     fig = go.Figure()
-    for rev, series in sorted(history.series.items(), key=lambda kv: int(kv[0]) if kv[0] != "None" else -1):
+    for key, series in sorted(history.series.items(), key=lambda kv: order(kv[0])):
         band = bands(series).get(metric)
         y = [None if v is None else v * scale for v in band.avg] if band else []
         if any(v is not None for v in y):
             t = [datetime.fromtimestamp(x, UTC) for x in series.t]
-            fig.add_trace(go.Scatter(x=t, y=y, mode="lines+markers", marker={"size": 4}, name=f"revision {rev}"))
+            fig.add_trace(go.Scatter(x=t, y=y, mode="lines+markers", marker={"size": 4}, name=f"{label} {key}"))
     return empty_note(_layout(fig, title, unit, height=240))
 
 
 def by_instance(history: SeriesOut, metric: str, title: str, unit: str, scale: float = 1.0) -> go.Figure:
     """One line per instance (average per bucket) of an instance's history."""
-    fig = go.Figure()
-    for name, series in sorted(history.series.items()):
-        band = bands(series).get(metric)
-        y = [None if v is None else v * scale for v in band.avg] if band else []
-        if any(v is not None for v in y):
-            t = [datetime.fromtimestamp(x, UTC) for x in series.t]
-            fig.add_trace(go.Scatter(x=t, y=y, mode="lines+markers", marker={"size": 4}, name=f"instance {name}"))
-    return empty_note(_layout(fig, title, unit, height=240))
+    return _lines(history, metric, title, unit, scale, "instance")
 
 
 def compare_bars(levels: list[CompareLevel], key: str, title: str, names: tuple[str, str]) -> go.Figure:
