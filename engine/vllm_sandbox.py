@@ -306,8 +306,9 @@ def main(argv: Sequence[str]) -> NoReturn:
         sys.exit(EXIT_USAGE)
     if sandbox.host is not None and sandbox.host != boot_id():
         print("llmops sandbox: not the engine's host: nothing of the engine's is here to hide", flush=True)
-        if not os.path.isdir(os.environ.get("TMPDIR") or "/"):  # the engine's own temp folder for vLLM
-            os.environ.pop("TMPDIR")
+        for name in ("TMPDIR", "VLLM_RPC_BASE_PATH"):  # the engine's own folders for vLLM's files and sockets
+            if not os.path.isdir(os.environ.get(name) or "/"):
+                os.environ.pop(name)
     else:
         rules = sandbox.plan()
         try:

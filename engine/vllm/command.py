@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.metadata
 import logging
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -213,6 +216,11 @@ def build_env(base: Mapping[str, str] | None = None, *, offline: bool = False, h
 
 # --- the sandbox of a vLLM child (engine/vllm_sandbox.py) ----------------------------------------------------------
 
+# vLLM's processes talk over ZMQ sockets named VLLM_RPC_BASE_PATH/<uuid4> (the temp folder unless set); a socket's
+# path holds at most 107 bytes (sockaddr_un.sun_path less its NUL), so a base above 70 fails every start
+IPC_PATH_MAX = 107
+IPC_NAME = 37  # "/" and a uuid4
+
 # The entries of the data dir that hold the engine's secrets: the database (password hashes, token digests, the
 # audit), run/ (cli.token: an admin token; console.key; the pid files) and logs/ (what every instance printed).
 # The whole data dir is hidden but for what vLLM needs; these are named as well, so that no folder vLLM keeps can
@@ -265,6 +273,7 @@ def sandbox_for(data_dir: Path, env: dict[str, str], *, secrets: Iterable[Path] 
         private.mkdir(mode=0o700, exist_ok=True)
         env["TMPDIR"] = str(private)
         sandbox = sandbox.keeping(str(private))
+    sandbox = _short_ipc_base(data, env, sandbox)
     home = env.get("HOME")
     if home and not sandbox.can_make_in(home):
         for name in HOME_CACHES:
@@ -273,3 +282,36 @@ def sandbox_for(data_dir: Path, env: dict[str, str], *, secrets: Iterable[Path] 
             except OSError as exc:  # vLLM says what it misses, if it does
                 log.warning("could not make %s for vLLM in HOME, a folder it cannot add to: %s", name, exc)
     return sandbox
+
+
+def _short_ipc_base(data: Path, env: dict[str, str], sandbox: Sandbox) -> Sandbox:
+    """``sandbox``, keeping a short folder of the engine's own for vLLM's sockets (VLLM_RPC_BASE_PATH, set in
+    ``env``) where the base they would get is too long for a socket's path (a private TMPDIR in a deep data dir).
+    The folder is the engine's user's alone (0700, no link); where none can be made vLLM's start says why."""
+    base = env.get("VLLM_RPC_BASE_PATH") or env.get("TMPDIR") or tempfile.gettempdir()
+    if len(base) + IPC_NAME <= IPC_PATH_MAX:
+        return sandbox
+    name = f"llmops-ipc-{os.getuid()}-{hashlib.sha256(str(data).encode()).hexdigest()[:12]}"
+    for root in dict.fromkeys((tempfile.gettempdir(), "/tmp", "/dev/shm")):
+        folder = os.path.join(root, name)
+        if len(folder) + IPC_NAME > IPC_PATH_MAX:
+            continue
+        try:
+            _own_private_folder(folder)
+        except OSError as exc:
+            log.warning("cannot use %s for vLLM's sockets: %s", folder, exc)
+            continue
+        env["VLLM_RPC_BASE_PATH"] = folder
+        return sandbox if sandbox.can_make_in(folder) else sandbox.keeping(folder)
+    log.warning("vLLM's sockets in %s would have paths over %d bytes and no shorter folder could be made: set "
+                "VLLM_RPC_BASE_PATH to a short folder, or use a shorter data dir", base, IPC_PATH_MAX)
+    return sandbox
+
+
+def _own_private_folder(folder: str) -> None:
+    """Make ``folder`` (0700), or accept it where it is already this user's own private folder; OSError if not."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError(f"{folder} is not a private folder of this user (a link, another owner, or open to others)")

@@ -83,6 +83,10 @@ RULES: tuple[Rule, ...] = (
         r"World size \(\d+\) is larger than the number of available GPUs"),
          lambda m: ("tensor_parallel_size does not fit the model's attention heads or the GPUs present.",
                     "Use a tensor_parallel_size that divides the attention heads and is at most the GPU count.")),
+    Rule("ipc_path_too_long", re.compile(r"ipc path \"(?P<path>[^\"]*)\" is longer than (?P<max>\d+) characters"),
+         lambda m: (f"vLLM's socket path {m['path']} is longer than the {m['max']} bytes a socket's path may hold.",
+                    "Set VLLM_RPC_BASE_PATH (or TMPDIR) in the engine's environment to a short folder, or use a "
+                    "data dir with a shorter path.")),
     Rule("engine_dead", re.compile(r"EngineCore encountered a fatal error|EngineDeadError|"
                                    r"Worker proc \S+ died unexpectedly|WorkerProc hit an exception|"
                                    r"A worker process died"),

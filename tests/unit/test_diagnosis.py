@@ -43,7 +43,7 @@ def test_successful_start_log_is_not_an_error() -> None:
 
 
 @pytest.mark.parametrize("kind", ["insufficient_free_memory", "tp_mismatch", "engine_dead", "invalid_config",
-                                  "unknown"])
+                                  "ipc_path_too_long", "unknown"])
 def test_each_kind_from_vllms_wording(kind: str) -> None:
     d = diagnose(SAMPLES[kind], running=kind == "engine_dead")
     assert d.kind == kind
@@ -59,3 +59,10 @@ def test_cuda_oom_names_its_phase() -> None:
     assert diagnose(SAMPLES["cuda_oom"]).phase == "profiling"
     serving = diagnose(SAMPLES["cuda_oom_serving"], running=True)
     assert serving.kind == "cuda_oom" and serving.phase == "serving" and "while serving" in serving.explanation
+
+
+def test_a_socket_path_too_long_is_named_with_what_to_do() -> None:
+    """pyzmq's own wording (vLLM's sockets under a deep TMPDIR): the start failed as 'unknown' before."""
+    d = diagnose(SAMPLES["ipc_path_too_long"])
+    assert "107 bytes" in d.explanation and "/tmp/pytest-of-root/pytest-103/" in d.explanation
+    assert "VLLM_RPC_BASE_PATH" in d.fix and not d.is_oom

@@ -123,6 +123,84 @@ def test_a_temp_folder_on_the_way_to_the_data_dir_is_replaced_by_one_inside_it(t
     assert hidden_tmp["TMPDIR"] == str(data / "tmp")
 
 
+def deep(root: Path) -> Path:
+    """A data dir whose DATA_DIR/tmp/<uuid4> is over a socket path's 107 bytes (as in pytest-103's folders)."""
+    return data_dir_of_an_engine(root / ("d" * max(1, 80 - len(str(root)))))
+
+
+def test_vllm_sockets_get_a_short_private_folder_where_the_temp_folder_is_too_deep(tmp_path: Path) -> None:
+    """vLLM names its ZMQ sockets TMPDIR/<uuid4>; a private TMPDIR in a deep data dir made every start fail
+    ("ipc path ... is longer than 107 characters"): the sockets get a short folder of the engine's user's own."""
+    data = deep(tmp_path)
+    env = {"TMPDIR": str(tmp_path)}  # on the way to the data dir: it moves into it, and is too deep there
+    sandbox = sandbox_for(data, env)
+    assert env["TMPDIR"] == str(data / "tmp") and len(env["TMPDIR"]) + 37 > 107
+    base = Path(env["VLLM_RPC_BASE_PATH"])
+    assert len(str(base)) + 37 <= 107 and base.is_dir() and not base.is_symlink()
+    assert base.stat().st_mode & 0o777 == 0o700 and base.stat().st_uid == os.getuid()
+    assert sandbox.can_make_in(str(base))
+    again = {"TMPDIR": str(tmp_path)}
+    sandbox_for(data, again)  # the same engine gets the same folder
+    assert again["VLLM_RPC_BASE_PATH"] == str(base)
+    chosen = {"TMPDIR": str(tmp_path), "VLLM_RPC_BASE_PATH": "/run/vllm"}
+    sandbox_for(data, chosen)
+    assert chosen["VLLM_RPC_BASE_PATH"] == "/run/vllm"  # short enough: the operator's own choice stands
+
+
+def test_a_planted_socket_folder_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user (or a link) in the engine's place in a shared temp folder: vLLM's sockets go elsewhere."""
+    import tempfile
+
+    data = deep(tmp_path)
+    probe: dict[str, str] = {"TMPDIR": str(tmp_path)}
+    sandbox_for(data, probe)
+    name = Path(probe["VLLM_RPC_BASE_PATH"]).name
+    shared = tmp_path / "s"
+    shared.mkdir()
+    (shared / name).symlink_to(tmp_path)  # a link planted where the engine would make its folder
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    env = {"TMPDIR": str(tmp_path)}
+    sandbox_for(data, env)
+    assert env["VLLM_RPC_BASE_PATH"] != str(shared / name)
+    assert not Path(env["VLLM_RPC_BASE_PATH"]).is_symlink()
+    (shared / name).unlink()
+    (shared / name).mkdir(mode=0o755)  # open to others: not private
+    os.chmod(shared / name, 0o755)
+    env = {"TMPDIR": str(tmp_path)}
+    sandbox_for(data, env)
+    assert env["VLLM_RPC_BASE_PATH"] != str(shared / name)
+
+
+BIND = """
+import os, tempfile, uuid, zmq
+s = zmq.Context().socket(zmq.ROUTER)  # as vllm.utils.network_utils.get_open_zmq_ipc_path names it
+s.bind(f"ipc://{os.environ.get('VLLM_RPC_BASE_PATH', tempfile.gettempdir())}/{uuid.uuid4()}")
+print("bound", flush=True)
+"""
+
+
+def test_a_sandboxed_child_binds_its_sockets_with_a_deep_data_dir(tmp_path: Path) -> None:
+    """What vLLM does first at start, inside the real sandbox: bind a ZMQ socket where it names them."""
+    if (problem := sandbox_problem()) is not None:
+        pytest.skip(f"no Landlock here: {problem}")
+    data = deep(tmp_path)
+    env = build_env({"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TMPDIR": str(tmp_path)}, api_key="k")
+    sandbox = sandbox_for(data, env)
+
+    async def go() -> list[str]:
+        log = ChildLog(data / "logs" / "vllm.log", 1 << 20, 1)
+        child = VllmChild([sys.executable, "-c", BIND], env, free_port(), 1, log, data / "run" / "vllm-a.json",
+                          cwd=data, sandbox=sandbox)
+        await child.spawn()
+        await eventually(lambda: child.exited and child.returncode is not None, 60, every=0.05,
+                         what="the socket probe's exit")
+        await child.stop(5)
+        return list(child.lines)
+
+    lines = asyncio.run(go())
+    assert "bound" in lines, lines
+
+
 def test_the_engine_secrets_include_a_sqlite_database_outside_the_data_dir(tmp_path: Path) -> None:
     from engine.serving.launcher import engine_secrets
 
