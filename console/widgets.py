@@ -179,12 +179,48 @@ def restart_banner(status: StatusOut) -> None:
         st.info(f"vLLM is {status.state} ({status.reason}, {fmt.since(status.since)}). Requests wait in the "
                 f"gateway's queue ({status.gateway.waiting} waiting now) and are served once it is ready.",
                 icon=":material/autorenew:")
+    elif status.state == "stopped" and status.autoscale is not None and status.autoscale.asleep:
+        st.info(f"{status.reason[:1].upper()}{status.reason[1:]}. Requests wait in the gateway's queue meanwhile "
+                "and are answered.", icon=":material/bedtime:")
     elif status.state == "stopped":
         st.warning(f"vLLM is stopped: {status.reason}. Requests get 503 until it is started.",
                    icon=":material/stop_circle:")
     else:
         st.error(f"vLLM has failed: {status.reason}" + (f" — {status.halted}" if status.halted else ""),
                  icon=":material/error:")
+
+
+def asleep_text(status: StatusOut) -> str:
+    """What the next request to a deployment scaled to zero meets."""
+    a = status.autoscale
+    if a is None or a.wake is None:
+        return ""
+    comes_back = "wakes it (vLLM's sleep mode: about a second)" if a.wake == "sleep" else \
+        "starts it again: a cold start" + (f" of about {fmt.seconds(a.cold_start_s)}" if a.cold_start_s else "")
+    return f"The next request {comes_back}; it waits in the gateway's queue meanwhile and is answered."
+
+
+def autoscale_card(status: StatusOut) -> None:
+    """Replicas against the load: what the autoscaler wants, why, and what holds it."""
+    a = status.autoscale
+    if a is None or not (a.autoscaled or a.scale_to_zero_after_s is not None):
+        return
+    with st.container(border=True):
+        bounds = f"{a.min_replicas}–{a.max_replicas}" if a.autoscaled else f"{a.max_replicas} (fixed)"
+        st.markdown(f"**Autoscaling** · replicas {bounds}, target {a.target_in_flight:g} in flight per replica"
+                    + (f" · to zero after {fmt.seconds(a.scale_to_zero_after_s)} idle"
+                       if a.scale_to_zero_after_s is not None else ""))
+        c1, c2, c3, c4 = st.columns(4)
+        c1.metric("Replicas wanted", "0 (asleep)" if a.asleep else str(a.wanted))
+        c2.metric("Serving", str(a.serving))
+        c3.metric("Load", f"{a.load:g}", help="requests in flight and waiting, averaged over the last 5 s")
+        c4.metric("Idle", fmt.seconds(a.idle_s) if a.idle_s is not None else "—", help="since the last request")
+        if a.held:
+            st.warning(f"Not scaling up: {a.held}", icon=":material/block:")
+        elif a.pending:
+            st.caption(f"Scaling {a.pending}.")
+        if a.asleep:
+            st.caption(asleep_text(status))
 
 
 def gpu_card(g: GpuView) -> None:

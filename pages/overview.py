@@ -11,6 +11,7 @@ from console import fmt
 from console.restart import instances, plan_text
 from console.widgets import (
     STATE_BADGE,
+    autoscale_card,
     base_client,
     chosen,
     client,
@@ -85,6 +86,7 @@ def live() -> None:
     c[3].metric("Gateway", f"{status.gateway.in_flight} in flight",
                 help=f"{status.gateway.waiting} waiting, {status.gateway.rejected} refused since start")
 
+    autoscale_card(status)
     if len(status.instances) > 1 or (status.apply is not None and status.apply.outcome == "running"):
         st.subheader("Instances")
         if status.apply is not None and status.apply.outcome == "running":

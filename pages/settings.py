@@ -24,7 +24,8 @@ CHOICES = {"dtype": ["auto", "bfloat16", "float16", "float32"],
            "kv_cache_dtype": ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"],
            "load_format": ["auto", "safetensors", "pt", "dummy", "gguf", "bitsandbytes", "fastsafetensors",
                            "sharded_state", "runai_streamer"]}
-OPTIONAL = ("max_model_len", "max_num_batched_tokens", "max_num_seqs_ceiling")  # empty (None) is 0 in the form
+OPTIONAL = ("max_model_len", "max_num_batched_tokens", "max_num_seqs_ceiling", "max_replicas")  # empty (None) is 0
+OPTIONAL_FLOATS = ("target_in_flight", "scale_to_zero_after_s")  # empty (None) is 0.0 in the form
 
 try:
     status = engine_status()
@@ -40,8 +41,8 @@ def help_of(name: str) -> str:
     return str(schema.get(name, {}).get("description", ""))
 
 
-FLOATS = ("gpu_memory_utilization", "cpu_kv_cache_gib")  # a widget wants its bounds' type (JSON may hold 1 for 1.0)
-INTS = ("max_num_seqs", "tensor_parallel_size")
+FLOATS = ("gpu_memory_utilization", "cpu_kv_cache_gib", "scale_up_delay_s", "scale_down_delay_s")  # a widget wants
+INTS = ("max_num_seqs", "tensor_parallel_size", "replicas", "min_replicas")  # its bounds' type (JSON: 1 for 1.0)
 
 
 def to_widget(name: str, value: Any) -> Any:
@@ -49,6 +50,8 @@ def to_widget(name: str, value: Any) -> Any:
         return "\n".join(value or [])
     if name in OPTIONAL:
         return int(value or 0)
+    if name in OPTIONAL_FLOATS:
+        return float(value or 0.0)
     if name in FLOATS:
         return float(value)
     return int(value) if name in INTS else value
@@ -59,6 +62,8 @@ def from_widget(name: str, value: Any) -> Any:
         return [a.strip() for a in str(value or "").splitlines() if a.strip()]
     if name in OPTIONAL:
         return int(value) if value else None
+    if name in OPTIONAL_FLOATS:
+        return float(value) if value else None
     if isinstance(value, float):
         return round(value, 6)  # a slider's step arithmetic (0.05 + 80 x 0.01) is not an edit
     return value
@@ -126,6 +131,27 @@ with left:
                  else 0, key=key("routing"), help=help_of("routing"))
     c2.number_input("max_num_seqs_ceiling (0 = max_num_seqs: no headroom)", 0, 4096, start("max_num_seqs_ceiling"),
                     step=1, key=key("max_num_seqs_ceiling"), help=help_of("max_num_seqs_ceiling"))
+    with st.expander("Replicas, autoscaling and scale to zero"):
+        c1, c2, c3 = st.columns(3)
+        c1.number_input("replicas (at start, when autoscaled)", 1, 16, start("replicas"), key=key("replicas"),
+                        help=help_of("replicas"))
+        c2.number_input("min_replicas", 1, 16, start("min_replicas"), key=key("min_replicas"),
+                        help=help_of("min_replicas"))
+        c3.number_input("max_replicas (0 = no autoscaling)", 0, 16, start("max_replicas"), key=key("max_replicas"),
+                        help=help_of("max_replicas"))
+        c1, c2, c3 = st.columns(3)
+        c1.number_input("target_in_flight (0 = 0.75 x max_num_seqs)", 0.0, 4096.0, start("target_in_flight"),
+                        step=1.0, key=key("target_in_flight"), help=help_of("target_in_flight"))
+        c2.number_input("scale_up_delay_s", 0.0, 3600.0, start("scale_up_delay_s"), step=5.0,
+                        key=key("scale_up_delay_s"), help=help_of("scale_up_delay_s"))
+        c3.number_input("scale_down_delay_s", 0.0, 86_400.0, start("scale_down_delay_s"), step=10.0,
+                        key=key("scale_down_delay_s"), help=help_of("scale_down_delay_s"))
+        st.number_input("scale_to_zero_after_s (0 = never)", 0.0, 604_800.0, start("scale_to_zero_after_s"),
+                        step=60.0, key=key("scale_to_zero_after_s"), help=help_of("scale_to_zero_after_s"))
+        if cpu:
+            st.caption("On the CPU build an idle deployment scaled to zero stops: its next request waits for a cold "
+                       "start (the status says how long one takes here). With CUDA and sleep mode it sleeps, and "
+                       "wakes in about a second.")
     with st.expander("Advanced"):
         st.text_input("model", start("model"), key=key("model"), help=help_of("model"))
         st.text_input("served_model_name", start("served_model_name"), key=key("served_model_name"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
@@ -63,6 +63,8 @@ class Admission:
         self.rejected = 0
         self.refusal: str | None = None  # set while vLLM is down on purpose: refuse at once, do not queue
         self.routing: RoutingPolicy = "prefix"  # the deployment's (its revision's ``routing``, set by the gate)
+        # told when a request begins to wait with nothing open (serving wakes a deployment scaled to zero)
+        self.on_wait: Callable[[], None] | None = None
 
     @property
     def upstreams(self) -> list[Upstream]:
@@ -123,6 +125,8 @@ class Admission:
                                          if not self._open else f"{self.waiting} requests wait for a free slot")
                 self.waiting += 1
                 self._watchers += 1
+                if not self._open and self.on_wait is not None:
+                    self.on_wait()
                 try:
                     await asyncio.wait_for(self._cond.wait_for(
                         lambda: (bool(self._open) and self._room()) or (not self._open and self.refusal is not None)),

@@ -93,6 +93,14 @@ class EngineSettings(SettingsValues):
                              "gateway holds each instance to max_num_seqs below it")
         return value
 
+    @field_validator("max_replicas")
+    @classmethod
+    def _max_replicas(cls, value: int | None, info: ValidationInfo) -> int | None:
+        least = info.data.get("min_replicas")
+        if value is not None and isinstance(least, int) and value < least:
+            raise ValueError(f"must be at least min_replicas ({least})")
+        return value
+
     @field_validator("served_model_name")
     @classmethod
     def _served_name(cls, value: str) -> str:

@@ -67,6 +67,7 @@ from engine.schemas.deployments import (
 from engine.schemas.engine import (
     ActionOut,
     ApplyProgress,
+    AutoscaleOut,
     EventOut,
     GatewayCounts,
     GatewayInfo,
@@ -119,6 +120,7 @@ __all__ = [
     "ApplyProgress",
     "AuditOut",
     "AuditTallyOut",
+    "AutoscaleOut",
     "AvailableModel",
     "BalanceOut",
     "Band",

@@ -108,6 +108,26 @@ class ApplyProgress(BaseModel):
     timings: list[StepTiming] = Field(default_factory=list, description="each step as it ran, with its time")
 
 
+class AutoscaleOut(BaseModel):
+    """Where a deployment's replica count stands: what it wants, why, what holds it (engine/serving/autoscale.py)."""
+
+    autoscaled: bool = Field(description="max_replicas is set: the count follows the load")
+    min_replicas: int
+    max_replicas: int
+    target_in_flight: float = Field(description="requests in flight per replica it scales to")
+    wanted: int = Field(description="replicas wanted now (0: scaled to zero)")
+    serving: int = Field(description="replicas that serve now")
+    load: float = Field(description="requests in flight and waiting, averaged over the last 5 s")
+    asleep: bool = Field(description="scaled to zero: the next request wakes it")
+    idle_s: float | None = Field(None, description="seconds since the last request")
+    scale_to_zero_after_s: float | None = None
+    wake: Literal["sleep", "cold_start"] | None = Field(
+        None, description="how it comes back from zero: vLLM's sleep mode (about a second), or a cold start")
+    cold_start_s: float | None = Field(None, description="what a cold start of its revision should take (ETA)")
+    pending: str | None = Field(None, description="a change the load asks for, waiting out its delay")
+    held: str | None = Field(None, description="why the count does not follow the load (at max_replicas, no room)")
+
+
 class StatusOut(BaseModel):
     deployment: str = Field("demo", description="the deployment this is the status of")
     state: EngineState
@@ -127,6 +147,7 @@ class StatusOut(BaseModel):
     startup: StartupView | None = None
     instances: list[InstanceOut] = Field(default_factory=list)
     apply: ApplyProgress | None = None
+    autoscale: AutoscaleOut | None = None
 
 
 class ActionOut(StatusOut):

@@ -67,6 +67,34 @@ class SettingsValues(BaseModel):
         "them). On a multi-GPU host each gets its own GPUs (tensor_parallel_size each); with 2 or more an apply "
         "replaces one at a time while the others serve.",
     )
+    min_replicas: int = Field(
+        1, ge=1, le=16, description="Autoscaling (with max_replicas): the fewest replicas while anyone calls "
+        "(scale_to_zero_after_s takes an idle deployment below it). Changed without a restart.",
+    )
+    max_replicas: int | None = Field(
+        None, ge=1, le=16, description="Autoscaling: the most replicas the engine starts when the requests in flight "
+        "per replica stay above target_in_flight for scale_up_delay_s; it drains and stops one (never a request "
+        "lost) when they stay below for scale_down_delay_s. `replicas` is then the count it starts with. A replica is "
+        "added only where pre-flight says it fits beside its neighbours. Empty: `replicas` is fixed. Changed without "
+        "a restart.",
+    )
+    target_in_flight: float | None = Field(
+        None, gt=0, le=4096, description="Autoscaling's target: requests in flight per replica (running in vLLM "
+        "and waiting in the gateway), averaged over the last 5 s. Empty: 0.75 x max_num_seqs.",
+    )
+    scale_up_delay_s: float = Field(
+        10.0, ge=0, le=3600, description="How long the load must stay above the target before a replica is added.",
+    )
+    scale_down_delay_s: float = Field(
+        60.0, ge=0, le=86_400, description="How long the load must stay below what one replica fewer would carry "
+        "before one is drained and stopped.",
+    )
+    scale_to_zero_after_s: float | None = Field(
+        None, ge=5, le=604_800, description="Scale to zero: after this many seconds with no request, every instance "
+        "goes to sleep (CUDA with sleep mode: vLLM's sleep level 1, weights to host memory, back in about a second) "
+        "or stops (the CPU build, or sleep mode off: the next request waits for a cold start). The first request "
+        "then waits in the gateway's queue (queue_timeout_s) while it wakes, and is answered. Empty: never.",
+    )
     routing: Literal["prefix", "least_outstanding"] = Field(
         "prefix", description="How the gateway chooses among the instances that serve (2 or more replicas, or the "
         "old and the new one during an apply). prefix: a request goes where the longest start of its prompt was "

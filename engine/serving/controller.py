@@ -35,7 +35,8 @@ from engine.events import EventLog
 from engine.gateway import Admission
 from engine.placement import LocalPlacement, Placement
 from engine.revisions import DeploymentRef, EngineSettings, RevisionStore
-from engine.schemas import ApplyPlanOut, ApplyProgress, Build, EngineState, StatusOut
+from engine.schemas import ApplyPlanOut, ApplyProgress, AutoscaleOut, Build, EngineState, StatusOut
+from engine.serving.autoscale import Autoscaler, Decision, Policy
 from engine.serving.checks import Checks
 from engine.serving.context import ServingContext
 from engine.serving.eta import Company, Eta, PastStart
@@ -79,6 +80,9 @@ class Controller:
         # instances of other deployments running on this host now (the CPU build then leaves this one unpinned)
         self.others_running: Callable[[], int] = lambda: 0
         self.intent = Intent(enabled=config.autostart)
+        self.scaler = Autoscaler()  # the replica count the load asks for (autoscaling, scale to zero)
+        self._cold_start_s: float | None = None  # what a cold start from zero should take (its ETA)
+        self._held_said: str | None = None  # the last 'held' reason recorded (said once, not every tick)
         self.instances = Instances()
         self.progress = Progress(clock)
         self.recorder = Recorder(events, revisions, audit, self.deployment)
@@ -104,7 +108,7 @@ class Controller:
         self.operations = Operations(self.ctx, self.forecast, lambda node, settings: self.room(node, settings))
         self.view = StatusView(self.deployment, self.progress, self.instances, admission, self.intent, revisions,
                                self.build, self.vllm_version, lambda: self.launcher.starts,
-                               lambda: self.launcher.last_start, lambda: self._loop)
+                               lambda: self.launcher.last_start, lambda: self._loop, self.autoscale_view)
         self._work: AsyncIterator[None] | None = None  # the operation under way
         self.work_name: str | None = None  # what it is, for the log and tests
         self._desired_seen: tuple[bool, int | None] = (False, None)  # (read, the desired revision's id)
@@ -114,6 +118,7 @@ class Controller:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._pids: tuple[tuple[int, ...], float, set[int]] = ((), 0.0, set())
+        admission.on_wait = self.wake  # a request that waits for a deployment scaled to zero wakes it
 
     # --- what the API, the registry and the gateway read --------------------------------------------------------
 
@@ -300,6 +305,7 @@ class Controller:
     async def tick(self) -> None:
         """One step: advance the operation under way, or look at what is desired and begin the next one."""
         self.traffic.recent()
+        self.scaler.sample(self.clock.monotonic(), self.admission.in_flight, self.admission.waiting)
         if self._work is None:
             await self._next()
             if self._work is None:
@@ -365,11 +371,25 @@ class Controller:
             return
         assert isinstance(desired, Revision) and desired.id is not None
         now = self.clock.monotonic()
+        decision = self.scaler.decide(Policy.of(EngineSettings.model_construct(**desired.values)), now,
+                                      self.admission.waiting)
+        if decision is not None:
+            await self._scaled(decision, desired)
+        await self._say_held(desired)
         serving = self.instances.serving()
         if not serving:
-            if now >= self.intent.next_attempt and await self._startable(desired):
+            sleeping = [i for i in self.instances if i.role == "sleeping" and not i.busy]
+            if self.scaler.asleep:
+                return
+            if sleeping:
+                self._begin("wake", self.operations.wake(sleeping, f"waking revision {desired.id}: "
+                                                         f"{decision.reason if decision else 'a request arrived'}"))
+            elif now >= self.intent.next_attempt and await self._startable(desired):
                 self.intent.restart_requested = False
                 self._begin("start", self.operations.start_fresh(desired))
+            return
+        if self.scaler.asleep:
+            self._begin("to_zero", self.operations.to_zero(self._zero_reason(decision)))
             return
         proper = [i for i in serving if not i.bridge and i.revision.id == desired.id]
         if len(proper) < len(serving) or self.intent.restart_requested:
@@ -381,7 +401,7 @@ class Controller:
                 restart, self.intent.restart_requested = self.intent.restart_requested, False
                 self._begin("apply", self.operations.apply(desired, restart))
             return
-        want = int(desired.values.get("replicas") or 1)
+        want = self.scaler.want or 1
         if len(proper) < want and now >= self.intent.next_attempt:
             self._begin("replica", self.operations.add_replica(desired, len(proper)))
         elif len(proper) > want:
@@ -393,6 +413,56 @@ class Controller:
                     self._failed(inst, f"vLLM instance {inst.name} stopped answering /health (3 probes in a row)",
                                  None)
                     return
+
+    async def _scaled(self, decision: Decision, desired: Revision) -> None:
+        """Record an autoscaling decision: an event with its reason and the signal's value."""
+        policy = Policy.of(EngineSettings.model_construct(**desired.values))
+        if decision.action == "to_zero" and not self.ctx.sleep_mode:
+            eta = await asyncio.to_thread(self.forecast.eta_for, desired.values)
+            self._cold_start_s = round(eta.total_s, 1) if eta.total_s else None
+        what = {"up": f"scale up {decision.before} → {decision.after}",
+                "down": f"scale down {decision.before} → {decision.after} (drained first)",
+                "to_zero": f"scale to zero ({decision.before} → 0)",
+                "wake": f"wake from zero (0 → {decision.after})"}[decision.action]
+        await self.recorder.event("autoscale", f"{what}: {decision.reason}", revision_id=desired.id, data={
+            "action": decision.action, "from": decision.before, "to": decision.after, "load": decision.load,
+            "target_in_flight": policy.target, "reason": decision.reason,
+            "wake": self._wake_kind() if decision.action == "to_zero" else None})
+
+    async def _say_held(self, desired: Revision) -> None:
+        """Say once why the count does not follow the load (at max_replicas)."""
+        held = self.scaler.held
+        if held != self._held_said:
+            self._held_said = held
+            if held is not None:
+                await self.recorder.event("autoscale_held", f"not scaling up: {held}", "warning",
+                                          revision_id=desired.id, data={"load": round(self.scaler.load, 2)})
+
+    def _wake_kind(self) -> str:
+        return "sleep" if self.ctx.sleep_mode else "cold_start"
+
+    def _zero_reason(self, decision: Decision | None) -> str:
+        why = decision.reason if decision is not None else "scaled to zero"
+        comes_back = "the next request wakes it in about a second (sleep mode)" if self.ctx.sleep_mode else \
+            "the next request starts it again (a cold start" + \
+            (f", about {self._cold_start_s:.{0 if self._cold_start_s >= 10 else 1}f} s)" if self._cold_start_s else ")")
+        return f"scaled to zero: {why}; {comes_back}"
+
+    def autoscale_view(self) -> AutoscaleOut | None:
+        """Where the replica count stands (None before the first revision was read)."""
+        policy, want = self.scaler.policy, self.scaler.want
+        if policy is None or want is None:
+            return None
+        now = self.clock.monotonic()
+        active = self.scaler.last_active
+        return AutoscaleOut(
+            autoscaled=policy.autoscaled, min_replicas=policy.floor, max_replicas=policy.ceiling,
+            target_in_flight=policy.target, wanted=want, serving=len(self.instances.serving()),
+            load=round(self.scaler.load, 2), asleep=self.scaler.asleep,
+            idle_s=round(now - active, 1) if active is not None else None,
+            scale_to_zero_after_s=policy.zero_after_s,
+            wake=("sleep" if self.ctx.sleep_mode else "cold_start") if policy.zero_after_s is not None else None,
+            cold_start_s=self._cold_start_s, pending=self.scaler.cooling(now), held=self.scaler.held)
 
     def _failed(self, inst: Instance, reason: str, exit_code: int | None) -> None:
         """An instance failed (exited, or stopped answering): the others serve on, or nothing does."""

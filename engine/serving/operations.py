@@ -125,6 +125,49 @@ class Operations:
         if progress.state == S.STOPPING:
             progress.enter(S.STOPPED, reason)
 
+    async def to_zero(self, reason: str) -> Steps:
+        """Scale to zero: every instance drains (requests that arrive meanwhile wait in the queue, not refused),
+        then sleeps (CUDA with sleep mode) or stops; the deployment is stopped, and the next request wakes it."""
+        ctx = self.ctx
+        progress = ctx.progress
+        for inst in ctx.serving():
+            await ctx.close(inst)
+        if progress.state == S.READY:
+            progress.enter(S.DRAINING, reason)
+        drain = ctx.begin_drain_all()
+        while ctx.drained_all(drain) is None:
+            yield
+        if progress.sm.can(S.STOPPING):
+            progress.enter(S.STOPPING, reason)
+        for inst in ctx.instances():
+            while inst.busy:
+                yield
+            if inst.role != "sleeping" and ctx.sleep_mode and not inst.bridge and inst.role != "starting":
+                ctx.sleep(inst)  # (one that cannot sleep is stopped)
+                while inst.busy:
+                    yield
+            if inst.role != "sleeping":
+                async for _ in stop(ctx, inst, reason):
+                    yield
+        if progress.state == S.STOPPING:
+            progress.enter(S.STOPPED, reason)
+
+    async def wake(self, sleeping: list[Instance], reason: str) -> Steps:
+        """Back from zero with instances asleep: each wakes (about a second) and takes traffic again; one that
+        does not wake is stopped (the next tick starts the revision afresh)."""
+        ctx = self.ctx
+        progress = ctx.progress
+        if progress.state == S.STOPPED:
+            progress.enter(S.STARTING, reason)
+        for inst in sleeping:
+            ctx.wake_up(inst)
+        while any(i.busy for i in sleeping):
+            yield
+        for inst in sleeping:
+            if not inst.woken:
+                async for _ in stop(ctx, inst, f"instance {inst.name} did not wake up"):
+                    yield
+
     async def apply(self, desired: Revision, restart: bool) -> Steps:
         """Replace what serves by instances of ``desired``, by the plan that keeps serving."""
         ctx = self.ctx

@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.gateway import Admission, Upstream
 from engine.revisions import DeploymentRef, RevisionStore
-from engine.schemas import Build, GatewayCounts, InstanceOut, RoutingCounts, StartupView, StatusOut
+from engine.schemas import AutoscaleOut, Build, GatewayCounts, InstanceOut, RoutingCounts, StartupView, StatusOut
 from engine.serving.eta import start_view
 from engine.serving.instances import Instance, Instances
 from engine.serving.intent import Intent
@@ -42,7 +42,8 @@ class StatusView:
     def __init__(self, deployment: DeploymentRef, progress: Progress, instances: Instances, admission: Admission,
                  intent: Intent, revisions: RevisionStore, build: Build, vllm_version: str | None,
                  starts: Callable[[], int], last_start: Callable[[], dict[str, Any] | None],
-                 loop: Callable[[], asyncio.AbstractEventLoop | None]) -> None:
+                 loop: Callable[[], asyncio.AbstractEventLoop | None],
+                 autoscale: Callable[[], AutoscaleOut | None] = lambda: None) -> None:
         self.deployment = deployment
         self.progress = progress
         self.instances = instances
@@ -54,6 +55,7 @@ class StatusView:
         self._starts = starts
         self._last_start = last_start
         self._loop = loop
+        self._autoscale = autoscale
 
     def status(self) -> StatusOut:
         """The snapshot (reads the desired revision: call from a thread)."""
@@ -86,7 +88,8 @@ class StatusView:
             restarts=max(0, self._starts() - 1), startup=self.startup_view(),
             gateway=GatewayCounts(in_flight=self.admission.in_flight, waiting=self.admission.waiting,
                                   rejected=self.admission.rejected, routing=self.admission.routing),
-            instances=[self.instance_out(i) for i in self.instances], apply=self.progress.apply)
+            instances=[self.instance_out(i) for i in self.instances], apply=self.progress.apply,
+            autoscale=self._autoscale())
 
     def instance_out(self, inst: Instance) -> InstanceOut:
         upstream = next((u for u in self.admission.upstreams if u.instance == inst.name), None)

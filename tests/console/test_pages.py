@@ -543,3 +543,34 @@ def test_the_metrics_page_draws_each_instance_over_time_when_a_deployment_has_tw
         names = [trace["name"] for trace in routed["data"]]
         assert len(names) == 2 and all(n.startswith("instance ") for n in names), names
         assert "Share routed by prefix" in by_title and "vLLM's prefix-cache hit rate" in by_title
+
+
+def test_an_operator_turns_scale_to_zero_on_and_the_overview_says_what_the_next_request_meets(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 33: the form's autoscaling fields are applied without a restart; once idle, the deployment is scaled
+    to zero and the Overview says so (not "stopped: requests get 503"); the next request is answered."""
+    with in_process_engine(tmp_path_factory.mktemp("zero")) as engine:
+        engine.client.wait_for({"ready"}, 60)
+        at = page("settings", engine.token)
+        number(at, "max_replicas (0 = no autoscaling)").set_value(2).run()
+        number(at, "scale_to_zero_after_s (0 = never)").set_value(5.0).run()
+        assert not at.exception
+        assert list(at.dataframe[0].value["field"]) == ["max_replicas", "scale_to_zero_after_s"]
+        assert next(b for b in at.button if b.label in ("Apply & restart", "Apply now")).label == "Apply now"
+        before = engine.client.settings()
+        engine.client.put_settings(before.revision, {"max_replicas": 2, "scale_to_zero_after_s": 5.0}, "idle to 0")
+        at = page("settings", engine.token)  # saved, then loaded: the form shows what was applied
+        assert number(at, "max_replicas (0 = no autoscaling)").value == 2
+        assert number(at, "scale_to_zero_after_s (0 = never)").value == 5.0
+        wait_until(lambda: (s := engine.client.status()).autoscale is not None and s.autoscale.asleep
+                   and not s.instances, 60, what="the deployment scaled to zero")
+        at = page("overview", engine.token)
+        body = texts(at)
+        assert "Scaled to zero: no request for" in body and "Requests get 503" not in body
+        assert "a cold start" in body and "waits in the gateway's queue" in body
+        assert {m.label: m.value for m in at.metric}["Replicas wanted"] == "0 (asleep)"
+        answer = engine.http.post("/v1/completions", json={"model": "demo", "max_tokens": 2, "prompt": "hi"})
+        assert answer.status_code == 200
+        status = engine.client.status()
+        assert status.state == "ready" and status.autoscale is not None and not status.autoscale.asleep
+        assert [e.data["action"] for e in engine.client.events(kinds=["autoscale"])] == ["to_zero", "wake"]

@@ -471,3 +471,56 @@ def test_a_second_deployment_serves_beside_the_first_through_the_one_gateway(eng
     assert counts["ok"] == counts["total"], (counts, [o for o in outcomes if not o.ok][:3])  # a served throughout
     after = engine.client.status()
     assert after.pid == a.pid and after.running_revision == a.running_revision and after.state == "ready"
+
+
+def test_capacity_follows_demand_one_to_two_replicas_and_back_then_to_zero_and_the_first_request_is_answered(
+        engine: EngineHandle) -> None:
+    """Issue 33 with the real vLLM (the CPU build): under load a second replica starts, and when the load ends it
+    is drained and stopped; idle, the deployment scales to zero (stopped here: no sleep mode on CPU) and the first
+    request after starts it again and is answered. Each decision is an event with its reason; 0 failed throughout
+    (the decisions' timing and every fault: the serving tier)."""
+    engine.client.wait_for({"ready"}, COLD_START_S)
+    base = engine.client.settings()
+    restore = {k: getattr(base.values, k) for k in ("replicas", "min_replicas", "max_replicas", "target_in_flight",
+                                                     "scale_up_delay_s", "scale_down_delay_s",
+                                                     "scale_to_zero_after_s")}
+    newest = engine.client.events(limit=1, newest_first=True)
+    since = newest[0].id if newest else 0
+    scaled = engine.client.put_settings(base.revision, {
+        "max_replicas": 2, "min_replicas": 1, "target_in_flight": 1.0, "scale_up_delay_s": 2.0,
+        "scale_down_delay_s": 8.0}, note="test: autoscaling")
+
+    def serving() -> int:
+        return sum(1 for i in engine.client.status().instances if i.serving)
+
+    try:
+        # two clients with a pause between requests: twice the target, and room on two cores for the start
+        load = Load(engine.url, clients=2, stream=True, model="demo", pause_s=0.2).start()
+        try:
+            wait_until(lambda: serving() == 2, COLD_START_S * 2, what="a second replica under load")
+        finally:
+            outcomes = load.stop()
+        wait_until(lambda: serving() == 1 and len(engine.client.status().instances) == 1, 120,
+                   what="back to one replica once the load ended")
+        counts = summary(outcomes)
+        assert counts["ok"] == counts["total"] > 0, (counts, [o for o in outcomes if not o.ok][:3])
+        zero = engine.client.put_settings(scaled.revision, {"scale_to_zero_after_s": 5.0}, note="test: to zero")
+        def scaled_to_zero() -> StatusOut | None:
+            s = engine.client.status()
+            return s if s.autoscale is not None and s.autoscale.asleep and not s.instances else None
+
+        asleep = wait_until(scaled_to_zero, 60, what="scaled to zero")
+        assert asleep.state == "stopped" and "scaled to zero" in asleep.reason and asleep.pid is None
+        assert asleep.running_revision is None and asleep.desired_revision == zero.revision
+        resp = httpx.post(f"{engine.url}/v1/completions", timeout=COLD_START_S,
+                          json={"model": "demo", "prompt": "Return the", "max_tokens": 4})
+        assert resp.status_code == 200, resp.text  # it waited for the cold start in the gateway's queue
+        decisions = engine.client.events(since=since, limit=500, kinds=["autoscale"])
+        actions = [e.data["action"] for e in decisions]
+        assert actions == ["up", "down", "to_zero", "wake"], actions
+        assert all(e.data["reason"] and "load" in e.data for e in decisions)
+    finally:
+        current = engine.client.settings()
+        engine.client.put_settings(current.revision, restore, note="test: fixed again")
+        wait_until(lambda: (s := engine.client.status()).state == "ready" and len(s.instances) == 1, COLD_START_S,
+                   what="one replica again")

@@ -15,7 +15,9 @@ from engine.revisions import EngineSettings
 from engine.schemas import ApplyPlanOut
 from engine.serving.instances import Instance
 
-SOFT_FIELDS = ("replicas", "max_num_seqs", "max_num_seqs_ceiling", "routing")  # what a running instance takes on
+SOFT_FIELDS = ("replicas", "max_num_seqs", "max_num_seqs_ceiling", "routing", "min_replicas", "max_replicas",
+               "target_in_flight", "scale_up_delay_s", "scale_down_delay_s", "scale_to_zero_after_s")
+SCALING_FIELDS = SOFT_FIELDS[4:]  # autoscaling's: the controller reads them at each tick
 
 
 def soft_change(inst: Instance, values: dict[str, Any]) -> bool:

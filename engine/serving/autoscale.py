@@ -1,0 +1,167 @@
+"""Autoscaling and scale to zero: how many replicas one deployment wants now, from the load the gateway sees.
+
+The signal is the requests in flight (running in vLLM and waiting in the gateway's queue) averaged over the last
+SMOOTH_S; the target is ``target_in_flight`` per replica (0.75 x max_num_seqs when empty). The count a deployment
+wants moves up only when the load has asked for more for ``scale_up_delay_s`` without a break, and down only when
+one replica fewer would have carried it for ``scale_down_delay_s``; it stays within ``min_replicas`` and
+``max_replicas`` (``replicas``, fixed, without max_replicas). After ``scale_to_zero_after_s`` with no request it
+wants none; a request that arrives then wants one at once, without a delay (it waits in the gateway's queue).
+
+Pure: the controller samples the load at each tick, asks for the count between operations, and records each
+decision (an event with its reason and the signal's value). Everything time-dependent takes ``now`` (the
+controller's clock)."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.revisions import EngineSettings
+
+SMOOTH_S = 5.0  # the load is averaged over this window (a client between two requests is not a drop)
+TARGET_SHARE = 0.75  # the default target: this share of max_num_seqs in flight per replica
+
+Action = Literal["up", "down", "to_zero", "wake"]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One revision's scaling settings."""
+
+    replicas: int
+    min_replicas: int
+    max_replicas: int | None
+    target: float
+    up_delay_s: float
+    down_delay_s: float
+    zero_after_s: float | None
+
+    @classmethod
+    def of(cls, settings: EngineSettings) -> Policy:
+        return cls(settings.replicas, settings.min_replicas, settings.max_replicas,
+                   settings.target_in_flight or max(1.0, TARGET_SHARE * settings.max_num_seqs),
+                   settings.scale_up_delay_s, settings.scale_down_delay_s, settings.scale_to_zero_after_s)
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.max_replicas is not None
+
+    @property
+    def floor(self) -> int:
+        return self.min_replicas if self.autoscaled else self.replicas
+
+    @property
+    def ceiling(self) -> int:
+        return self.max_replicas if self.max_replicas is not None else self.replicas
+
+    def clamp(self, n: int) -> int:
+        return max(self.floor, min(self.ceiling, n))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A change of the count wanted: from, to, why, and the signal's value then."""
+
+    action: Action
+    before: int
+    after: int
+    reason: str
+    load: float
+
+
+class Autoscaler:
+    """The replica count one deployment wants, by its policy and the load it has seen."""
+
+    def __init__(self) -> None:
+        self._samples: deque[tuple[float, float]] = deque()  # (when, requests in flight and waiting)
+        self.want: int | None = None  # None until the first policy is seen
+        self.last_active: float | None = None  # when a request was last in flight or waiting
+        self._pressure: tuple[Literal["up", "down"], int, float] | None = None  # (way, count asked, since)
+        self.held: str | None = None  # why the count does not move although the load asks (the status says it)
+        self.slept_at: float | None = None  # when it last went to zero
+        self.policy: Policy | None = None  # the latest one seen
+
+    # --- what the controller feeds in -------------------------------------------------------------------------
+
+    def sample(self, now: float, in_flight: int, waiting: int) -> None:
+        load = float(in_flight + waiting)
+        self._samples.append((now, load))
+        while self._samples and self._samples[0][0] < now - SMOOTH_S:
+            self._samples.popleft()
+        if load > 0 or self.last_active is None:
+            self.last_active = now
+
+    @property
+    def load(self) -> float:
+        """The requests in flight and waiting, averaged over the last SMOOTH_S."""
+        return sum(v for _, v in self._samples) / len(self._samples) if self._samples else 0.0
+
+    @property
+    def asleep(self) -> bool:
+        return self.want == 0
+
+    # --- what it wants ----------------------------------------------------------------------------------------
+
+    def decide(self, policy: Policy, now: float, waiting: int) -> Decision | None:
+        """The count wanted now is ``self.want``; a Decision when it changed (the controller records it)."""
+        self.policy = policy
+        if self.want is None:  # the engine starts: the revision's own count, within its bounds
+            self.want = policy.clamp(policy.replicas)
+            self.last_active = now if self.last_active is None else self.last_active
+        before, load = self.want, self.load
+        if self.want == 0:
+            if waiting > 0 or load > 0:
+                asleep = f" after {now - self.slept_at:.0f} s asleep" if self.slept_at is not None else ""
+                return self._to(policy.floor, "wake", before, load, f"a request arrived{asleep}")
+            return None
+        if policy.zero_after_s is not None and self.last_active is not None \
+                and now - self.last_active >= policy.zero_after_s:
+            self.slept_at = now
+            return self._to(0, "to_zero", before, load,
+                            f"no request for {now - self.last_active:.0f} s (scale_to_zero_after_s "
+                            f"{policy.zero_after_s:g})")
+        if not policy.autoscaled:
+            self.held = None
+            self._pressure = None
+            if self.want != policy.replicas:  # a new fixed count, or back from zero at the floor
+                return self._to(policy.replicas, "up" if policy.replicas > before else "down", before, load,
+                                f"the revision runs {policy.replicas} replica(s)")
+            return None
+        asked = math.ceil(load / policy.target - 1e-9) if load > 0 else 0
+        wanted = policy.clamp(asked)
+        self.held = (f"the load asks for {asked} replicas; max_replicas is {policy.ceiling}"
+                     if asked > policy.ceiling and self.want >= policy.ceiling else None)
+        if wanted == self.want:
+            self._pressure = None
+            if self.want < policy.floor or self.want > policy.ceiling:
+                return self._to(policy.clamp(self.want), "up" if self.want < policy.floor else "down", before,
+                                load, f"min_replicas {policy.floor}, max_replicas {policy.ceiling}")
+            return None
+        way: Literal["up", "down"] = "up" if wanted > self.want else "down"
+        delay = policy.up_delay_s if way == "up" else policy.down_delay_s
+        since = now if self._pressure is None or self._pressure[0] != way else self._pressure[2]
+        self._pressure = (way, wanted, since)  # the way holds since then; the count is the latest asked
+        if now - since < delay:
+            return None
+        self._pressure = None
+        held_for = f"for {now - since:.0f} s"
+        why = (f"{load:.1f} requests in flight, {load / self.want:.1f} per replica, above the target of "
+               f"{policy.target:g} {held_for}" if way == "up" else
+               f"{load:.1f} requests in flight: {wanted} replica(s) carry them within the target of "
+               f"{policy.target:g} per replica, {held_for}")
+        return self._to(wanted, way, before, load, why)
+
+    def cooling(self, now: float) -> str | None:
+        """What the count waits for (a delay under way), for the status."""
+        if self._pressure is None or self.policy is None:
+            return None
+        way, wanted, since = self._pressure
+        delay = self.policy.up_delay_s if way == "up" else self.policy.down_delay_s
+        left = max(0.0, delay - (now - since))
+        return f"to {wanted} replica(s) in {left:.0f} s if the load holds (scale_{way}_delay_s {delay:g})"
+
+    def _to(self, after: int, action: Action, before: int, load: float, reason: str) -> Decision:
+        self.want = after
+        return Decision(action, before, after, reason, round(load, 2))

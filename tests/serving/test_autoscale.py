@@ -1,0 +1,138 @@
+"""Capacity that follows demand (issue 33), over fake vLLM children and the test's clock: replicas that follow
+the load up and down (a replica retired is drained first: no request lost), a count held at max_replicas or by a
+lack of room and saying why, and scale to zero — stopped on the CPU build, asleep on CUDA — with the first request
+after it waiting in the gateway's queue and answered."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.testkit.serving import Scenario
+
+SCALING = {"max_replicas": 3, "min_replicas": 1, "target_in_flight": 2.0, "scale_up_delay_s": 5.0,
+           "scale_down_delay_s": 20.0}
+
+
+def serving_count(sc: Scenario) -> int:
+    return len(sc.controller.instances.serving())
+
+
+async def test_replicas_follow_the_load_up_and_back_down_and_no_request_is_lost(tmp_path: Path) -> None:
+    async with Scenario(tmp_path, values=SCALING) as sc:
+        await sc.until(sc.serving_revision(1))
+        assert sc.snapshot().autoscale is not None and sc.snapshot().autoscale.wanted == 1  # type: ignore[union-attr]
+        async with sc.clients(6) as busy:
+            up_from = sc.clock.monotonic()
+            await sc.until(lambda: serving_count(sc) == 3, within_s=200)
+            decisions = sc.event_list("autoscale")
+            assert [e.data["action"] for e in decisions] == ["up"]
+            up = decisions[0]
+            assert up.data["from"] == 1 and up.data["to"] == 3 and up.data["load"] >= 4
+            assert "per replica" in up.message and "target of 2" in up.message
+            # the load asked for more for scale_up_delay_s before the count moved, not at the first tick
+            assert sc.clock.monotonic() - up_from >= 5
+            await sc.ticks(5)
+            status = sc.snapshot().autoscale
+            assert status is not None and status.wanted == 3 and status.serving == 3 and status.held is None
+        async with sc.clients(1) as light:
+            await sc.until(lambda: serving_count(sc) == 1 and sc.controller.work_name is None, within_s=200)
+            await sc.ticks(3)
+        down = sc.event_list("autoscale")[-1]
+        assert down.data["action"] == "down" and down.data["to"] == 1 and "drained first" in down.message
+        assert sc.event_list("drained") or sc.kinds().count("stopped") >= 2
+        assert busy.failed == [] and light.failed == [] and sc.longest_gap == 0
+        assert len(busy.results) > 50 and len(light.results) > 5
+
+
+async def test_a_short_burst_moves_nothing(tmp_path: Path) -> None:
+    """Load above the target for less than scale_up_delay_s: the count stays (no flapping on a blip)."""
+    async with Scenario(tmp_path, values={**SCALING, "scale_up_delay_s": 30.0}) as sc:
+        await sc.until(sc.serving_revision(1))
+        async with sc.clients(6):
+            await sc.ticks(10)
+            pending = sc.snapshot().autoscale
+            assert pending is not None and pending.pending is not None and "to 3 replica(s)" in pending.pending
+        await sc.ticks(40)
+        assert sc.event_list("autoscale") == [] and serving_count(sc) == 1
+        assert sc.snapshot().autoscale.pending is None  # type: ignore[union-attr]
+
+
+async def test_at_max_replicas_it_says_why_it_does_not_scale_once(tmp_path: Path) -> None:
+    async with Scenario(tmp_path, values={**SCALING, "max_replicas": 2}) as sc:
+        await sc.until(sc.serving_revision(1))
+        async with sc.clients(10) as clients:
+            await sc.until(lambda: serving_count(sc) == 2, within_s=200)
+            await sc.ticks(10)
+            held = sc.event_list("autoscale_held")
+            assert len(held) == 1 and "max_replicas is 2" in held[0].message and held[0].severity == "warning"
+            status = sc.snapshot().autoscale
+            assert status is not None and status.held is not None and "max_replicas is 2" in status.held
+        assert clients.failed == []
+
+
+async def test_a_replica_the_load_asks_for_waits_for_room_and_says_so(tmp_path: Path) -> None:
+    async with Scenario(tmp_path, values=SCALING) as sc:
+        await sc.until(sc.serving_revision(1))
+        sc.capacity.room = "6.0 GiB free on the host, 7.2 GiB needed"
+        async with sc.clients(6) as clients:
+            await sc.ticks(30)
+            waiting = sc.event_list("replica_waiting")
+            assert len(waiting) == 1 and "7.2 GiB needed" in waiting[0].message
+            assert serving_count(sc) == 1 and len(sc.controller.instances) == 1
+            sc.capacity.room = None
+            await sc.until(lambda: serving_count(sc) == 3, within_s=200)
+        assert clients.failed == []
+
+
+async def test_a_fixed_count_is_kept_and_only_changes_with_the_revision(tmp_path: Path) -> None:
+    async with Scenario(tmp_path, values={"replicas": 2}) as sc:
+        await sc.until(sc.serving_revision(1, instances=2))
+        async with sc.clients(12):
+            await sc.ticks(30)
+        await sc.ticks(30)
+        assert serving_count(sc) == 2 and sc.event_list("autoscale") == []
+        status = sc.snapshot().autoscale
+        assert status is not None and not status.autoscaled and status.wanted == 2
+
+
+async def test_scale_to_zero_on_the_cpu_build_stops_and_the_first_request_is_answered_after_a_cold_start(
+        tmp_path: Path) -> None:
+    async with Scenario(tmp_path, values={"scale_to_zero_after_s": 30.0}) as sc:
+        await sc.until(sc.serving_revision(1))
+        async with sc.clients(2) as clients:
+            await sc.ticks(5)
+        at = await sc.until(lambda: not sc.controller.instances and sc.controller.work_name is None, within_s=120)
+        snap = sc.snapshot()
+        assert snap.state == "stopped" and snap.reason.startswith("scaled to zero: no request for")
+        assert "a cold start" in snap.reason
+        assert snap.autoscale is not None and snap.autoscale.asleep and snap.autoscale.wake == "cold_start"
+        assert snap.autoscale.wanted == 0
+        to_zero = sc.event_list("autoscale")[-1]
+        assert to_zero.data["action"] == "to_zero" and to_zero.data["wake"] == "cold_start"
+        assert at >= 30  # not before scale_to_zero_after_s with no request
+        await sc.ticks(20)
+        assert not sc.controller.instances  # asleep stays asleep: nothing starts without a request
+        async with sc.clients(1) as first:
+            await sc.until(lambda: any(r.ok for r in first.results), within_s=120)
+        assert first.failed == [] and clients.failed == []
+        wake = sc.event_list("autoscale")[-1]
+        assert wake.data["action"] == "wake" and "a request arrived" in wake.message
+        assert sc.kinds().count("starting") == 2 and sc.snapshot().state == "ready"
+
+
+async def test_scale_to_zero_on_cuda_sleeps_and_the_same_instance_wakes_for_the_next_request(
+        tmp_path: Path) -> None:
+    async with Scenario(tmp_path, build="cuda", values={"scale_to_zero_after_s": 30.0}) as sc:
+        await sc.until(sc.serving_revision(1))
+        await sc.until(lambda: [i.role for i in sc.controller.instances] == ["sleeping"]
+                       and sc.controller.work_name is None, within_s=120)
+        snap = sc.snapshot()
+        assert snap.state == "stopped" and "wakes it in about a second" in snap.reason
+        assert snap.autoscale is not None and snap.autoscale.wake == "sleep" and not sc.admission.upstreams
+        async with sc.clients(1) as first:
+            await sc.until(lambda: any(r.ok for r in first.results), within_s=30)
+        assert first.failed == []
+        assert sc.serving_revision(1)() and sc.controller.instances.all()[0].name == "a"  # woken, not restarted
+        kinds = sc.kinds()
+        assert kinds.count("starting") == 1 and kinds.index("sleeping") < kinds.index("woken")
+        assert sc.snapshot().state == "ready"

@@ -1,0 +1,74 @@
+"""The autoscaler's decisions (engine/serving/autoscale.py), on their own: delays, bounds, scale to zero and back.
+The serving tier proves what the controller does with them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from engine.revisions import EngineSettings
+from engine.serving.autoscale import Autoscaler, Policy
+
+
+def policy(**values: Any) -> Policy:
+    return Policy.of(EngineSettings.model_construct(**{"max_num_seqs": 16, **values}))
+
+
+def run(scaler: Autoscaler, p: Policy, load: int, seconds: int, start: float) -> list[tuple[float, str, int]]:
+    """Feed ``load`` requests in flight for ``seconds`` (a sample and a decision a second)."""
+    out: list[tuple[float, str, int]] = []
+    for t in range(seconds):
+        now = start + t
+        scaler.sample(now, load, 0)
+        d = scaler.decide(p, now, 0)
+        if d is not None:
+            out.append((now, d.action, d.after))
+    return out
+
+
+def test_up_after_the_delay_down_after_its_own_and_within_the_bounds() -> None:
+    p = policy(max_replicas=4, min_replicas=2, target_in_flight=4, scale_up_delay_s=10, scale_down_delay_s=60)
+    s = Autoscaler()
+    assert run(s, p, 0, 1, 0) == [] and s.want == 2  # replicas 1 is below min_replicas: it starts at 2
+    ups = run(s, p, 30, 30, 100)  # asks for 8: 4 at most
+    assert ups and ups[0][1:] == ("up", 4) and ups[0][0] - 100 >= 10
+    assert s.held is not None and "max_replicas is 4" in s.held
+    downs = run(s, p, 5, 120, 200)  # asks for 2
+    assert downs[0][1:] == ("down", 2) and downs[0][0] - 200 >= 60
+    assert run(s, p, 0, 60, 400) == [] and s.want == 2  # never below min_replicas
+
+
+def test_a_load_that_comes_and_goes_within_the_delay_moves_nothing() -> None:
+    p = policy(max_replicas=4, target_in_flight=4, scale_up_delay_s=10)
+    s = Autoscaler()
+    for cycle in range(10):  # 3 s busy, 9 s idle: the smoothed load falls under the target in between
+        assert run(s, p, 40, 3, cycle * 12) == []
+        assert run(s, p, 0, 9, cycle * 12 + 3) == []
+    assert s.want == 1
+
+
+def test_default_target_is_three_quarters_of_max_num_seqs() -> None:
+    assert policy(max_replicas=2).target == 12.0 and policy(max_replicas=2, max_num_seqs=1).target == 1.0
+
+
+def test_scale_to_zero_after_the_idle_time_and_back_at_once_on_a_request() -> None:
+    p = policy(replicas=2, scale_to_zero_after_s=300)
+    s = Autoscaler()
+    run(s, p, 3, 10, 0)
+    assert run(s, p, 0, 299, 10) == [] and s.want == 2  # 300 s after the last request, not before
+    assert run(s, p, 0, 5, 309)[0][1:] == ("to_zero", 0) and s.asleep
+    assert run(s, p, 0, 100, 400) == []
+    s.sample(600, 0, 1)  # one request waits in the gateway's queue
+    d = s.decide(p, 600, 1)
+    assert d is not None and d.action == "wake" and d.after == 2 and "after 2" in d.reason  # no delay
+    assert not s.asleep
+
+
+def test_max_replicas_below_min_replicas_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValidationError) as info:
+        EngineSettings.model_validate({"model": "demo", "min_replicas": 3, "max_replicas": 2},
+                                      context={"data_dir": None})
+    errors = info.value.errors()
+    assert [e["loc"] for e in errors if "min_replicas" in e["msg"]] == [("max_replicas",)]
