@@ -26,6 +26,9 @@ SCENARIOS = {s.name: s for s in (
     Scenario("routing", "routing", "two replicas behind the gateway, routing by prefix against least outstanding "
              "on a shared-prefix load and on one without (alternated, a soft change between runs), and the routing "
              "decision's own cost", "engine + vLLM x2"),
+    Scenario("scale-to-zero", "scale_to_zero", "a deployment scaled to zero and woken by one request, N times: "
+             "the first token from zero against vLLM's own wake-up and an awake request's first token",
+             "engine + vLLM"),
     Scenario("relay-ceiling", "relay_ceiling", "the gateway's data path with 0, 1, 2, ... worker processes "
              "against a stub upstream that streams as fast as it can: tokens/s and the gateway's CPU per 1,000",
              "gateway + stub"),
@@ -33,6 +36,9 @@ SCENARIOS = {s.name: s for s in (
              "no completed request, failures, the plan and its predicted time against the real one", "engine + vLLM"),
     Scenario("fleet", "fleet_rolling", "a deployment of two replicas on a two-node Ray cluster on this host: a "
              "rolling apply under load, then a node killed", "engine + vLLM + Ray"),
+    Scenario("autoscale", "autoscale_sine", "the demo model autoscaled between 1 and 2 replicas on a two-node Ray "
+             "cluster under a sine-wave load: failures, replica-seconds against two held, TTFT P95 per minute "
+             "against twice the unloaded", "engine + vLLM x2 + Ray"),
     Scenario("deployments", "deployments_side_by_side", "two deployments side by side: the untouched one's "
              "throughput while the other is applied (and a bad revision of it)", "engine + vLLM"),
     Scenario("start-kinds", "start_kinds", "real vLLM starts of every kind this host makes, each with the ETA the "

@@ -275,14 +275,14 @@ class Fleet:
         return runtime.admission if runtime is not None else None
 
     def models(self) -> list[dict[str, Any]]:
-        """GET /v1/models: the deployments that serve now, as OpenAI lists models (the model's folder on this host
-        is nobody's business: ``root`` is the hub id, or the deployment's own name)."""
+        """GET /v1/models: the deployments that serve now or are scaled to zero (a request wakes them), as OpenAI
+        lists models (the model's folder on this host is nobody's business: ``root`` is the hub id, or the
+        deployment's own name)."""
         out = []
         for runtime in sorted(self.runtimes.values(), key=lambda r: r.ref.id):
-            serving = [i for i in runtime.controller.instances if i.serving]
-            if not serving:
+            settings = runtime.controller.listed_settings()
+            if settings is None:
                 continue
-            settings = serving[0].settings
             root = settings.model if HUB_ID.fullmatch(settings.model) and not settings.model.startswith(
                 ("/", ".")) else runtime.name
             out.append({"id": settings.served_model_name, "object": "model", "created": int(runtime.row.created_at),

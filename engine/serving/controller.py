@@ -83,6 +83,7 @@ class Controller:
         self.scaler = Autoscaler()  # the replica count the load asks for (autoscaling, scale to zero)
         self._cold_start_s: float | None = None  # what a cold start from zero should take (its ETA)
         self._held_said: str | None = None  # the last 'held' reason recorded (said once, not every tick)
+        self._asleep_settings: EngineSettings | None = None  # what served before it scaled to zero
         self.instances = Instances()
         self.progress = Progress(clock)
         self.recorder = Recorder(events, revisions, audit, self.deployment)
@@ -161,8 +162,18 @@ class Controller:
         return p.settings.served_model_name if p else None
 
     def served_names(self) -> set[str]:
-        """The names the instances that serve now answer to (vLLM's --served-model-name)."""
-        return {i.settings.served_model_name for i in self.instances.serving()}
+        """The names the instances that serve now answer to (vLLM's --served-model-name); scaled to zero, the
+        names they answered to (a request for one wakes them)."""
+        listed = self.listed_settings()
+        return {i.settings.served_model_name for i in self.instances.serving()} | \
+            ({listed.served_model_name} if listed is not None else set())
+
+    def listed_settings(self) -> EngineSettings | None:
+        """The settings /v1/models shows: those of an instance that serves; scaled to zero, those it slept with."""
+        serving = self.instances.serving()
+        if serving:
+            return serving[0].settings
+        return self._asleep_settings if self.scaler.asleep else None
 
     def status(self) -> StatusOut:
         """What the API shows of the deployment (reads the desired revision: call from a thread)."""
@@ -389,6 +400,7 @@ class Controller:
                 self._begin("start", self.operations.start_fresh(desired))
             return
         if self.scaler.asleep:
+            self._asleep_settings = serving[0].settings  # its name still reaches it: a request wakes it
             self._begin("to_zero", self.operations.to_zero(self._zero_reason(decision)))
             return
         proper = [i for i in serving if not i.bridge and i.revision.id == desired.id]

@@ -559,6 +559,11 @@ def test_an_operator_turns_scale_to_zero_on_and_the_overview_says_what_the_next_
         assert next(b for b in at.button if b.label in ("Apply & restart", "Apply now")).label == "Apply now"
         before = engine.client.settings()
         engine.client.put_settings(before.revision, {"max_replicas": 2, "scale_to_zero_after_s": 5.0}, "idle to 0")
+        # a served name of its own (not the deployment's): asleep, it must still reach the deployment (it did not:
+        # GET /v1/models and the gateway knew only the names of instances that serve, and answered 404)
+        named = engine.client.put_settings(engine.client.settings().revision, {"served_model_name": "demo-chat"},
+                                           "a name of its own")
+        wait_until(lambda: engine.client.status().running_revision == named.revision, 60, what="the new name")
         at = page("settings", engine.token)  # saved, then loaded: the form shows what was applied
         assert number(at, "max_replicas (0 = no autoscaling)").value == 2
         assert number(at, "scale_to_zero_after_s (0 = never)").value == 5.0
@@ -569,8 +574,10 @@ def test_an_operator_turns_scale_to_zero_on_and_the_overview_says_what_the_next_
         assert "Scaled to zero: no request for" in body and "Requests get 503" not in body
         assert "a cold start" in body and "waits in the gateway's queue" in body
         assert {m.label: m.value for m in at.metric}["Replicas wanted"] == "0 (asleep)"
-        answer = engine.http.post("/v1/completions", json={"model": "demo", "max_tokens": 2, "prompt": "hi"})
-        assert answer.status_code == 200
+        listed = engine.http.get("/v1/models").json()["data"]
+        assert [m["id"] for m in listed] == ["demo-chat"]  # asleep, listed: a request for it wakes it
+        answer = engine.http.post("/v1/completions", json={"model": "demo-chat", "max_tokens": 2, "prompt": "hi"})
+        assert answer.status_code == 200, answer.text
         status = engine.client.status()
         assert status.state == "ready" and status.autoscale is not None and not status.autoscale.asleep
         assert [e.data["action"] for e in engine.client.events(kinds=["autoscale"])] == ["to_zero", "wake"]
