@@ -179,7 +179,7 @@ def restart_banner(status: StatusOut) -> None:
         st.info(f"vLLM is {status.state} ({status.reason}, {fmt.since(status.since)}). Requests wait in the "
                 f"gateway's queue ({status.gateway.waiting} waiting now) and are served once it is ready.",
                 icon=":material/autorenew:")
-    elif status.state == "stopped" and status.autoscale is not None and status.autoscale.asleep:
+    elif status.state == "stopped" and status.enabled and status.autoscale is not None and status.autoscale.asleep:
         st.info(f"{status.reason[:1].upper()}{status.reason[1:]}. Requests wait in the gateway's queue meanwhile "
                 "and are answered.", icon=":material/bedtime:")
     elif status.state == "stopped":

@@ -53,10 +53,13 @@ def one(http: httpx.Client, max_tokens: int) -> tuple[float | None, bool]:
             for line in resp.iter_lines():
                 if line == "data: [DONE]":
                     done = True
-                elif line.startswith("data: ") and first is None and '"content"' in line:
-                    first = time.monotonic() - t0
-                elif line.startswith("data: ") and '"error"' in line:
-                    return first, False
+                elif line.startswith("data: "):
+                    event = json.loads(line[6:])  # (a generated word is no error: the event's own key is)
+                    if "error" in event:
+                        return first, False
+                    if first is None and any((c.get("delta") or {}).get("content") for c in event.get("choices")
+                                             or []):
+                        first = time.monotonic() - t0
     except httpx.HTTPError:
         return first, False
     return first, done

@@ -81,15 +81,18 @@ class Planner:
             float((host.get("vllm_rss_by_deployment") or {}).get(self.scope.name, 0))
         return Device("cpu", int(host["mem_total"]), int(host["mem_available"] + own), name="host")
 
-    def room_for(self, settings: EngineSettings, snap: Any = None) -> str | None:
-        """Whether one more instance of ``settings`` fits beside everything that runs now (the engine's host, or
-        the node whose sample ``snap`` is): None when it does, else what it needs and what there is."""
+    def room_for(self, settings: EngineSettings, snap: Any = None, index: int = 0) -> str | None:
+        """Whether replica ``index`` of ``settings`` fits beside everything that runs now (the engine's host, or
+        the node whose sample ``snap`` is): None when it does, else what it needs and what there is. On GPUs
+        enough for each replica's own group (launcher.device_for), replica ``index``'s group is looked at."""
         snap = snap if snap is not None else self.sampler.latest
         if self.build == "cuda":
             gpus = [g for g in snap.gpus if not g.lost and g.values.get("mem_total")]
             placed = self.scope.gpus if self.scope is not None and self.scope.gpus else None
             pool = [g for g in gpus if g.index in placed] if placed else gpus
-            group = pool[:settings.tensor_parallel_size]
+            tp = settings.tensor_parallel_size
+            own = len(pool) >= settings.most_replicas * tp and settings.most_replicas >= 2
+            group = pool[index * tp:(index + 1) * tp] if own else pool[:tp]
             if not group:
                 return None  # no reading: vLLM's own start says whether it fits
             need = settings.gpu_memory_utilization * min(float(g.values["mem_total"] or 0) for g in group)

@@ -273,7 +273,7 @@ def _neighbour_findings(settings: EngineSettings, shape: ModelShape, device: Dev
                         errors: list[Finding]) -> None:
     """Packing: what the other deployments on the same GPUs (or host) reserve is not this one's to take."""
     if device.kind == "cuda":
-        mine = settings.gpu_memory_utilization * (1 if device.count >= settings.replicas *
+        mine = settings.gpu_memory_utilization * (1 if device.count >= settings.most_replicas *
                                                   settings.tensor_parallel_size else settings.replicas)
         for gpu in device.indices or (0,):
             beside = [n for n in neighbours if gpu in n.gpus]

@@ -59,6 +59,7 @@ class Admission:
         self._watchers = 0  # drains and waiters that want to hear of every change
         self._notes: set[asyncio.Task[None]] = set()  # release_nowait's notices on their way
         self.in_flight = 0
+        self.admitted = 0  # requests ever let through (autoscaling's activity: one between two looks counts)
         self.waiting = 0
         self.rejected = 0
         self.refusal: str | None = None  # set while vLLM is down on purpose: refuse at once, do not queue
@@ -103,6 +104,7 @@ class Admission:
             best = self._open[0]
         best.outstanding += 1
         self.in_flight += 1
+        self.admitted += 1
         return best
 
     async def acquire(self, deadline: float, keys: Sequence[int] | None = None) -> Upstream:

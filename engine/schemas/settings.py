@@ -138,6 +138,13 @@ class SettingsValues(BaseModel):
     )
 
 
+    @property
+    def most_replicas(self) -> int:
+        """The most instances this revision may run: max_replicas when autoscaled, else replicas (each gets its
+        own GPUs when the deployment has enough for this many)."""
+        return max(self.replicas, self.max_replicas or 0)
+
+
 class Finding(BaseModel):
     """A pre-flight error or warning: which field, why, and the value that would fit."""
 

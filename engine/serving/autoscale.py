@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Literal
 
 from engine.revisions import EngineSettings
@@ -81,22 +82,39 @@ class Autoscaler:
         self._pressure: tuple[Literal["up", "down"], int, float] | None = None  # (way, count asked, since)
         self.held: str | None = None  # why the count does not move although the load asks (the status says it)
         self.slept_at: float | None = None  # when it last went to zero
+        self._admitted = 0  # the admission's count of requests let through, at the last sample
         self.policy: Policy | None = None  # the latest one seen
 
     # --- what the controller feeds in -------------------------------------------------------------------------
 
-    def sample(self, now: float, in_flight: int, waiting: int) -> None:
+    def sample(self, now: float, in_flight: int, waiting: int, admitted: int = 0) -> None:
+        """The load now; ``admitted``: the admission's count of requests ever let through (a request that came
+        and went between two samples still counts as activity)."""
         load = float(in_flight + waiting)
         self._samples.append((now, load))
         while self._samples and self._samples[0][0] < now - SMOOTH_S:
             self._samples.popleft()
-        if load > 0 or self.last_active is None:
+        if load > 0 or admitted != self._admitted or self.last_active is None:
             self.last_active = now
+        self._admitted = admitted
+
+    def touch(self, now: float) -> None:
+        """Nothing serves, or it was just started by hand: idle time counts from now (a stopped or failed
+        deployment is not idle, it is down)."""
+        self.last_active = now
 
     @property
     def load(self) -> float:
-        """The requests in flight and waiting, averaged over the last SMOOTH_S."""
-        return sum(v for _, v in self._samples) / len(self._samples) if self._samples else 0.0
+        """The requests in flight and waiting over the last SMOOTH_S, each sample weighted by the time since the
+        one before (ticks come in bursts: probes and watchers wake the loop)."""
+        samples = list(self._samples)
+        if len(samples) < 2:
+            return samples[0][1] if samples else 0.0
+        spans = [(b[0] - a[0], b[1]) for a, b in pairwise(samples)]
+        total = sum(span for span, _ in spans)
+        if total <= 0:
+            return sum(v for _, v in samples) / len(samples)
+        return sum(span * v for span, v in spans) / total
 
     @property
     def asleep(self) -> bool:
@@ -104,8 +122,9 @@ class Autoscaler:
 
     # --- what it wants ----------------------------------------------------------------------------------------
 
-    def decide(self, policy: Policy, now: float, waiting: int) -> Decision | None:
-        """The count wanted now is ``self.want``; a Decision when it changed (the controller records it)."""
+    def decide(self, policy: Policy, now: float, waiting: int, serving: int) -> Decision | None:
+        """The count wanted now is ``self.want``; a Decision when it changed (the controller records it).
+        ``serving``: the instances that serve now (none: a start, a stop or a failure; never idle)."""
         self.policy = policy
         if self.want is None:  # the engine starts: the revision's own count, within its bounds
             self.want = policy.clamp(policy.replicas)
@@ -115,7 +134,11 @@ class Autoscaler:
             if waiting > 0 or load > 0:
                 asleep = f" after {now - self.slept_at:.0f} s asleep" if self.slept_at is not None else ""
                 return self._to(policy.floor, "wake", before, load, f"a request arrived{asleep}")
+            if policy.zero_after_s is None:
+                return self._to(policy.floor, "wake", before, load, "scale_to_zero_after_s is off now")
             return None
+        if serving == 0:
+            self.touch(now)
         if policy.zero_after_s is not None and self.last_active is not None \
                 and now - self.last_active >= policy.zero_after_s:
             self.slept_at = now
@@ -129,15 +152,15 @@ class Autoscaler:
                 return self._to(policy.replicas, "up" if policy.replicas > before else "down", before, load,
                                 f"the revision runs {policy.replicas} replica(s)")
             return None
+        if self.want < policy.floor or self.want > policy.ceiling:  # new bounds: in effect at once
+            return self._to(policy.clamp(self.want), "up" if self.want < policy.floor else "down", before, load,
+                            f"min_replicas {policy.floor}, max_replicas {policy.ceiling}")
         asked = math.ceil(load / policy.target - 1e-9) if load > 0 else 0
         wanted = policy.clamp(asked)
         self.held = (f"the load asks for {asked} replicas; max_replicas is {policy.ceiling}"
                      if asked > policy.ceiling and self.want >= policy.ceiling else None)
         if wanted == self.want:
             self._pressure = None
-            if self.want < policy.floor or self.want > policy.ceiling:
-                return self._to(policy.clamp(self.want), "up" if self.want < policy.floor else "down", before,
-                                load, f"min_replicas {policy.floor}, max_replicas {policy.ceiling}")
             return None
         way: Literal["up", "down"] = "up" if wanted > self.want else "down"
         delay = policy.up_delay_s if way == "up" else policy.down_delay_s
@@ -164,4 +187,6 @@ class Autoscaler:
 
     def _to(self, after: int, action: Action, before: int, load: float, reason: str) -> Decision:
         self.want = after
+        if action in ("to_zero", "wake"):  # what was pending or held before is not this state's
+            self._pressure, self.held = None, None
         return Decision(action, before, after, reason, round(load, 2))

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Literal
 
 import psutil
 
@@ -75,15 +75,16 @@ class Controller:
         self.build, self.vllm_version = build or vllm_distribution()
         self.planner = planner
         self.placement: Placement = placement or LocalPlacement()  # where instances run (the registry hands its own)
-        # whether one more instance of these settings fits on a node now (None: it does; else why not)
-        self.room: Callable[[str | None, EngineSettings], str | None] = lambda _node, _settings: None
+        # whether replica ``index`` of these settings fits on a node now (None: it does; else why not)
+        self.room: Callable[[str | None, EngineSettings, int], str | None] = lambda _node, _settings, _index: None
         # instances of other deployments running on this host now (the CPU build then leaves this one unpinned)
         self.others_running: Callable[[], int] = lambda: 0
         self.intent = Intent(enabled=config.autostart)
         self.scaler = Autoscaler()  # the replica count the load asks for (autoscaling, scale to zero)
         self._cold_start_s: float | None = None  # what a cold start from zero should take (its ETA)
         self._held_said: str | None = None  # the last 'held' reason recorded (said once, not every tick)
-        self._asleep_settings: EngineSettings | None = None  # what served before it scaled to zero
+        self._asleep_settings: EngineSettings | None = None  # what served last (asleep, its name still reaches it)
+        self._last_desired: Revision | None = None  # the latest desired revision read (a wake while the store is down)
         self.instances = Instances()
         self.progress = Progress(clock)
         self.recorder = Recorder(events, revisions, audit, self.deployment)
@@ -106,7 +107,8 @@ class Controller:
         self.ctx = ServingContext(config, self.build, self.instances, self.launcher, self.gate, self.health,
                                   self.failures,
                                   self.progress, self.recorder, self.intent, clock, self._desired)
-        self.operations = Operations(self.ctx, self.forecast, lambda node, settings: self.room(node, settings))
+        self.operations = Operations(self.ctx, self.forecast,
+                                     lambda node, settings, index: self.room(node, settings, index))
         self.view = StatusView(self.deployment, self.progress, self.instances, admission, self.intent, revisions,
                                self.build, self.vllm_version, lambda: self.launcher.starts,
                                lambda: self.launcher.last_start, lambda: self._loop, self.autoscale_view)
@@ -169,11 +171,15 @@ class Controller:
             ({listed.served_model_name} if listed is not None else set())
 
     def listed_settings(self) -> EngineSettings | None:
-        """The settings /v1/models shows: those of an instance that serves; scaled to zero, those it slept with."""
+        """The settings /v1/models shows: those of an instance that serves; scaled to zero (and while it comes
+        back), those it served with: a request for its name wakes it. None while stopped, halted or down."""
         serving = self.instances.serving()
         if serving:
             return serving[0].settings
-        return self._asleep_settings if self.scaler.asleep else None
+        zero = self.scaler.policy is not None and self.scaler.policy.zero_after_s is not None
+        if not self.intent.enabled or self.intent.halted is not None or not (self.scaler.asleep or zero):
+            return None
+        return self._asleep_settings
 
     def status(self) -> StatusOut:
         """What the API shows of the deployment (reads the desired revision: call from a thread)."""
@@ -316,7 +322,8 @@ class Controller:
     async def tick(self) -> None:
         """One step: advance the operation under way, or look at what is desired and begin the next one."""
         self.traffic.recent()
-        self.scaler.sample(self.clock.monotonic(), self.admission.in_flight, self.admission.waiting)
+        self.scaler.sample(self.clock.monotonic(), self.admission.in_flight, self.admission.waiting,
+                           self.admission.admitted)
         if self._work is None:
             await self._next()
             if self._work is None:
@@ -373,6 +380,9 @@ class Controller:
             await self.gate.refuse(None)
         desired = await self._desired_revision()
         if desired is False:
+            if self.scaler.asleep and self.admission.waiting and self._last_desired is not None:
+                # the store is down and a request waits for a deployment scaled to zero: wake what it ran
+                await self._from_zero(self._last_desired, "a request arrived while the database cannot be read")
             return
         if desired is None:
             if self.instances:
@@ -381,26 +391,28 @@ class Controller:
                 self.progress.enter(S.FAILED, "no revision can be applied: write new settings")
             return
         assert isinstance(desired, Revision) and desired.id is not None
+        self._last_desired = desired
         now = self.clock.monotonic()
+        serving = self.instances.serving()
         decision = self.scaler.decide(Policy.of(EngineSettings.model_construct(**desired.values)), now,
-                                      self.admission.waiting)
+                                      self.admission.waiting, len(serving))
         if decision is not None:
             await self._scaled(decision, desired)
         await self._say_held(desired)
-        serving = self.instances.serving()
+        if serving:
+            self._asleep_settings = serving[0].settings  # the name it answers to, asleep too
         if not serving:
-            sleeping = [i for i in self.instances if i.role == "sleeping" and not i.busy]
             if self.scaler.asleep:
+                sleeping = [i for i in self.instances if i.role == "sleeping" and not i.busy]
+                if self.intent.restart_requested:  # asked while asleep: the next request starts it afresh
+                    self.intent.restart_requested = False
+                    if sleeping:
+                        self._begin("stop", self.operations.stop_all("restart requested while scaled to zero: "
+                                                                     "the next request starts it afresh"))
                 return
-            if sleeping:
-                self._begin("wake", self.operations.wake(sleeping, f"waking revision {desired.id}: "
-                                                         f"{decision.reason if decision else 'a request arrived'}"))
-            elif now >= self.intent.next_attempt and await self._startable(desired):
-                self.intent.restart_requested = False
-                self._begin("start", self.operations.start_fresh(desired))
+            await self._from_zero(desired, decision.reason if decision else "a request arrived")
             return
         if self.scaler.asleep:
-            self._asleep_settings = serving[0].settings  # its name still reaches it: a request wakes it
             self._begin("to_zero", self.operations.to_zero(self._zero_reason(decision)))
             return
         proper = [i for i in serving if not i.bridge and i.revision.id == desired.id]
@@ -426,6 +438,17 @@ class Controller:
                                  None)
                     return
 
+    async def _from_zero(self, desired: Revision, why: str) -> None:
+        """Nothing serves: wake the instances asleep (as many as are wanted; the others stop), else start the
+        revision afresh (after a failure's backoff)."""
+        sleeping = [i for i in self.instances if i.role == "sleeping" and not i.busy]
+        if sleeping:
+            self._begin("wake", self.operations.wake(sleeping, max(1, self.scaler.want or 1),
+                                                     f"waking revision {desired.id}: {why}"))
+        elif self.clock.monotonic() >= self.intent.next_attempt and await self._startable(desired):
+            self.intent.restart_requested = False
+            self._begin("start", self.operations.start_fresh(desired))
+
     async def _scaled(self, decision: Decision, desired: Revision) -> None:
         """Record an autoscaling decision: an event with its reason and the signal's value."""
         policy = Policy.of(EngineSettings.model_construct(**desired.values))
@@ -450,7 +473,11 @@ class Controller:
                 await self.recorder.event("autoscale_held", f"not scaling up: {held}", "warning",
                                           revision_id=desired.id, data={"load": round(self.scaler.load, 2)})
 
-    def _wake_kind(self) -> str:
+    def _wake_kind(self) -> Literal["sleep", "cold_start"]:
+        """How it comes back from zero: asleep, the instances that sleep wake; none asleep (the CPU build, sleep
+        mode off, or one that could not sleep and was stopped), a cold start."""
+        if self.scaler.asleep:
+            return "sleep" if any(i.role == "sleeping" for i in self.instances) else "cold_start"
         return "sleep" if self.ctx.sleep_mode else "cold_start"
 
     def _zero_reason(self, decision: Decision | None) -> str:
@@ -473,8 +500,10 @@ class Controller:
             load=round(self.scaler.load, 2), asleep=self.scaler.asleep,
             idle_s=round(now - active, 1) if active is not None else None,
             scale_to_zero_after_s=policy.zero_after_s,
-            wake=("sleep" if self.ctx.sleep_mode else "cold_start") if policy.zero_after_s is not None else None,
-            cold_start_s=self._cold_start_s, pending=self.scaler.cooling(now), held=self.scaler.held)
+            wake=self._wake_kind() if policy.zero_after_s is not None or self.scaler.asleep else None,
+            cold_start_s=self._cold_start_s, pending=self.scaler.cooling(now),
+            held=self.scaler.held or (f"a replica waits for room: {self.operations.waiting_room}"
+                                      if self.operations.waiting_room else None))
 
     def _failed(self, inst: Instance, reason: str, exit_code: int | None) -> None:
         """An instance failed (exited, or stopped answering): the others serve on, or nothing does."""

@@ -110,7 +110,7 @@ class Forecast:
         return EtaTable(self.past_starts(), [s for e in reversed(applies) for s in past_steps(e.data)],
                         build=self.build, in_flight=self.traffic.recent(), load_1m=load, cores=cores,
                         neighbours=self.build == "cpu" and self._others_running() > 0, env_for=self.compile_env,
-                        own_device=lambda settings: self.build == "cuda" and settings.replicas >= 2
+                        own_device=lambda settings: self.build == "cuda" and settings.most_replicas >= 2
                         and gpus >= settings.replicas * settings.tensor_parallel_size)
 
     def plan_for(self, settings: EngineSettings, restart: bool = False) -> ApplyPlanOut | None:

@@ -128,11 +128,11 @@ class Launcher:
         placed = self.deployment.gpus
         tp = settings.tensor_parallel_size
         planner = self.planner
-        if settings.replicas < 2 or planner is None:
+        if settings.most_replicas < 2 or planner is None:
             return None if not placed else ",".join(map(str, placed))
         device = planner.device(tp)
         gpus = placed or (list(range(device.count)) if device is not None else [])
-        if len(gpus) < settings.replicas * tp:
+        if len(gpus) < settings.most_replicas * tp:
             return None if not placed else ",".join(map(str, placed))
         return ",".join(str(g) for g in gpus[index * tp:(index + 1) * tp])
 

@@ -23,11 +23,16 @@ ROOM_RETRY_S = 10.0  # a replica waiting for memory is looked at again this ofte
 
 class Operations:
     def __init__(self, ctx: ServingContext, forecast: Forecast,
-                 room: Callable[[str | None, EngineSettings], str | None]) -> None:
+                 room: Callable[[str | None, EngineSettings, int], str | None]) -> None:
         self.ctx = ctx
         self.forecast = forecast
         self.room = room  # whether one more instance of these settings fits on a node now (None: it does)
         self._waiting_room: str | None = None
+
+    @property
+    def waiting_room(self) -> str | None:
+        """Why the replica the controller would add does not fit now (None: nothing waits for memory)."""
+        return self._waiting_room
 
     async def start_fresh(self, revision: Revision) -> Steps:
         """Nothing serves: start the revision (its first replica; the others join once it serves)."""
@@ -67,7 +72,7 @@ class Operations:
         ctx = self.ctx
         settings = EngineSettings.model_construct(**revision.values)
         node = await asyncio.to_thread(ctx.launcher.node_for, index, settings)
-        short = await asyncio.to_thread(self.room, node, settings)
+        short = await asyncio.to_thread(self.room, node, settings, index)
         if short is not None:
             ctx.intent.next_attempt = ctx.monotonic() + ROOM_RETRY_S
             if self._waiting_room != short:
@@ -152,21 +157,26 @@ class Operations:
         if progress.state == S.STOPPING:
             progress.enter(S.STOPPED, reason)
 
-    async def wake(self, sleeping: list[Instance], reason: str) -> Steps:
-        """Back from zero with instances asleep: each wakes (about a second) and takes traffic again; one that
-        does not wake is stopped (the next tick starts the revision afresh)."""
+    async def wake(self, sleeping: list[Instance], want: int, reason: str) -> Steps:
+        """Back from zero with instances asleep: ``want`` of them wake (about a second) and take traffic again, the
+        others stop (woken, they would only be drained again); one that does not wake is stopped (the next tick
+        starts the revision afresh)."""
         ctx = self.ctx
         progress = ctx.progress
         if progress.state == S.STOPPED:
             progress.enter(S.STARTING, reason)
-        for inst in sleeping:
+        waking, extra = sleeping[:want], sleeping[want:]
+        for inst in waking:
             ctx.wake_up(inst)
-        while any(i.busy for i in sleeping):
+        while any(i.busy for i in waking):
             yield
-        for inst in sleeping:
+        for inst in waking:
             if not inst.woken:
                 async for _ in stop(ctx, inst, f"instance {inst.name} did not wake up"):
                     yield
+        for inst in extra:
+            async for _ in stop(ctx, inst, f"{want} replica(s) wanted after the wake"):
+                yield
 
     async def apply(self, desired: Revision, restart: bool) -> Steps:
         """Replace what serves by instances of ``desired``, by the plan that keeps serving."""

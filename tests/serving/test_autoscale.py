@@ -136,3 +136,67 @@ async def test_scale_to_zero_on_cuda_sleeps_and_the_same_instance_wakes_for_the_
         kinds = sc.kinds()
         assert kinds.count("starting") == 1 and kinds.index("sleeping") < kinds.index("woken")
         assert sc.snapshot().state == "ready"
+
+
+async def test_a_deployment_stopped_longer_than_the_idle_time_serves_again_when_started(tmp_path: Path) -> None:
+    """Stopped, it is down, not idle: a start after scale_to_zero_after_s serves (it went to zero at once and
+    stayed stopped)."""
+    async with Scenario(tmp_path, values={"scale_to_zero_after_s": 30.0}) as sc:
+        await sc.until(sc.serving_revision(1))
+        sc.controller.request_stop()
+        await sc.until(lambda: sc.snapshot().state == "stopped" and not sc.controller.instances)
+        await sc.ticks(60)
+        sc.controller.request_start()
+        await sc.until(sc.serving_revision(1), within_s=120)
+        assert sc.event_list("autoscale") == []  # serving again, not 'scaled to zero'
+        async with sc.clients(1) as clients:
+            await sc.ticks(3)
+        assert clients.failed == [] and clients.results
+
+
+async def test_asleep_with_the_database_down_a_request_still_wakes_it(tmp_path: Path) -> None:
+    async with Scenario(tmp_path, build="cuda", values={"scale_to_zero_after_s": 30.0}) as sc:
+        await sc.until(sc.serving_revision(1))
+        await sc.until(lambda: [i.role for i in sc.controller.instances] == ["sleeping"]
+                       and sc.controller.work_name is None, within_s=120)
+        sc.sessions.down = True
+        async with sc.clients(1) as first:
+            await sc.until(lambda: any(r.ok for r in first.results), within_s=30)
+        assert first.failed == [] and sc.controller.instances.all()[0].name == "a"
+
+
+async def test_three_asleep_one_wanted_one_wakes_and_the_others_stop(tmp_path: Path) -> None:
+    values = {**SCALING, "scale_down_delay_s": 1000.0, "scale_to_zero_after_s": 30.0}
+    async with Scenario(tmp_path, build="cuda", values=values) as sc:
+        await sc.until(sc.serving_revision(1))
+        async with sc.clients(6):
+            await sc.until(lambda: serving_count(sc) == 3, within_s=200)
+        await sc.until(lambda: [i.role for i in sc.controller.instances] == ["sleeping"] * 3
+                       and sc.controller.work_name is None, within_s=120)
+        async with sc.clients(1) as first:
+            await sc.until(lambda: any(r.ok for r in first.results) and sc.controller.work_name is None,
+                           within_s=30)
+        assert first.failed == [] and [i.role for i in sc.controller.instances] == ["serving"]
+        assert sc.kinds().count("woken") == 1 and sc.event_list("drained") == []
+
+
+async def test_its_name_reaches_it_asleep_and_while_it_comes_back(tmp_path: Path) -> None:
+    """A served name of its own must find the deployment while it is scaled to zero and during the cold start
+    that follows (404 model_not_found otherwise)."""
+    async with Scenario(tmp_path, values={"scale_to_zero_after_s": 30.0, "served_model_name": "chat"}) as sc:
+        await sc.until(sc.serving_revision(1))
+        await sc.until(lambda: not sc.controller.instances and sc.controller.work_name is None, within_s=120)
+        assert sc.controller.served_names() == {"chat"}
+        sc.admission.on_wait = None  # (the request's wait is what the test drives: tick by tick)
+        async with sc.clients(1) as first:
+            names: list[set[str]] = []
+
+            def answered() -> bool:
+                names.append(sc.controller.served_names())
+                return any(r.ok for r in first.results)
+
+            await sc.until(answered, within_s=120)
+        assert all(n == {"chat"} for n in names)
+        sc.controller.request_stop()
+        await sc.until(lambda: sc.snapshot().state == "stopped" and not sc.controller.instances)
+        assert sc.controller.served_names() == set()  # stopped by an operator: not listed, not reached

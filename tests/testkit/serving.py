@@ -266,7 +266,7 @@ class Scenario:
                                      planner=cast(Planner, self.capacity), audit=AuditLog(self.db),
                                      deployment=DeploymentRef(), placement=self.placement, clock=self.clock,
                                      build=(self.build, "0.0-fake"))  # type: ignore[arg-type]
-        self.controller.room = lambda _node, settings: self.capacity.room_for(settings)
+        self.controller.room = lambda _node, settings, _index: self.capacity.room_for(settings)
         self.controller.attach()
         self.gateway = Gateway(lambda _model: self.admission, self.config.upstream_timeout_s)
         keys = cast(Any, _NoKeys())

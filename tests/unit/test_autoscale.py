@@ -22,7 +22,7 @@ def run(scaler: Autoscaler, p: Policy, load: int, seconds: int, start: float) ->
     for t in range(seconds):
         now = start + t
         scaler.sample(now, load, 0)
-        d = scaler.decide(p, now, 0)
+        d = scaler.decide(p, now, 0, scaler.want or 0)
         if d is not None:
             out.append((now, d.action, d.after))
     return out
@@ -61,7 +61,7 @@ def test_scale_to_zero_after_the_idle_time_and_back_at_once_on_a_request() -> No
     assert run(s, p, 0, 5, 309)[0][1:] == ("to_zero", 0) and s.asleep
     assert run(s, p, 0, 100, 400) == []
     s.sample(600, 0, 1)  # one request waits in the gateway's queue
-    d = s.decide(p, 600, 1)
+    d = s.decide(p, 600, 1, 0)
     assert d is not None and d.action == "wake" and d.after == 2 and "after 2" in d.reason  # no delay
     assert not s.asleep
 
@@ -72,3 +72,48 @@ def test_max_replicas_below_min_replicas_is_refused_naming_the_field() -> None:
                                       context={"data_dir": None})
     errors = info.value.errors()
     assert [e["loc"] for e in errors if "min_replicas" in e["msg"]] == [("max_replicas",)]
+
+
+def test_never_to_zero_while_nothing_serves_and_idle_time_counts_from_when_it_serves_again() -> None:
+    """A deployment stopped (or failed, or starting) for longer than scale_to_zero_after_s is down, not idle:
+    once it serves again, its idle time starts then (it went to zero at once on a start, and stayed stopped)."""
+    p = policy(scale_to_zero_after_s=60)
+    s = Autoscaler()
+    for t in range(300):  # nothing serves for 300 s
+        s.sample(t, 0, 0)
+        assert s.decide(p, t, 0, 0) is None
+    for t in range(300, 359):
+        s.sample(t, 0, 0)
+        assert s.decide(p, t, 0, 1) is None
+    s.sample(361, 0, 0)
+    d = s.decide(p, 361, 0, 1)
+    assert d is not None and d.action == "to_zero"
+
+
+def test_a_request_between_two_looks_is_activity() -> None:
+    p = policy(scale_to_zero_after_s=60)
+    s = Autoscaler()
+    for t in range(0, 300, 5):  # a 100 ms request every 5 s, never in flight when sampled
+        s.sample(t, 0, 0, admitted=t // 5)
+        assert s.decide(p, t, 0, 1) is None
+
+
+def test_scale_to_zero_turned_off_while_asleep_wakes_it_and_new_bounds_take_effect_at_once() -> None:
+    s = Autoscaler()
+    run(s, policy(scale_to_zero_after_s=10), 0, 20, 0)
+    assert s.asleep
+    d = s.decide(policy(), 30, 0, 0)
+    assert d is not None and d.action == "wake" and s.want == 1 and "off" in d.reason
+    d = s.decide(policy(max_replicas=4, min_replicas=3, scale_up_delay_s=60), 31, 0, 1)
+    assert d is not None and d.after == 3 and "min_replicas 3" in d.reason  # not after scale_up_delay_s
+    d = s.decide(policy(max_replicas=2, min_replicas=1, scale_down_delay_s=600), 32, 0, 3)
+    assert d is not None and d.after == 2 and "max_replicas 2" in d.reason
+
+
+def test_the_load_is_weighted_by_time_not_by_how_often_it_was_looked_at() -> None:
+    s = Autoscaler()
+    s.sample(0.0, 0, 0)
+    s.sample(4.0, 0, 0)  # 4 s with nothing in flight
+    for i in range(40):  # then a burst of looks within 0.4 s, each seeing 10 in flight
+        s.sample(4.01 + i * 0.01, 10, 0)
+    assert s.load < 2.0  # a plain mean of the samples would say 9.5

@@ -48,12 +48,16 @@ def soft_plan(serving: list[Instance], settings: EngineSettings) -> ApplyPlanOut
                      f"(vLLM runs with a ceiling of {min(i.launched_seqs for i in serving)})")
     if old.routing != settings.routing:
         steps.append(f"the gateway routes by {settings.routing.replace('_', ' ')} from the next request")
-    if settings.replicas > len(serving):
+    if settings.max_replicas is not None:  # the count follows the load: replicas is only where it starts
+        steps.append(f"autoscaling between {settings.min_replicas} and {settings.max_replicas} replicas on the "
+                     f"load; {len(serving)} serve now")
+    elif settings.replicas > len(serving):
         steps.append(f"start {settings.replicas - len(serving)} more replica(s) beside those that serve")
     elif settings.replicas < len(serving):
         steps.append(f"drain and stop {len(serving) - settings.replicas} replica(s); the others serve")
     return ApplyPlanOut(kind="soft", reason="in effect now, no restart: nothing the running instances were started "
-                        "with changes", pause_s=0.0, expected_s=0.0 if settings.replicas <= len(serving) else None,
+                        "with changes", pause_s=0.0, expected_s=0.0 if settings.max_replicas is not None or
+                        settings.replicas <= len(serving) else None,
                         capacity_dip_pct=0.0, steps=steps or ["record the revision: nothing changes"])
 
 
@@ -95,7 +99,11 @@ async def adopt(ctx: SoftContext, desired: Revision, serving: list[Instance]) ->
                        f"ceiling of {min(i.launched_seqs for i in serving)} they were started with)")
     if old.routing != settings.routing:
         changed.append(f"routing {old.routing} → {settings.routing} from the next request")
-    if old.replicas != want:
+    if settings.max_replicas is not None:
+        want = len(serving)  # the autoscaler, not the revision, moves the count
+        if (old.min_replicas, old.max_replicas) != (settings.min_replicas, settings.max_replicas):
+            changed.append(f"autoscaling between {settings.min_replicas} and {settings.max_replicas} replicas")
+    elif old.replicas != want:
         changed.append(f"replicas {len(serving)} → {want}")
     await ctx.event("applied_soft", f"revision {desired.id}: " + "; ".join(changed or ["no change"])
                     + f"; instances {', '.join(i.name for i in serving)} serve it, nothing restarts",
