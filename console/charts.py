@@ -132,6 +132,21 @@ def by_instance(history: SeriesOut, metric: str, title: str, unit: str, scale: f
     return _lines(history, metric, title, unit, scale, "instance")
 
 
+def scaling(history: SeriesOut) -> go.Figure:
+    """A deployment's replicas (serving, and wanted by autoscaling: 0 when scaled to zero) against its load."""
+    fig = go.Figure()
+    for series in history.series.values():
+        b = bands(series)
+        t = [datetime.fromtimestamp(x, UTC) for x in series.t]
+        for metric, name, line in (("load", "load (in flight and waiting)", {"width": 1}),
+                                   ("replicas_wanted", "replicas wanted", {"shape": "hv", "dash": "dot"}),
+                                   ("replicas_serving", "replicas serving", {"shape": "hv", "width": 3})):
+            if metric in b:
+                fig.add_trace(go.Scatter(x=t, y=b[metric].avg if metric == "load" else b[metric].max, name=name,
+                                         mode="lines", line=line))
+    return empty_note(_layout(fig, "Replicas against load", "", height=260))
+
+
 def compare_bars(levels: list[CompareLevel], key: str, title: str, names: tuple[str, str]) -> go.Figure:
     """Two benchmark runs side by side at each concurrency level they share."""
     fig = go.Figure()

@@ -33,6 +33,9 @@ from engine.db import (
     INSTANCE_METRICS,
     INSTANCE_MINUTE,
     INSTANCE_RAW,
+    SCALING_METRICS,
+    SCALING_MINUTE,
+    SCALING_RAW,
     SERVING_MINUTE,
     SERVING_RAW,
     open_database,
@@ -58,6 +61,7 @@ from engine.placement import Placement
 from engine.private import make_private
 from engine.prompts import PromptStore
 from engine.revisions import EngineSettings, RevisionStore, initial_settings
+from engine.schemas import AutoscaleOut
 from engine.vllm import PrivateRotatingFileHandler, VllmFlags, redact_secrets, session_nice, vllm_distribution
 
 
@@ -125,6 +129,13 @@ def free_space_problem(folder: Path, least: int) -> str | None:
     return None
 
 
+def scaling_row(view: AutoscaleOut | None) -> dict[str, float | None] | None:
+    """A deployment's autoscaling status as a row of the scaling history (SCALING_METRICS)."""
+    if view is None:
+        return None
+    return {"replicas_serving": float(view.serving), "replicas_wanted": float(view.wanted), "load": view.load}
+
+
 def create_app(config: AppConfig, *, placement: Placement | None = None) -> FastAPI:
     """The composition root: every service built once, the lifespan that starts and stops them in order, the
     routes, the access gate and the audit. ``placement``: where vLLM instances run (default: as configured; the
@@ -186,6 +197,8 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
                                   config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
     instance_history = SeriesStore(db, INSTANCE_RAW, INSTANCE_MINUTE, "instance", INSTANCE_METRICS,
                                    config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
+    scaling_history = SeriesStore(db, SCALING_RAW, SCALING_MINUTE, "deployment", SCALING_METRICS,
+                                  config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
     local = "127.0.0.1" if config.host in ("0.0.0.0", "::", "localhost") or loopback else config.host
 
     def extras(runtime: Runtime) -> None:
@@ -195,7 +208,9 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
                                          lambda: admission.revision, serving_history,
                                          headers=lambda: admission.upstream_headers,
                                          instances=lambda: admission.upstreams, instance_history=instance_history,
-                                         deployment_id=admission.deployment_id)
+                                         deployment_id=admission.deployment_id,
+                                         scaling=lambda: scaling_row(runtime.controller.autoscale_view()),
+                                         scaling_history=scaling_history)
         runtime.benchmarks = Benchmarks(
             db, runtime.revisions, runtime.events, runtime.controller, ledger, f"http://{local}:{config.port}",
             sampler.energy_now,
@@ -223,7 +238,7 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
                         tallies=tallies, limits=limits, fleet=fleet, deployments=deployments, planner=planner,
                         sampler=sampler,
                         telemetry=telemetry, alerts=alerts, serving_history=serving_history,
-                        instance_history=instance_history, ledger=ledger,
+                        instance_history=instance_history, scaling_history=scaling_history, ledger=ledger,
                         gateway=gateway, registry=registry,
                         public_url=config.public_url or f"http://{local}:{config.port}", gateway_keys=gateway_keys,
                         build=build, vllm_version=vllm_version, workers=workers,

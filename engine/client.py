@@ -471,6 +471,10 @@ class EngineClient:
             params["metric"] = metrics
         return self._get(SeriesOut, "GET", "/api/serving/instances/history", params=params)
 
+    def scaling_history(self, window: str) -> SeriesOut:
+        """The deployment's replicas serving and wanted, and its load, over time (one series)."""
+        return self._get(SeriesOut, "GET", "/api/serving/scaling/history", params={"window": window})
+
     def kpis(self, window: str, revision: int | None = None, client: str | None = None) -> list[KpiRow]:
         params: dict[str, Any] = {"window": window}
         if revision is not None:

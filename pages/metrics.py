@@ -46,7 +46,24 @@ def live() -> None:
         cols[i % 2].plotly_chart(charts.by_revision(history, metric, title, unit, scale), theme="streamlit")
     st.caption(f"vLLM's /metrics every {now.interval_s:.0f} s; {history.source} history, "
                f"{history.step_s:.0f} s per point; one line per revision that served.")
+    scaled()
     instances()
+
+
+def scaled() -> None:
+    """Replicas against load over time, where the deployment autoscales or scales to zero."""
+    try:
+        status = client().status()
+        a = status.autoscale
+        if a is None or not (a.autoscaled or a.scale_to_zero_after_s is not None):
+            return
+        history = client().scaling_history(WINDOWS[window])
+    except ClientError as exc:
+        unreachable(exc)
+    st.plotly_chart(charts.scaling(history), theme="streamlit", key="scaling")
+    st.caption(f"Autoscaling: replicas {a.min_replicas}–{a.max_replicas}, target {a.target_in_flight:g} in flight "
+               "per replica. Replicas serving are the most in each point, the load its mean; each decision is an "
+               "`autoscale` event (Events page).")
 
 
 def instances() -> None:

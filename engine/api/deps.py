@@ -90,6 +90,7 @@ AlertsDep = Annotated[AlertEngine, Depends(_part("alerts"))]
 ServingDep = Annotated[ServingMonitor, Depends(_of_runtime("serving"))]
 ServingHistoryDep = Annotated[SeriesStore, Depends(_part("serving_history"))]
 InstanceHistoryDep = Annotated[SeriesStore, Depends(_part("instance_history"))]
+ScalingHistoryDep = Annotated[SeriesStore, Depends(_part("scaling_history"))]
 BenchmarksDep = Annotated[Benchmarks, Depends(_of_runtime("benchmarks"))]
 
 

@@ -41,6 +41,7 @@ class Services:
     alerts: AlertEngine
     serving_history: SeriesStore
     instance_history: SeriesStore  # each instance's requests, routing, prefix-cache hits and KV use over time
+    scaling_history: SeriesStore  # each deployment's replicas against its load over time
     ledger: Ledger
     gateway: Gateway
     registry: CollectorRegistry

@@ -110,6 +110,20 @@ class Planner:
         return (f"it needs about {need / GIB:.1f} GiB of the host's memory, which has {available / GIB:.1f} GiB "
                 "available")
 
+    def free_bytes(self, snap: Any = None) -> float | None:
+        """The memory free on a node (the engine's host, or the node whose sample ``snap`` is): its GPUs' on CUDA,
+        its host's on the CPU build; None without a reading."""
+        snap = snap if snap is not None else self.sampler.latest
+        if snap is None:
+            return None
+        if self.build == "cuda":
+            gpus = [g for g in snap.gpus if not g.lost and g.values.get("mem_total")]
+            if not gpus:
+                return None
+            return sum(float(g.values["mem_total"] or 0) - float(g.values.get("mem_used") or 0) for g in gpus)
+        available = (snap.host or {}).get("mem_available")
+        return float(available) if available is not None else None
+
     def check(self, settings: EngineSettings) -> PreflightResult:
         calibration = self.calibrations.latest(settings.model, settings.tensor_parallel_size, settings.dtype)
         return check(settings, data_dir=self.data_dir, device=self.device(settings.tensor_parallel_size),

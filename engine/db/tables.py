@@ -278,6 +278,10 @@ SERVING_RAW, SERVING_MINUTE = series_tables("serving", "revision", SERVING_METRI
 INSTANCE_METRICS: tuple[str, ...] = ("requests_per_s", "prefix_routed_share", "prefix_cache_hit_pct", "kv_cache_usage")
 # each instance that serves, keyed "DEPLOYMENT_ID/INSTANCE" (an instance's name is its deployment's: a, b, r1…)
 INSTANCE_RAW, INSTANCE_MINUTE = series_tables("instance", "instance", INSTANCE_METRICS, String(80))
+# each deployment's replica count against its load (autoscaling), keyed by the deployment's id; written while it
+# is scaled to zero too
+SCALING_METRICS: tuple[str, ...] = ("replicas_serving", "replicas_wanted", "load")
+SCALING_RAW, SCALING_MINUTE = series_tables("scaling", "deployment", SCALING_METRICS)
 
 
 # --- the same values on both dialects (keep this last: it applies to every table above) ----------------------

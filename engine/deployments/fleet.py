@@ -114,6 +114,7 @@ class Fleet:
         controller = Controller(self.config, revisions, events, admission, planner=planner, audit=self.audit,
                                 deployment=ref, placement=self.placement, clock=self.clock, build=self.build)
         controller.room = lambda node, settings, index: planner.room_for(settings, self._snapshot_of(node), index)
+        controller.free_on = lambda node: planner.free_bytes(self._snapshot_of(node))
         controller.others_running = lambda: sum(len(r.controller.instances) for r in list(self.runtimes.values())
                                                 if r.ref is not ref)
         controller.enabled = self.config.autostart and row.enabled

@@ -18,6 +18,8 @@ from engine.db import (
     DEFAULT_DEPLOYMENT,
     INSTANCE_MINUTE,
     INSTANCE_RAW,
+    SCALING_MINUTE,
+    SCALING_RAW,
     SERVING_MINUTE,
     SERVING_RAW,
     BenchmarkRun,
@@ -171,6 +173,8 @@ class DeploymentStore:
                     s.exec(delete(table).where(table.c.revision.in_(revisions)))
             for table in (INSTANCE_RAW, INSTANCE_MINUTE):
                 s.exec(delete(table).where(table.c.instance.startswith(f"{row.id}/", autoescape=True)))
+            for table in (SCALING_RAW, SCALING_MINUTE):
+                s.exec(delete(table).where(table.c.deployment == row.id))
             for model, column in ((Event, Event.deployment_id), (BenchmarkRun, BenchmarkRun.deployment_id),
                                   (RequestLog, RequestLog.deployment_id), (Revision, Revision.deployment_id)):
                 s.exec(delete(model).where(col(column) == row.id))

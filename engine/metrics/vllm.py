@@ -207,7 +207,9 @@ class ServingMonitor:
                  revision: Callable[[], int | None] = lambda: None, history: SeriesStore | None = None,
                  headers: Callable[[], dict[str, str]] = dict,
                  instances: Callable[[], Sequence[Scraped]] = tuple, instance_history: SeriesStore | None = None,
-                 deployment_id: int | None = None) -> None:
+                 deployment_id: int | None = None,
+                 scaling: Callable[[], dict[str, float | None] | None] = lambda: None,
+                 scaling_history: SeriesStore | None = None) -> None:
         self.interval_s = interval_s
         self.upstream = upstream
         self.headers = headers  # the child's key: every path of it asks for one (engine/vllm_guard.py)
@@ -223,6 +225,8 @@ class ServingMonitor:
         self.instance_history = instance_history  # each instance's figures over time, keyed "DEPLOYMENT/INSTANCE"
         self.deployment_id = deployment_id
         self._tallies: dict[str, tuple[float, int, int]] = {}  # by address: when, routed by prefix, routed in all
+        self.scaling = scaling  # the deployment's replicas serving and wanted, and its load, now (SCALING_METRICS)
+        self.scaling_history = scaling_history  # those over time: written with or without a vLLM to scrape
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="serving-monitor")
@@ -238,7 +242,19 @@ class ServingMonitor:
                 if time.monotonic() - last >= self.interval_s or self.upstream() != self._source:
                     last = time.monotonic()
                     await self.scrape_once(client)
+                    await self.record_scaling()
                 await asyncio.sleep(0.5)
+
+    async def record_scaling(self) -> None:
+        """One row of the deployment's replicas against its load (scaled to zero too: nothing to scrape then)."""
+        row = self.scaling()
+        if self.scaling_history is None or row is None:
+            return
+        try:
+            await asyncio.to_thread(self.scaling_history.write, time.time(),
+                                    [{"deployment": self.deployment_id, **row}])
+        except SQLAlchemyError as exc:
+            log.warning("scaling history: could not record a row: %s", exc)
 
     async def scrape_once(self, client: httpx.AsyncClient) -> None:
         url = self.upstream()

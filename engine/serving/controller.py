@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
@@ -77,6 +78,8 @@ class Controller:
         self.placement: Placement = placement or LocalPlacement()  # where instances run (the registry hands its own)
         # whether replica ``index`` of these settings fits on a node now (None: it does; else why not)
         self.room: Callable[[str | None, EngineSettings, int], str | None] = lambda _node, _settings, _index: None
+        # the memory free on a node (None: no reading): a replica fewer is taken where it is scarcest
+        self.free_on: Callable[[str | None], float | None] = lambda _node: None
         # instances of other deployments running on this host now (the CPU build then leaves this one unpinned)
         self.others_running: Callable[[], int] = lambda: 0
         self.intent = Intent(enabled=config.autostart)
@@ -430,13 +433,24 @@ class Controller:
             self._begin("replica", self.operations.add_replica(desired, len(proper)))
         elif len(proper) > want:
             self._begin("retire", self.operations.retire_replica(
-                proper[-1], f"revision {desired.id} runs {want} replica(s)"))
+                self._scarcest(proper), f"revision {desired.id} runs {want} replica(s)"))
         else:
             for inst in serving:
                 if self.health.unhealthy(inst):
                     self._failed(inst, f"vLLM instance {inst.name} stopped answering /health (3 probes in a row)",
                                  None)
                     return
+
+    def _scarcest(self, candidates: list[Instance]) -> Instance:
+        """The replica to retire: the one on the node with the least memory free (on Ray, the node that most needs
+        it back); among equals, the last launched."""
+        free = {node: self.free_on(node) for node in {i.child.node for i in candidates}}
+
+        def room(inst: Instance) -> float:
+            value = free.get(inst.child.node)
+            return value if value is not None else math.inf
+
+        return min(reversed(candidates), key=room)
 
     async def _from_zero(self, desired: Revision, why: str) -> None:
         """Nothing serves: wake the instances asleep (as many as are wanted; the others stop), else start the

@@ -119,6 +119,17 @@ class Launcher:
         taken = [i.child.node for i in self.instances if i.serving or i.role == "starting"]
         return self.placement.place(index, taken, settings.tensor_parallel_size if self.build == "cuda" else 0)
 
+    def other_nodes(self, chosen: str | None, settings: EngineSettings) -> list[str]:
+        """The alive nodes besides ``chosen`` a replica could go to when ``chosen`` has no room, fewest of this
+        deployment's instances first (none on this host alone). Ray asks its GCS: call from a thread."""
+        if chosen is None:
+            return []
+        gpus = settings.tensor_parallel_size if self.build == "cuda" else 0
+        taken = [i.child.node for i in self.instances if i.serving or i.role == "starting"]
+        nodes = [n for n in self.placement.nodes() if n.id != chosen and n.alive and n.gpus >= gpus
+                 and self.placement.alive(n.id)]
+        return [n.id for n in sorted(nodes, key=lambda n: taken.count(n.id))]
+
     def device_for(self, index: int, settings: EngineSettings) -> str | None:
         """The GPUs of replica ``index``: its own tensor-parallel group when the deployment's GPUs (the host's,
         when it names none) are enough for every replica, else the deployment's shared (None: CUDA_VISIBLE_DEVICES

@@ -73,6 +73,11 @@ class Operations:
         settings = EngineSettings.model_construct(**revision.values)
         node = await asyncio.to_thread(ctx.launcher.node_for, index, settings)
         short = await asyncio.to_thread(self.room, node, settings, index)
+        if short is not None:  # on a fleet: another node with room, if one has it
+            for other in await asyncio.to_thread(ctx.launcher.other_nodes, node, settings):
+                if await asyncio.to_thread(self.room, other, settings, index) is None:
+                    node, short = other, None
+                    break
         if short is not None:
             ctx.intent.next_attempt = ctx.monotonic() + ROOM_RETRY_S
             if self._waiting_room != short:

@@ -4,6 +4,7 @@ each page, no engine process and no vLLM."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -574,6 +575,17 @@ def test_an_operator_turns_scale_to_zero_on_and_the_overview_says_what_the_next_
         assert "Scaled to zero: no request for" in body and "Requests get 503" not in body
         assert "a cold start" in body and "waits in the gateway's queue" in body
         assert {m.label: m.value for m in at.metric}["Replicas wanted"] == "0 (asleep)"
+        from console.charts import bands
+
+        def recorded_asleep() -> bool:  # the scaling history is written with nothing to scrape too
+            series = list(engine.client.scaling_history("15m").series.values())
+            return bool(series) and 0 in bands(series[0])["replicas_wanted"].min
+        wait_until(recorded_asleep, 30, what="the scaling history while asleep")
+        at = page("metrics", engine.token)
+        chart = next(json.loads(c.proto.spec) for c in at.get("plotly_chart")
+                     if "Replicas against load" in c.proto.spec)
+        assert {t["name"] for t in chart["data"]} == {"load (in flight and waiting)", "replicas wanted",
+                                                     "replicas serving"}
         listed = engine.http.get("/v1/models").json()["data"]
         assert [m["id"] for m in listed] == ["demo-chat"]  # asleep, listed: a request for it wakes it
         answer = engine.http.post("/v1/completions", json={"model": "demo-chat", "max_tokens": 2, "prompt": "hi"})

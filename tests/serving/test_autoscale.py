@@ -200,3 +200,31 @@ async def test_its_name_reaches_it_asleep_and_while_it_comes_back(tmp_path: Path
         sc.controller.request_stop()
         await sc.until(lambda: sc.snapshot().state == "stopped" and not sc.controller.instances)
         assert sc.controller.served_names() == set()  # stopped by an operator: not listed, not reached
+
+
+async def test_on_a_fleet_a_replica_fewer_is_taken_where_memory_is_scarcest(tmp_path: Path) -> None:
+    """Item 4: added where the placement has room, removed first from the node that most needs its memory back."""
+    async with Scenario(tmp_path, values=SCALING, nodes=["n1", "n2", "n3"]) as sc:
+        await sc.until(sc.serving_revision(1))
+        async with sc.clients(6):
+            await sc.until(lambda: serving_count(sc) == 3, within_s=200)
+        nodes = {i.name: i.child.node for i in sc.controller.instances}
+        assert sorted(str(n) for n in nodes.values()) == ["n1", "n2", "n3"]  # one a node
+        free = {"n1": 40e9, "n2": 2e9, "n3": 90e9}
+        sc.controller.free_on = lambda node: free.get(node or "")
+        async with sc.clients(3):  # asks for 2 replicas: one goes
+            await sc.until(lambda: serving_count(sc) == 2 and sc.controller.work_name is None, within_s=200)
+        assert {i.child.node for i in sc.controller.instances} == {"n1", "n3"}
+        await sc.until(lambda: serving_count(sc) == 1 and sc.controller.work_name is None, within_s=200)
+        assert [i.child.node for i in sc.controller.instances] == ["n3"]
+
+
+async def test_on_a_fleet_a_replica_goes_to_a_node_with_room_when_the_placement_s_choice_has_none(
+        tmp_path: Path) -> None:
+    async with Scenario(tmp_path, values=SCALING, nodes=["n1", "n2", "n3"]) as sc:
+        await sc.until(sc.serving_revision(1))
+        sc.controller.room = lambda node, _settings, _index: None if node == "n3" else f"{node} is full"
+        async with sc.clients(4) as clients:  # asks for 2
+            await sc.until(lambda: serving_count(sc) == 2, within_s=200)
+        assert sorted(str(i.child.node) for i in sc.controller.instances) == ["n1", "n3"]
+        assert sc.event_list("replica_waiting") == [] and clients.failed == []

@@ -7,7 +7,15 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import Field
 
-from engine.api.deps import InstanceHistoryDep, RuntimeDep, ServicesDep, ServingDep, ServingHistoryDep, access
+from engine.api.deps import (
+    InstanceHistoryDep,
+    RuntimeDep,
+    ScalingHistoryDep,
+    ServicesDep,
+    ServingDep,
+    ServingHistoryDep,
+    access,
+)
 from engine.api.params import step_of, window_of
 from engine.schemas import MAX_ID, KpiRow, KpisOut, SeriesOut, ServingOut
 
@@ -47,6 +55,17 @@ def instance_history(history: InstanceHistoryDep, runtime: RuntimeDep, window: s
     out = history.history(seconds, step_of(step, seconds), metrics=metric, key_prefix=prefix)
     out["series"] = {key.removeprefix(prefix): series for key, series in out["series"].items()}
     return SeriesOut.model_validate(out)
+
+
+@router.get("/api/serving/scaling/history", response_model=SeriesOut, dependencies=access("viewer"))
+def scaling_history(history: ScalingHistoryDep, runtime: RuntimeDep, window: str = Query("1h", max_length=20),
+                    step: str | None = Query(None, max_length=20),
+                    metric: list[str] | None = Query(None, max_length=64)) -> SeriesOut:
+    """The deployment's replicas (serving, and wanted by autoscaling: 0 when scaled to zero) against its load
+    (requests in flight and waiting, 5 s mean) over time, one series keyed by its id (raw for an hour, per minute
+    for 7 d); recorded while it is scaled to zero too."""
+    seconds = window_of(window, history.minute_retention_s)
+    return SeriesOut.model_validate(history.history(seconds, step_of(step, seconds), [runtime.ref.id], metric))
 
 
 @router.get("/api/kpis", response_model=KpisOut, dependencies=access("viewer"))
