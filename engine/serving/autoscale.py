@@ -98,6 +98,10 @@ class Autoscaler:
             self.last_active = now
         self._admitted = admitted
 
+    def reset(self) -> None:
+        """An operator started or restarted it: the revision's own count again (asleep or not), decided anew."""
+        self.want, self._pressure, self.held = None, None, None
+
     def touch(self, now: float) -> None:
         """Nothing serves, or it was just started by hand: idle time counts from now (a stopped or failed
         deployment is not idle, it is down)."""

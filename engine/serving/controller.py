@@ -219,6 +219,7 @@ class Controller:
     # --- operators' commands (from the API's threads) ---------------------------------------------------------
 
     def request_start(self) -> None:
+        self.scaler.reset()  # started by hand: it runs now, asleep or not
         self.intent.enabled = True
         self.intent.stop_reason = None
         self.intent.halted = None
@@ -233,6 +234,7 @@ class Controller:
         self.wake()
 
     def request_restart(self) -> None:
+        self.scaler.reset()
         self.intent.enabled = True
         self.intent.halted = None
         self.intent.restart_requested = True

@@ -228,3 +228,16 @@ async def test_on_a_fleet_a_replica_goes_to_a_node_with_room_when_the_placement_
             await sc.until(lambda: serving_count(sc) == 2, within_s=200)
         assert sorted(str(i.child.node) for i in sc.controller.instances) == ["n1", "n3"]
         assert sc.event_list("replica_waiting") == [] and clients.failed == []
+
+
+async def test_an_operator_s_start_of_a_deployment_asleep_starts_it_now(tmp_path: Path) -> None:
+    """Stopped while asleep, then started: it serves now (it stayed stopped, saying "stop requested", until a
+    request came)."""
+    async with Scenario(tmp_path, values={"scale_to_zero_after_s": 30.0}) as sc:
+        await sc.until(sc.serving_revision(1))
+        await sc.until(lambda: not sc.controller.instances and sc.controller.work_name is None, within_s=120)
+        sc.controller.request_stop()
+        await sc.ticks(3)
+        sc.controller.request_start()
+        await sc.until(sc.serving_revision(1), within_s=120)
+        assert sc.snapshot().state == "ready"
