@@ -263,10 +263,13 @@ class Sandbox:
         return Sandbox(self.hide, self.read, (*self.keep, *paths), self.host)
 
     def wrap(self, args: Sequence[str], python: str = sys.executable) -> list[str]:
-        """``args`` run inside this sandbox (``python`` runs this module, which then execs ``args``)."""
+        """``args`` run inside this sandbox (``python`` runs this module, which then execs ``args``). A leading
+        ``nice -n N`` (engine/vllm/command.py at_nice) goes first, so that the wrapper's own start already runs at
+        the priority the child is given (it ran at the engine's, hundreds of milliseconds on a busy host)."""
         opts = [*(x for p in self.hide for x in ("--hide", p)), *(x for p in self.read for x in ("--read", p)),
                 *(x for p in self.keep for x in ("--keep", p)), *(("--host", self.host) if self.host else ())]
-        return [python, "-m", MODULE, *opts, "--", *args]
+        lead = list(args[:3]) if len(args) > 3 and os.path.basename(args[0]) == "nice" and args[1] == "-n" else []
+        return [*lead, python, "-m", MODULE, *opts, "--", *args[len(lead):]]
 
 
 def parse(argv: Sequence[str]) -> tuple[Sandbox, list[str]]:

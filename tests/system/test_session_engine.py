@@ -183,7 +183,9 @@ def test_an_apply_under_streaming_load_never_pauses(engine: EngineHandle) -> Non
         sampled: dict[int, int] = {}
         for pid in starting_pids(status):
             with contextlib.suppress(psutil.Error):
-                sampled[pid] = psutil.Process(pid).nice()
+                proc = psutil.Process(pid)
+                if time.time() - proc.create_time() > 1.0:  # past the fork and `nice`'s own exec (the engine's
+                    sampled[pid] = proc.nice()  # priority until then: CI saw -10 once, in the sandbox's start)
         if sampled:  # a sample counts only if the instance still starts after it: one that began to serve in
             # between is reniced to vllm_nice (the role changes with the renice, so a later "starting" is proof)
             still = starting_pids(engine.client.status())
@@ -473,55 +475,38 @@ def test_a_second_deployment_serves_beside_the_first_through_the_one_gateway(eng
     assert after.pid == a.pid and after.running_revision == a.running_revision and after.state == "ready"
 
 
-def test_capacity_follows_demand_one_to_two_replicas_and_back_then_to_zero_and_the_first_request_is_answered(
-        engine: EngineHandle) -> None:
-    """Issue 33 with the real vLLM (the CPU build): under load a second replica starts, and when the load ends it
-    is drained and stopped; idle, the deployment scales to zero (stopped here: no sleep mode on CPU) and the first
-    request after starts it again and is answered. Each decision is an event with its reason; 0 failed throughout
-    (the decisions' timing and every fault: the serving tier)."""
-    engine.client.wait_for({"ready"}, COLD_START_S)
+def test_idle_it_scales_to_zero_and_the_first_request_after_is_answered(engine: EngineHandle) -> None:
+    """Issue 33 with the real vLLM (the CPU build): idle, the deployment scales to zero (stopped here: no sleep mode
+    on CPU; no process of it is left), it is still listed, and the first request after waits for the cold start in
+    the gateway's queue and is answered. Each decision is an event with its reason. Replicas that follow the load
+    (1 -> 2 -> 1, 0 failed) with the real vLLM are `python -m bench autoscale`'s (docs/benchmarks.md): a second
+    start beside one that serves cost this tier minutes on CI; every plan and fault of it is the serving tier's."""
+    before = engine.client.wait_for({"ready"}, COLD_START_S)
     base = engine.client.settings()
-    restore = {k: getattr(base.values, k) for k in ("replicas", "min_replicas", "max_replicas", "target_in_flight",
-                                                     "scale_up_delay_s", "scale_down_delay_s",
-                                                     "scale_to_zero_after_s")}
     newest = engine.client.events(limit=1, newest_first=True)
     since = newest[0].id if newest else 0
-    scaled = engine.client.put_settings(base.revision, {
-        "max_replicas": 2, "min_replicas": 1, "target_in_flight": 0.3, "scale_up_delay_s": 2.0,
-        "scale_down_delay_s": 8.0}, note="test: autoscaling")
+    zero = engine.client.put_settings(base.revision, {"scale_to_zero_after_s": 5.0}, note="test: to zero")
 
-    def serving() -> int:
-        return sum(1 for i in engine.client.status().instances if i.serving)
+    def scaled_to_zero() -> StatusOut | None:
+        s = engine.client.status()
+        return s if s.autoscale is not None and s.autoscale.asleep and not s.instances else None
 
     try:
-        # two clients that wait half a second between requests: about 0.45 in flight, over the target of 0.3 for
-        # one replica and within it for two, and most of the two cores left to the second one's start
-        load = Load(engine.url, clients=2, stream=True, model="demo", pause_s=0.5).start()
-        try:
-            wait_until(lambda: serving() == 2, COLD_START_S * 2, what="a second replica under load")
-        finally:
-            outcomes = load.stop()
-        wait_until(lambda: serving() == 1 and len(engine.client.status().instances) == 1, 120,
-                   what="back to one replica once the load ended")
-        counts = summary(outcomes)
-        assert counts["ok"] == counts["total"] > 0, (counts, [o for o in outcomes if not o.ok][:3])
-        zero = engine.client.put_settings(scaled.revision, {"scale_to_zero_after_s": 5.0}, note="test: to zero")
-        def scaled_to_zero() -> StatusOut | None:
-            s = engine.client.status()
-            return s if s.autoscale is not None and s.autoscale.asleep and not s.instances else None
-
         asleep = wait_until(scaled_to_zero, 60, what="scaled to zero")
         assert asleep.state == "stopped" and "scaled to zero" in asleep.reason and asleep.pid is None
-        assert asleep.running_revision is None and asleep.desired_revision == zero.revision
+        assert asleep.autoscale is not None and asleep.autoscale.wake == "cold_start"
+        assert before.pid is not None and group_members(before.pid) == []  # nothing of it left running
+        listed = httpx.get(f"{engine.url}/v1/models", timeout=30).json()["data"]
+        assert "demo" in {m["id"] for m in listed}  # asleep, still listed: a request for it wakes it
         resp = httpx.post(f"{engine.url}/v1/completions", timeout=COLD_START_S,
                           json={"model": "demo", "prompt": "Return the", "max_tokens": 4})
         assert resp.status_code == 200, resp.text  # it waited for the cold start in the gateway's queue
         decisions = engine.client.events(since=since, limit=500, kinds=["autoscale"])
-        actions = [e.data["action"] for e in decisions]
-        assert actions[0] == "up" and "down" in actions and actions[-2:] == ["to_zero", "wake"], actions
+        assert [e.data["action"] for e in decisions] == ["to_zero", "wake"]
         assert all(e.data["reason"] and "load" in e.data for e in decisions)
+        assert engine.client.status().running_revision == zero.revision
     finally:
         current = engine.client.settings()
-        engine.client.put_settings(current.revision, restore, note="test: fixed again")
+        engine.client.put_settings(current.revision, {"scale_to_zero_after_s": None}, note="test: never again")
         wait_until(lambda: (s := engine.client.status()).state == "ready" and len(s.instances) == 1, COLD_START_S,
-                   what="one replica again")
+                   what="serving again")

@@ -218,6 +218,10 @@ def test_the_wrapper_command_line_round_trips() -> None:
     assert parse(wrapped[3:]) == (sandbox, ["/py", "-m", "vllm.entrypoints.openai.api_server", "--port", "1"])
     with pytest.raises(ValueError, match="no command"):
         parse(["--hide", "/d"])
+    # a child started at a lower priority: the wrapper starts at it too (nice first, the same pid throughout)
+    niced = sandbox.wrap(["/usr/bin/nice", "-n", "29", "/py", "-m", "vllm"], python="/py")
+    assert niced[:6] == ["/usr/bin/nice", "-n", "29", "/py", "-m", "engine.vllm_sandbox"]
+    assert parse(niced[6:]) == (sandbox, ["/py", "-m", "vllm"])
 
 
 def test_no_landlock_is_said_and_the_engine_starts_vllm_unconfined(monkeypatch: pytest.MonkeyPatch,
