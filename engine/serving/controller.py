@@ -385,8 +385,11 @@ class Controller:
             await self.gate.refuse(None)
         desired = await self._desired_revision()
         if desired is False:
-            if self.scaler.asleep and self.admission.waiting and self._last_desired is not None:
-                # the store is down and a request waits for a deployment scaled to zero: wake what it ran
+            if self.scaler.asleep and self.admission.waiting and self._last_desired is not None \
+                    and self.scaler.policy is not None:
+                # the store is down and a request waits for a deployment scaled to zero: wake what it ran (wanted
+                # again, so that it is not put back to sleep when the store is back; the event is not recorded)
+                self.scaler.decide(self.scaler.policy, self.clock.monotonic(), self.admission.waiting, 0)
                 await self._from_zero(self._last_desired, "a request arrived while the database cannot be read")
             return
         if desired is None:

@@ -163,6 +163,10 @@ async def test_asleep_with_the_database_down_a_request_still_wakes_it(tmp_path: 
         async with sc.clients(1) as first:
             await sc.until(lambda: any(r.ok for r in first.results), within_s=30)
         assert first.failed == [] and sc.controller.instances.all()[0].name == "a"
+        assert not sc.controller.scaler.asleep  # wanted again: the store's return does not put it back to sleep
+        sc.sessions.down = False
+        await sc.ticks(3)
+        assert [i.role for i in sc.controller.instances] == ["serving"]
 
 
 async def test_three_asleep_one_wanted_one_wakes_and_the_others_stop(tmp_path: Path) -> None:
