@@ -193,6 +193,7 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
                       traffic_max_tokens=lambda: ledger.longest_request(86400),
                       traffic_need=lambda: TrafficNeed(*need) if (need := ledger.longest_need(TRAFFIC_WINDOW_S))
                       else None)
+    planner.sleep_mode = build == "cuda" and config.sleep_mode
     serving_history = SeriesStore(db, SERVING_RAW, SERVING_MINUTE, "revision", HISTORY_METRICS,
                                   config.telemetry_raw_retention_s, config.telemetry_minute_retention_s)
     instance_history = SeriesStore(db, INSTANCE_RAW, INSTANCE_MINUTE, "instance", INSTANCE_METRICS,

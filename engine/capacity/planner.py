@@ -44,6 +44,7 @@ class Planner:
         # what the other deployments reserve (set by the registry): (this deployment) -> its neighbours
         self.neighbours: Callable[[DeploymentRef | None], list[Neighbour]] = lambda _: []
         self.cluster: Callable[[], Cluster | None] = lambda: None  # a Ray cluster's GPUs (set by the registry)
+        self.sleep_mode = False  # instances put to sleep wake in about a second (CUDA, LLMOPS_SLEEP_MODE)
 
     def scoped(self, deployment: DeploymentRef) -> Planner:
         """This planner for one deployment (the same calibrations, sampler and neighbours)."""
@@ -51,15 +52,19 @@ class Planner:
         planner.scope = deployment
         return planner
 
-    def _own(self, processes: list[dict[str, Any]], fallback: float) -> float:
-        """Memory the scoped deployment's processes hold on one GPU (unscoped: every vLLM's, ``fallback``)."""
+    def _own(self, processes: list[dict[str, Any]], fallback: float, sleepers: frozenset[str] = frozenset()
+             ) -> float:
+        """Memory the scoped deployment's processes hold on one GPU (unscoped: every vLLM's, ``fallback``), and
+        those of the neighbours in ``sleepers`` (they are put to sleep for it)."""
         if self.scope is None:
             return fallback
-        return float(sum(int(p.get("used_memory") or 0) for p in processes if p.get("deployment") == self.scope.name))
+        mine = {self.scope.name} | sleepers
+        return float(sum(int(p.get("used_memory") or 0) for p in processes if p.get("deployment") in mine))
 
-    def device(self, tensor_parallel_size: int = 1) -> Device | None:
+    def device(self, tensor_parallel_size: int = 1, sleepers: frozenset[str] = frozenset()) -> Device | None:
         """Memory as vLLM will see it after this deployment's running instances stop (their memory counts as
-        free; a neighbour's does not). Its GPUs: the deployment's placement, else the first ones."""
+        free; a neighbour's does not, unless it is in ``sleepers``: put to sleep for this one). Its GPUs: the
+        deployment's placement, else the first ones."""
         snap = self.sampler.latest
         if self.build == "cuda":
             gpus = [g for g in snap.gpus if not g.lost and g.values.get("mem_total")]
@@ -71,7 +76,8 @@ class Planner:
             group = pool[:tensor_parallel_size] if tensor_parallel_size <= len(pool) else pool
             totals = [float(g.values["mem_total"] or 0) - float(g.values.get("mem_reserved") or 0) for g in group]
             frees = [totals[i] - float(g.values.get("mem_used") or 0)
-                     + self._own(g.processes, float(g.values.get("vllm_mem") or 0)) for i, g in enumerate(group)]
+                     + self._own(g.processes, float(g.values.get("vllm_mem") or 0), sleepers)
+                     for i, g in enumerate(group)]
             return Device("cuda", int(min(totals)), int(min(frees)), count=len(gpus), name=group[0].name,
                           indices=tuple(g.index for g in group))
         host = snap.host
@@ -126,9 +132,11 @@ class Planner:
 
     def check(self, settings: EngineSettings) -> PreflightResult:
         calibration = self.calibrations.latest(settings.model, settings.tensor_parallel_size, settings.dtype)
-        return check(settings, data_dir=self.data_dir, device=self.device(settings.tensor_parallel_size),
-                     calibration=calibration, traffic=self.traffic_need(),
-                     neighbours=self.neighbours(self.scope), cluster=self.cluster())
+        neighbours = self.neighbours(self.scope)
+        sleepers = frozenset(n.name for n in neighbours if n.sleeps)  # their memory comes back when this one wakes
+        return check(settings, data_dir=self.data_dir, device=self.device(settings.tensor_parallel_size, sleepers),
+                     calibration=calibration, traffic=self.traffic_need(), neighbours=neighbours,
+                     cluster=self.cluster(), sleep_mode=self.sleep_mode)
 
     def calibrate(self, report: StartReport, settings: EngineSettings, logged_batched_tokens: int | None,
                   revision_id: int | None) -> None:

@@ -46,6 +46,7 @@ class Neighbour:
     utilization: float = 0.0
     instances: int = 1
     host_bytes: int = 0
+    sleeps: bool = False  # it scales to zero: put to sleep when another on its GPU must come back (not pinned)
 
 
 # A smaller max_model_len is suggested from the traffic of this window only, and only once the window holds
@@ -142,7 +143,10 @@ class Cluster:
 
 def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | None,
           calibration: Calibration | None = None, traffic: TrafficNeed | None = None,
-          neighbours: list[Neighbour] | None = None, cluster: Cluster | None = None) -> PreflightResult:
+          neighbours: list[Neighbour] | None = None, cluster: Cluster | None = None,
+          sleep_mode: bool = False) -> PreflightResult:
+    """``sleep_mode``: instances put to sleep keep their weights in host memory and wake in about a second (CUDA
+    with LLMOPS_SLEEP_MODE); else a deployment put to sleep for another is stopped and starts again cold."""
     errors: list[Finding] = []
     warnings: list[Finding] = []
     if settings.gpu_memory_utilization > 0.90 and (device is None or device.kind == "cuda"):
@@ -193,7 +197,7 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
     _memory_findings(settings, shape, device, calibration, pred, errors, warnings, traffic)
     _prediction_coverage(settings, shape, device, pred, warnings)
     if neighbours:
-        _neighbour_findings(settings, shape, device, neighbours, errors)
+        _neighbour_findings(settings, shape, device, neighbours, errors, warnings, sleep_mode)
     if (found := _traffic_finding(settings, device, pred, traffic)) is not None:
         warnings.append(found)
     return PreflightResult(errors, warnings, pred, shape, device)
@@ -270,8 +274,10 @@ def _pipeline_findings(settings: EngineSettings, shape: ModelShape, cluster: Clu
 
 
 def _neighbour_findings(settings: EngineSettings, shape: ModelShape, device: Device, neighbours: list[Neighbour],
-                        errors: list[Finding]) -> None:
-    """Packing: what the other deployments on the same GPUs (or host) reserve is not this one's to take."""
+                        errors: list[Finding], warnings: list[Finding], sleep_mode: bool) -> None:
+    """Packing: what the other deployments on the same GPUs (or host) reserve is not this one's to take — unless
+    they scale to zero: then no more of them is awake at once than fits (engine/serving/residency.py), and this says
+    which will sleep for it and what their wake costs."""
     if device.kind == "cuda":
         mine = settings.gpu_memory_utilization * (1 if device.count >= settings.most_replicas *
                                                   settings.tensor_parallel_size else settings.replicas)
@@ -283,6 +289,23 @@ def _neighbour_findings(settings: EngineSettings, shape: ModelShape, device: Dev
             margin = NEIGHBOUR_MARGIN_BYTES * sum(n.instances for n in beside) / device.total_bytes
             if mine + taken + margin <= 1.0:
                 continue
+            pinned = [n for n in beside if not n.sleeps]
+            held = sum(n.utilization for n in pinned) + \
+                NEIGHBOUR_MARGIN_BYTES * sum(n.instances for n in pinned) / device.total_bytes
+            if mine + held <= 1.0:
+                sleepers = [n.name for n in beside if n.sleeps]
+                wake = ("a wake from sleep takes about a second (sleep mode)" if sleep_mode else
+                        "a wake is a cold start (no sleep mode: the one put to sleep is stopped)")
+                alone = "" if settings.scale_to_zero_after_s is not None else (
+                    f"; this deployment has no scale_to_zero_after_s (pinned awake): while it is up, "
+                    f"{', '.join(sleepers)} cannot wake")
+                warnings.append(Finding(
+                    "neighbours_sleep", "gpu_memory_utilization",
+                    f"fits on GPU {gpu} only while deployment{'s' if len(sleepers) > 1 else ''} "
+                    f"{', '.join(sleepers)} sleep{'' if len(sleepers) > 1 else 's'}: no more of them is awake at once "
+                    f"than fits, and a request for one asleep puts the least recently used idle one to sleep and "
+                    f"waits for it; {wake}{alone}"))
+                continue
             fit = math.floor(100 * (1.0 - taken - margin) / max(1, round(mine / settings.gpu_memory_utilization)))
             fit_u = fit / 100
             who = ", ".join(f"{n.name} ({n.utilization:.2f})" for n in beside)
@@ -292,7 +315,10 @@ def _neighbour_findings(settings: EngineSettings, shape: ModelShape, device: Dev
                 f"deployment{'s' if len(beside) > 1 else ''} {who} and a {_gib(NEIGHBOUR_MARGIN_BYTES)} margin per "
                 f"instance: "
                 + (f"the largest that fits is {fit_u:.2f}" if fit > 0 else "nothing fits there: place it on another "
-                   "GPU or shrink a neighbour"), {"gpu_memory_utilization": fit_u} if fit > 0 else {}))
+                   "GPU or shrink a neighbour")
+                + (f" (or let {', '.join(n.name for n in pinned)} sleep when idle: scale_to_zero_after_s; "
+                   "deployments that scale to zero take turns on a GPU)" if pinned else ""),
+                {"gpu_memory_utilization": fit_u} if fit > 0 else {}))
             return
         return
     pending = sum(n.host_bytes for n in neighbours)

@@ -25,7 +25,15 @@ from sqlalchemy.exc import SQLAlchemyError
 from engine.access import AuditLog
 from engine.aio import cancel_and_wait
 from engine.benchmarks import Benchmarks
-from engine.capacity import Cluster, Neighbour, Planner, cpu_need_bytes, find_model_config, load_shape
+from engine.capacity import (
+    NEIGHBOUR_MARGIN_BYTES,
+    Cluster,
+    Neighbour,
+    Planner,
+    cpu_need_bytes,
+    find_model_config,
+    load_shape,
+)
 from engine.clock import SYSTEM_CLOCK, Clock
 from engine.config import AppConfig
 from engine.db import DEFAULT_DEPLOYMENT, Database, Deployment
@@ -38,7 +46,7 @@ from engine.metrics import ServingMonitor
 from engine.placement import Placement, make_placement
 from engine.revisions import HUB_ID, DeploymentRef, EngineSettings, FlagSource, RevisionStore, SettingsWriter
 from engine.schemas import Build, FleetInstance, FleetOut, HostReading, NodeOut
-from engine.serving import Controller
+from engine.serving import Controller, Residency
 from engine.vllm import reap_all, sandbox_problem
 
 log = logging.getLogger("llmops.deployments")
@@ -94,6 +102,10 @@ class Fleet:
         if self.placement.kind == "ray":
             planner.cluster = self.cluster
         self.on_change: list[Callable[[], None]] = []  # told when a deployment comes or goes (the gateway)
+        # many models on one GPU: no more awake at once than fits (engine/serving/residency.py)
+        self.residency = Residency(lambda: [r.controller for r in list(self.runtimes.values())], self._claims,
+                                   self._capacity, clock.monotonic)
+        self._shapes: dict[str, Any] = {}  # a model's shape, read once (the CPU build's claims)
         # the telemetry of the cluster's other nodes (Ray placement), sampled there: latest snapshot per node
         self.node_snapshots: dict[str, Snapshot] = {}
         self.node_ordinals: dict[str, int] = {}  # a node's number in history and alerts: its GPU i is n*100+i
@@ -118,6 +130,7 @@ class Fleet:
         controller.others_running = lambda: sum(len(r.controller.instances) for r in list(self.runtimes.values())
                                                 if r.ref is not ref)
         controller.enabled = self.config.autostart and row.enabled
+        self.residency.attach(controller)
         writer = SettingsWriter(revisions, events, planner, self.config.data_dir.resolve(), self.config.model_roots,
                                 wake=controller.wake, flags=self.flags)
         runtime = Runtime(ref, row, revisions, events, writer, admission, controller, planner)
@@ -364,6 +377,38 @@ class Fleet:
         return Cluster(gpus=int(sum(n.gpus for n in alive)), gpus_per_node=int(max((n.gpus for n in alive),
                                                                                   default=0)), nodes=len(alive))
 
+    def _claims(self, controller: Controller, settings: EngineSettings) -> dict[str, float]:
+        """What a deployment takes while awake: on CUDA its gpu_memory_utilization (and the margin beside each
+        instance) on each GPU it runs on, replicas sharing a GPU added up; on the CPU build the host memory its
+        instances need."""
+        floor = settings.min_replicas if settings.max_replicas is not None else settings.replicas
+        replicas = max(1, controller.scaler.want or floor)
+        if self.planner.build == "cuda":
+            device = self.planner.device()
+            if device is None:
+                return {}
+            tp = settings.tensor_parallel_size
+            ref = controller.deployment
+            gpus = tuple(ref.gpus) if ref.gpus else tuple(range(min(device.count, tp * replicas)))
+            sharing = max(1, (tp * replicas) // max(1, len(gpus)))
+            margin = NEIGHBOUR_MARGIN_BYTES / device.total_bytes if device.total_bytes else 0.0
+            return {f"gpu{g}": (settings.gpu_memory_utilization + margin) * sharing for g in gpus}
+        if settings.model not in self._shapes:
+            self._shapes[settings.model] = _shape(find_model_config(settings.model, self.config.data_dir.resolve()))
+        return {"host": float(cpu_need_bytes(settings, self._shapes[settings.model]) * replicas)}
+
+    def _capacity(self) -> dict[str, float]:
+        """What the awake deployments may take together: each GPU whole (and the first instance's margin); on the
+        CPU build, the host's memory available now and what vLLM holds of it."""
+        snap = self.planner.sampler.latest
+        if self.planner.build == "cuda":
+            return {f"gpu{g.index}": 1.0 + NEIGHBOUR_MARGIN_BYTES / float(g.values["mem_total"] or 1)
+                    for g in snap.gpus if not g.lost and g.values.get("mem_total")}
+        host = snap.host or {}
+        if not host:
+            return {}
+        return {"host": float(host.get("mem_available") or 0) + float(host.get("vllm_rss") or 0)}
+
     def neighbours(self, of: DeploymentRef | None) -> list[Neighbour]:
         """What the other enabled deployments reserve (their desired revision's memory, on the GPUs they run on;
         on the CPU build, what their instances will still take of the host). Reads each one's desired revision:
@@ -384,7 +429,7 @@ class Fleet:
                 gpus = tuple(runtime.ref.gpus) if runtime.ref.gpus else tuple(range(min(count, tp * replicas)))
                 sharing = max(1, (tp * replicas) // max(1, len(gpus)))  # replicas that share a GPU add up
                 out.append(Neighbour(runtime.name, gpus=gpus, utilization=settings.gpu_memory_utilization * sharing,
-                                     instances=sharing))
+                                     instances=sharing, sleeps=settings.scale_to_zero_after_s is not None))
             else:
                 folder = find_model_config(settings.model, data_dir)
                 shape = _shape(folder)

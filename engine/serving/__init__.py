@@ -8,6 +8,7 @@ from engine.serving.controller import Controller
 from engine.serving.eta import Company, Eta, EtaTable, PastStart, estimate, past_start, start_view
 from engine.serving.instances import Instance, Instances, Verdict
 from engine.serving.recovery import Decision, RecoveryPolicy
+from engine.serving.residency import Residency, Room, Tenant
 from engine.serving.state import InvalidTransitionError, StateMachine
 from engine.serving.strategies import gateway_limit, soft_change
 
@@ -22,7 +23,10 @@ __all__ = [
     "InvalidTransitionError",
     "PastStart",
     "RecoveryPolicy",
+    "Residency",
+    "Room",
     "StateMachine",
+    "Tenant",
     "Verdict",
     "estimate",
     "gateway_limit",

@@ -84,6 +84,8 @@ class Autoscaler:
         self.slept_at: float | None = None  # when it last went to zero
         self._admitted = 0  # the admission's count of requests let through, at the last sample
         self.policy: Policy | None = None  # the latest one seen
+        self.evicting: str | None = None  # asked to sleep for a neighbour (why), until the next decision
+        self._current = 0.0  # the latest sample (the smoothed load lags a request that has ended)
 
     # --- what the controller feeds in -------------------------------------------------------------------------
 
@@ -91,12 +93,18 @@ class Autoscaler:
         """The load now; ``admitted``: the admission's count of requests ever let through (a request that came
         and went between two samples still counts as activity)."""
         load = float(in_flight + waiting)
+        self._current = load
         self._samples.append((now, load))
         while self._samples and self._samples[0][0] < now - SMOOTH_S:
             self._samples.popleft()
         if load > 0 or admitted != self._admitted or self.last_active is None:
             self.last_active = now
         self._admitted = admitted
+
+    def evict(self, reason: str) -> None:
+        """A neighbour needs the memory (many models on one GPU): to zero at the next decision, unless a request
+        waits for this one by then."""
+        self.evicting = reason
 
     def reset(self) -> None:
         """An operator started or restarted it: the revision's own count again (asleep or not), decided anew."""
@@ -134,8 +142,12 @@ class Autoscaler:
             self.want = policy.clamp(policy.replicas)
             self.last_active = now if self.last_active is None else self.last_active
         before, load = self.want, self.load
+        evicting, self.evicting = self.evicting, None
+        if evicting is not None and self.want != 0 and waiting == 0:
+            self.slept_at = now
+            return self._to(0, "to_zero", before, load, evicting)
         if self.want == 0:
-            if waiting > 0 or load > 0:
+            if waiting > 0 or self._current > 0:
                 asleep = f" after {now - self.slept_at:.0f} s asleep" if self.slept_at is not None else ""
                 return self._to(policy.floor, "wake", before, load, f"a request arrived{asleep}")
             if policy.zero_after_s is None:

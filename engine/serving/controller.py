@@ -52,6 +52,7 @@ from engine.serving.operations import Operations
 from engine.serving.progress import Progress
 from engine.serving.recorder import Recorder
 from engine.serving.recovery import RecoveryPolicy
+from engine.serving.residency import Room, Tenant
 from engine.serving.state import StateMachine
 from engine.serving.status import StatusView
 from engine.serving.strategies import adopt, adoptable
@@ -82,6 +83,15 @@ class Controller:
         self.free_on: Callable[[str | None], float | None] = lambda _node: None
         # instances of other deployments running on this host now (the CPU build then leaves this one unpinned)
         self.others_running: Callable[[], int] = lambda: 0
+        # many models on one GPU: whether these settings may come back now beside the neighbours awake (the
+        # registry puts the least recently used idle ones to sleep meanwhile); alone on its host, always
+        # (with True: put them to sleep if need be; False: only look)
+        self.make_room: Callable[[EngineSettings, bool], Room] = lambda _settings, _evict: Room(True)
+        self._by_hand = False  # an operator's start or restart: it comes back, room made for it
+        self._granted = False  # let in by the room and not serving yet: its memory counts as taken
+        # its instances went to sleep (or stopped) and gave their memory back: neighbours waiting for room look now
+        self.released: Callable[[], None] = lambda: None
+        self._room_said: str | None = None  # the last 'waiting for room' recorded (said once)
         self.intent = Intent(enabled=config.autostart)
         self.scaler = Autoscaler()  # the replica count the load asks for (autoscaling, scale to zero)
         self._cold_start_s: float | None = None  # what a cold start from zero should take (its ETA)
@@ -220,6 +230,7 @@ class Controller:
 
     def request_start(self) -> None:
         self.scaler.reset()  # started by hand: it runs now, asleep or not
+        self._by_hand = True
         self.intent.enabled = True
         self.intent.stop_reason = None
         self.intent.halted = None
@@ -235,6 +246,7 @@ class Controller:
 
     def request_restart(self) -> None:
         self.scaler.reset()
+        self._by_hand = True
         self.intent.enabled = True
         self.intent.halted = None
         self.intent.restart_requested = True
@@ -339,8 +351,10 @@ class Controller:
         try:
             await work.__anext__()
         except StopAsyncIteration:
-            self._work, self.work_name = None, None
+            done, self._work, self.work_name = self.work_name, None, None
             self.wake()  # what comes next is looked at now
+            if done in ("to_zero", "stop"):
+                self.released()
         except BaseException:
             self._work, self.work_name = None, None
             raise
@@ -372,6 +386,7 @@ class Controller:
         if self.intent.halted is not None:
             return
         if not self.intent.enabled:
+            self._granted = False
             await self.gate.refuse(self.intent.stop_reason or self._operator_stop())
             if self.instances:
                 self._begin("stop", self.operations.stop_all("stop requested"))
@@ -409,8 +424,10 @@ class Controller:
         await self._say_held(desired)
         if serving:
             self._asleep_settings = serving[0].settings  # the name it answers to, asleep too
+            self._granted = False
         if not serving:
             if self.scaler.asleep:
+                self._granted = False
                 sleeping = [i for i in self.instances if i.role == "sleeping" and not i.busy]
                 if self.intent.restart_requested:  # asked while asleep: the next request starts it afresh
                     self.intent.restart_requested = False
@@ -459,7 +476,9 @@ class Controller:
 
     async def _from_zero(self, desired: Revision, why: str) -> None:
         """Nothing serves: wake the instances asleep (as many as are wanted; the others stop), else start the
-        revision afresh (after a failure's backoff)."""
+        revision afresh (after a failure's backoff) — once it fits beside the neighbours awake on its GPUs."""
+        if self.scaler.evicting is not None or not await self._roomy(desired):
+            return
         sleeping = [i for i in self.instances if i.role == "sleeping" and not i.busy]
         if sleeping:
             self._begin("wake", self.operations.wake(sleeping, max(1, self.scaler.want or 1),
@@ -467,6 +486,57 @@ class Controller:
         elif self.clock.monotonic() >= self.intent.next_attempt and await self._startable(desired):
             self.intent.restart_requested = False
             self._begin("start", self.operations.start_fresh(desired))
+
+    async def _roomy(self, desired: Revision) -> bool:
+        """Many models on one GPU: True when it fits beside the neighbours awake; else it waits (said once, and in
+        the status) while the least recently used idle ones are put to sleep for it."""
+        self._granted = False
+        policy = self.scaler.policy
+        pinned = policy is None or policy.zero_after_s is None
+        demand = self.admission.waiting > 0 or self._by_hand or pinned
+        room = self.make_room(EngineSettings.model_construct(**desired.values), demand)
+        if not room.fits and not demand:  # nobody asks for it (the engine's start): asleep until a request does
+            self.scaler.evict(f"no room beside the deployments awake on its GPU, and no request for it yet "
+                              f"({room.waiting})")
+            self.wake()
+            return False
+        if room.fits:  # it holds its room from now (a neighbour asking meanwhile sees it), until it serves
+            self._by_hand, self._granted = False, True
+        waiting = None if room.fits else room.waiting
+        if waiting != self._room_said:
+            self._room_said = waiting
+            if waiting is not None:
+                await self.recorder.event("room_waiting", f"not coming back yet: {waiting}",
+                                          "info" if room.evict or waiting.startswith("waiting for") else "warning",
+                                          revision_id=desired.id, data={"evict": list(room.evict)})
+            if waiting is not None and self.progress.state == S.STOPPED:
+                self.progress.say(f"wanted, not back yet: {waiting}")
+        return room.fits
+
+    def evict(self, reason: str) -> None:
+        """A neighbour needs its memory: to zero at the next tick (drained first, then asleep or stopped)."""
+        self.scaler.evict(reason)
+        self.wake()
+
+    def settings_claimed(self) -> EngineSettings | None:
+        """The settings whose memory this deployment takes while awake: what serves, else what it served or is
+        about to start (no store read)."""
+        p = self.primary
+        if p is not None:
+            return p.settings
+        if self._last_desired is not None:
+            return EngineSettings.model_construct(**self._last_desired.values)
+        return self._asleep_settings
+
+    def tenant(self, claims: dict[str, float]) -> Tenant:
+        """This deployment as the room sees it (engine/serving/residency.py), with what it claims awake."""
+        holds = any(i.role != "sleeping" for i in self.instances)
+        policy = self.scaler.policy
+        return Tenant(self.deployment.name, claims, holds=holds or self._granted,
+                      leaving=self.scaler.evicting is not None or (self.scaler.asleep and holds),
+                      sleeps=policy is not None and policy.zero_after_s is not None,
+                      idle=self.admission.in_flight == 0 and self.admission.waiting == 0 and self._work is None,
+                      last_active=self.scaler.last_active)
 
     async def _scaled(self, decision: Decision, desired: Revision) -> None:
         """Record an autoscaling decision: an event with its reason and the signal's value."""
@@ -481,7 +551,8 @@ class Controller:
         await self.recorder.event("autoscale", f"{what}: {decision.reason}", revision_id=desired.id, data={
             "action": decision.action, "from": decision.before, "to": decision.after, "load": decision.load,
             "target_in_flight": policy.target, "reason": decision.reason,
-            "wake": self._wake_kind() if decision.action == "to_zero" else None})
+            "wake": ("sleep" if self.ctx.sleep_mode and self.instances.serving() else "cold_start")
+            if decision.action == "to_zero" else None})
 
     async def _say_held(self, desired: Revision) -> None:
         """Say once why the count does not follow the load (at max_replicas)."""
@@ -521,8 +592,8 @@ class Controller:
             scale_to_zero_after_s=policy.zero_after_s,
             wake=self._wake_kind() if policy.zero_after_s is not None or self.scaler.asleep else None,
             cold_start_s=self._cold_start_s, pending=self.scaler.cooling(now),
-            held=self.scaler.held or (f"a replica waits for room: {self.operations.waiting_room}"
-                                      if self.operations.waiting_room else None))
+            held=self.scaler.held or self._room_said or (f"a replica waits for room: {self.operations.waiting_room}"
+                                                         if self.operations.waiting_room else None))
 
     def _failed(self, inst: Instance, reason: str, exit_code: int | None) -> None:
         """An instance failed (exited, or stopped answering): the others serve on, or nothing does."""

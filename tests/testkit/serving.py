@@ -33,7 +33,7 @@ from engine.events import EventLog
 from engine.gateway import Admission, BodyLimits, DataPath, Gateway
 from engine.revisions import DeploymentRef, EngineSettings, RevisionStore, initial_settings
 from engine.schemas import ApplyPlanOut, BridgeOut, PlanKind, PlanStepOut, StatusOut
-from engine.serving import Controller
+from engine.serving import Controller, Residency
 from tests.testkit.clock import FakeClock
 from tests.testkit.data import make_data_dir
 from tests.testkit.fake_vllm import FakePlacement, FakeVllm, Script
@@ -128,6 +128,7 @@ class Seen:
     at: float
     open: int
     instances: tuple[tuple[str, str, int | None, bool], ...]
+    awake: int = 0  # fake vLLMs of every deployment alive and not asleep (their GPU memory taken)
 
     def of_role(self, *roles: str) -> list[str]:
         return [name for name, role, _, _ in self.instances if role in roles]
@@ -238,8 +239,15 @@ class FlakySessions:
 class Scenario:
     def __init__(self, tmp_path: Path, *, plan: PlanKind = "blue_green",
                  script: Script | Callable[[Any], Script] | None = None, nodes: list[str] | None = None,
-                 values: dict[str, Any] | None = None, build: str = "cpu", **config: Any) -> None:
+                 values: dict[str, Any] | None = None, build: str = "cpu",
+                 neighbours: dict[str, dict[str, Any]] | None = None, **config: Any) -> None:
+        """``neighbours``: further deployments on the same GPU (name: their values), each with its controller,
+        admission and served name (its name), sharing the room by gpu_memory_utilization (engine/serving/residency.py);
+        the scenario ticks them all."""
         self.tmp_path = tmp_path
+        self.neighbour_values = neighbours or {}
+        self.neighbours: dict[str, Controller] = {}
+        self.admissions: dict[str, Admission] = {}
         self.capacity = ScriptedCapacity(plan)
         self.clock = FakeClock()
         self.placement = FakePlacement(self.clock, script, nodes)
@@ -268,7 +276,26 @@ class Scenario:
                                      build=(self.build, "0.0-fake"))  # type: ignore[arg-type]
         self.controller.room = lambda _node, settings, _index: self.capacity.room_for(settings)
         self.controller.attach()
-        self.gateway = Gateway(lambda _model: self.admission, self.config.upstream_timeout_s)
+        self.admissions["demo"] = self.admission
+        for name, values in self.neighbour_values.items():
+            row, _ = DeploymentStore(self.db).create(name, {**initial, **values}, author="test")
+            assert row.id is not None
+            admission = Admission(self.config.queue_size, self.config.queue_timeout_s, deployment_id=row.id,
+                                  deployment=name)
+            other = Controller(self.config, self.revisions.of(row.id), self.events.of(row.id), admission,
+                               planner=cast(Planner, self.capacity), audit=AuditLog(self.db),
+                               deployment=DeploymentRef(id=row.id, name=name), placement=self.placement,
+                               clock=self.clock, build=(self.build, "0.0-fake"))  # type: ignore[arg-type]
+            other.attach()
+            self.neighbours[name] = other
+            self.admissions[name] = admission
+        if self.neighbours:
+            self.residency = Residency(lambda: self.controllers, lambda _c, settings: {
+                "gpu0": settings.gpu_memory_utilization}, lambda: {"gpu0": 1.0}, self.clock.monotonic)
+            for controller in self.controllers:
+                self.residency.attach(controller)
+        self.gateway = Gateway(lambda model: self.admissions.get(model or "demo", self.admission),
+                               self.config.upstream_timeout_s)
         keys = cast(Any, _NoKeys())
         self.datapath = DataPath(self.gateway, keys, BodyLimits(self.config.body_limit_v1_bytes,
                                                                 self.config.body_timeout_s, self.config.json_max_depth))
@@ -278,6 +305,8 @@ class Scenario:
     async def __aexit__(self, *exc: object) -> None:
         for clients in self._clients:
             await clients.stop(1.0)
+        for other in self.neighbours.values():
+            await other.shutdown()
         await self.controller.shutdown()
         await self.gateway.aclose()
         await self.placement.close()
@@ -289,18 +318,27 @@ class Scenario:
     async def settle(self) -> None:
         """Let serving's own tasks (probes, operations, watchers) end, as they would between two real ticks."""
         for _ in range(3):
-            pending = self.controller.pending()
+            pending = [task for c in self.controllers for task in c.pending()]
             if pending:
                 await asyncio.wait(pending, timeout=SETTLE_S)
             await asyncio.sleep(0.001)
 
+    @property
+    def controllers(self) -> list[Controller]:
+        return [self.controller, *self.neighbours.values()]
+
     def _look(self) -> None:
+        awake = sum(1 for c in self.controllers for i in c.instances if i.role != "sleeping" and not i.child.exited)
         self.seen.append(Seen(self.clock.monotonic(), len(self.admission.upstreams), tuple(
-            (i.name, i.role, i.revision.id, i.bridge) for i in self.controller.instances)))
+            (i.name, i.role, i.revision.id, i.bridge) for i in self.controller.instances), awake))
+
+    async def _tick_all(self) -> None:
+        for controller in self.controllers:
+            await controller.tick()
 
     async def tick(self, step_s: float = 1.0) -> None:
         """One tick of the controller, then the clock moves on by ``step_s``."""
-        await self.controller.tick()
+        await self._tick_all()
         await self.settle()
         self._look()
         self.clock.advance(step_s)
@@ -310,7 +348,7 @@ class Scenario:
         """Tick until ``condition`` holds (within ``within_s`` of the clock's seconds); the clock's time then."""
         end = self.clock.monotonic() + within_s
         while True:
-            await self.controller.tick()
+            await self._tick_all()
             await self.settle()
             self._look()
             if condition():
@@ -339,9 +377,9 @@ class Scenario:
                                               note=note)
 
     @contextlib.asynccontextmanager
-    async def clients(self, n: int = 8, stream: bool = True, prompt: Callable[[], str] | None = None
-                      ) -> AsyncIterator[Clients]:
-        clients = Clients(self.datapath, self.clock, n, stream)
+    async def clients(self, n: int = 8, stream: bool = True, prompt: Callable[[], str] | None = None,
+                      model: str = "demo") -> AsyncIterator[Clients]:
+        clients = Clients(self.datapath, self.clock, n, stream, model)
         if prompt is not None:
             clients.prompt = prompt
         self._clients.append(clients)
