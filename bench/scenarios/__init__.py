@@ -29,6 +29,9 @@ SCENARIOS = {s.name: s for s in (
     Scenario("scale-to-zero", "scale_to_zero", "a deployment scaled to zero and woken by one request, N times: "
              "the first token from zero against vLLM's own wake-up and an awake request's first token",
              "engine + vLLM"),
+    Scenario("many-models", "many_models", "N deployments that do not fit a GPU together, taking turns on it: each "
+             "called in turn, the one before put to sleep for it; the first token of a switch against an awake one",
+             "engine + vLLM xN"),
     Scenario("relay-ceiling", "relay_ceiling", "the gateway's data path with 0, 1, 2, ... worker processes "
              "against a stub upstream that streams as fast as it can: tokens/s and the gateway's CPU per 1,000",
              "gateway + stub"),

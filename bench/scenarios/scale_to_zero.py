@@ -18,7 +18,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -36,13 +36,17 @@ def fresh_prompt() -> str:
     return f"Request {tag}. Continue this list of words: {words}"
 
 
-def first_token(engine: Engine, max_tokens: int) -> tuple[float, float, bool]:
+class HasUrl(Protocol):
+    url: str
+
+
+def first_token(engine: HasUrl, max_tokens: int, model: str = "bench") -> tuple[float, float, bool]:
     """(seconds to the first streamed token, seconds to the end, whether it ended whole) of one request, as a
     client of the gateway sends it (no key: the engine's own admin token is not a gateway key)."""
     t0 = time.monotonic()
     first = None
     done = False
-    body = {"model": "bench", "prompt": fresh_prompt(), "max_tokens": max_tokens, "stream": True,
+    body = {"model": model, "prompt": fresh_prompt(), "max_tokens": max_tokens, "stream": True,
             "temperature": 0.0}
     with httpx.Client(base_url=engine.url, timeout=600) as http, \
             http.stream("POST", "/v1/completions", json=body) as resp:
