@@ -215,8 +215,8 @@ def autoscale_card(status: StatusOut) -> None:
         c2.metric("Serving", str(a.serving))
         c3.metric("Load", f"{a.load:g}", help="requests in flight and waiting, averaged over the last 5 s")
         c4.metric("Idle", fmt.seconds(a.idle_s) if a.idle_s is not None else "—", help="since the last request")
-        if a.held:
-            st.warning(f"Not scaling up: {a.held}", icon=":material/block:")
+        if a.held:  # nothing serves: it waits for room to come back (many models on one GPU); else at a bound
+            st.warning(f"{'Not back yet' if a.serving == 0 else 'Not scaling up'}: {a.held}", icon=":material/block:")
         elif a.pending:
             st.caption(f"Scaling {a.pending}.")
         if a.asleep:

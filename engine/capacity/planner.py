@@ -136,7 +136,12 @@ class Planner:
         sleepers = frozenset(n.name for n in neighbours if n.sleeps)  # their memory comes back when this one wakes
         return check(settings, data_dir=self.data_dir, device=self.device(settings.tensor_parallel_size, sleepers),
                      calibration=calibration, traffic=self.traffic_need(), neighbours=neighbours,
-                     cluster=self.cluster(), sleep_mode=self.sleep_mode)
+                     cluster=self.cluster(), sleep_mode=self.sleep_mode, host_available=self._host_available())
+
+    def _host_available(self) -> int | None:
+        host = self.sampler.latest.host if self.sampler.latest is not None else None
+        value = (host or {}).get("mem_available")
+        return int(value) if value is not None else None
 
     def calibrate(self, report: StartReport, settings: EngineSettings, logged_batched_tokens: int | None,
                   revision_id: int | None) -> None:

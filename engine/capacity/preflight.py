@@ -144,9 +144,10 @@ class Cluster:
 def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | None,
           calibration: Calibration | None = None, traffic: TrafficNeed | None = None,
           neighbours: list[Neighbour] | None = None, cluster: Cluster | None = None,
-          sleep_mode: bool = False) -> PreflightResult:
+          sleep_mode: bool = False, host_available: int | None = None) -> PreflightResult:
     """``sleep_mode``: instances put to sleep keep their weights in host memory and wake in about a second (CUDA
-    with LLMOPS_SLEEP_MODE); else a deployment put to sleep for another is stopped and starts again cold."""
+    with LLMOPS_SLEEP_MODE); else a deployment put to sleep for another is stopped and starts again cold.
+    ``host_available``: the host's memory available now (where the weights of an instance asleep go)."""
     errors: list[Finding] = []
     warnings: list[Finding] = []
     if settings.gpu_memory_utilization > 0.90 and (device is None or device.kind == "cuda"):
@@ -200,6 +201,15 @@ def check(settings: EngineSettings, *, data_dir: Path | None, device: Device | N
         _neighbour_findings(settings, shape, device, neighbours, errors, warnings, sleep_mode)
     if (found := _traffic_finding(settings, device, pred, traffic)) is not None:
         warnings.append(found)
+    if device.kind == "cuda" and sleep_mode and settings.scale_to_zero_after_s is not None \
+            and host_available is not None:
+        asleep = pred.weight_bytes * settings.tensor_parallel_size * settings.most_replicas
+        if asleep + NEIGHBOUR_MARGIN_BYTES > host_available:
+            warnings.append(Finding(
+                "sleep_host_memory", "scale_to_zero_after_s",
+                f"asleep, its weights ({_gib(asleep)}) move to the host's memory, which has {_gib(host_available)} "
+                "available: a sleep that does not fit there may fail (the instance is then stopped, and the next "
+                "request is a cold start, not a wake of about a second)"))
     return PreflightResult(errors, warnings, pred, shape, device)
 
 

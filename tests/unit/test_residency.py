@@ -99,3 +99,14 @@ def test_preflight_refuses_what_does_not_fit_beside_a_pinned_neighbour_and_says_
     result = check(settings(m8b, scale_to_zero_after_s=600), data_dir=None, device=H200, neighbours=beside)
     error = {e.code: e for e in result.errors}["neighbours_memory"]
     assert "(or let b sleep when idle: scale_to_zero_after_s" in error.message
+
+
+def test_preflight_says_when_the_weights_asleep_do_not_fit_the_host(m8b: Path) -> None:
+    sleeping = settings(m8b, scale_to_zero_after_s=600)
+    tight = check(sleeping, data_dir=None, device=H200, sleep_mode=True, host_available=8 * 1024**3)
+    said = {w.code: w for w in tight.warnings}["sleep_host_memory"].message
+    assert "move to the host's memory, which has 8.00 GiB available" in said and "cold start" in said
+    roomy = check(sleeping, data_dir=None, device=H200, sleep_mode=True, host_available=100 * 1024**3)
+    assert "sleep_host_memory" not in {w.code for w in roomy.warnings}
+    no_sleep = check(settings(m8b), data_dir=None, device=H200, sleep_mode=True, host_available=8 * 1024**3)
+    assert "sleep_host_memory" not in {w.code for w in no_sleep.warnings}
