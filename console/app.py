@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # streamlit puts console/ on the path, not the project root
     sys.path.insert(0, str(ROOT))
 
-import streamlit as st  # noqa: E402
+import pandas  # noqa: E402, F401 - imported whole before any page runs: plotly finds pandas in sys.modules, and a
+import plotly.graph_objects  # noqa: E402, F401 - chart drawn in one thread met it half-imported by another (a fresh
+import streamlit as st  # noqa: E402 - console's Engine settings page: "partially initialized module 'pandas'")
 
 from console import drafts  # noqa: E402
 from console.identity import sso_username  # noqa: E402

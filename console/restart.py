@@ -15,7 +15,8 @@ from engine.schemas import ApplyPlanOut, ApplyProgress, EventOut, StartupView, S
 
 PROGRESS_KINDS = ["settings_changed", "apply_plan", "drained", "stopped", "starting", "ready", "failed", "diagnosis",
                   "rollback", "restart_scheduled", "crash_loop", "model_missing", "demo_model_building",
-                  "demo_model_built", "sleeping", "woken", "bridge_failed", "instance_failed", "apply_done"]
+                  "demo_model_built", "sleeping", "woken", "bridge_failed", "instance_failed", "apply_done",
+                  "autoscale"]
 ROLE_ICON = {"serving": ":material/check_circle:", "bridge": ":material/alt_route:",
              "starting": ":material/progress_activity:", "draining": ":material/hourglass_bottom:",
              "stopping": ":material/stop_circle:", "sleeping": ":material/bedtime:", "failed": ":material/error:"}
@@ -136,6 +137,12 @@ def outcome(applying: dict[str, Any], now: StatusOut, events: list[EventOut]) ->
             eta = f" vLLM's start took {fmt.seconds(view.ready_s)} against {fmt.seconds(view.eta_s)} expected " \
                   f"({view.error_s:+.0f} s)." if view.error_s is not None else ""
         return "success", f"Revision {rev_id} is ready after {took:.0f} s.{gap}{eta}"
+    slept = any(e.kind == "autoscale" and e.revision == rev_id and (e.data or {}).get("action") == "to_zero"
+                for e in events)
+    if slept and now.autoscale is not None and now.autoscale.asleep:  # idle already: it went to zero at once
+        took = time.time() - applying["t0"]
+        return "success", (f"Revision {rev_id} is applied after {took:.0f} s; the deployment was idle, so it is "
+                           "scaled to zero now: the next request wakes it.")
     rolled_back = any(e.kind == "rollback" and e.revision == rev_id for e in events)
     if rolled_back and now.state == "ready" and not any(i.role == "starting" for i in now.instances):
         diagnosis = next((e for e in events if e.kind == "diagnosis" and e.revision == rev_id), None)
