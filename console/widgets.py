@@ -207,7 +207,10 @@ def autoscale_card(status: StatusOut) -> None:
         return
     with st.container(border=True):
         bounds = f"{a.min_replicas}–{a.max_replicas}" if a.autoscaled else f"{a.max_replicas} (fixed)"
-        st.markdown(f"**Autoscaling** · replicas {bounds}, target {a.target_in_flight:g} in flight per replica"
+        target = (f"up when a request waits over {fmt.seconds(a.target_queue_wait_s)} for a slot (waited "
+                  f"{fmt.seconds(a.queue_wait_s)} lately)" if a.target_queue_wait_s is not None else
+                  f"target {a.target_in_flight:g} in flight per replica")
+        st.markdown(f"**Autoscaling** · replicas {bounds}, {target}"
                     + (f" · to zero after {fmt.seconds(a.scale_to_zero_after_s)} idle"
                        if a.scale_to_zero_after_s is not None else ""))
         c1, c2, c3, c4 = st.columns(4)

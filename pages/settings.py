@@ -25,7 +25,7 @@ CHOICES = {"dtype": ["auto", "bfloat16", "float16", "float32"],
            "load_format": ["auto", "safetensors", "pt", "dummy", "gguf", "bitsandbytes", "fastsafetensors",
                            "sharded_state", "runai_streamer"]}
 OPTIONAL = ("max_model_len", "max_num_batched_tokens", "max_num_seqs_ceiling", "max_replicas")  # empty (None) is 0
-OPTIONAL_FLOATS = ("target_in_flight", "scale_to_zero_after_s")  # empty (None) is 0.0 in the form
+OPTIONAL_FLOATS = ("target_in_flight", "target_queue_wait_s", "scale_to_zero_after_s")  # empty (None): 0.0
 
 try:
     status = engine_status()
@@ -146,7 +146,10 @@ with left:
                         key=key("scale_up_delay_s"), help=help_of("scale_up_delay_s"))
         c3.number_input("scale_down_delay_s", 0.0, 86_400.0, start("scale_down_delay_s"), step=10.0,
                         key=key("scale_down_delay_s"), help=help_of("scale_down_delay_s"))
-        st.number_input("scale_to_zero_after_s (0 = never)", 0.0, 604_800.0, start("scale_to_zero_after_s"),
+        c1, c2 = st.columns(2)
+        c1.number_input("target_queue_wait_s (0 = scale on in-flight)", 0.0, 3600.0, start("target_queue_wait_s"),
+                        step=0.5, key=key("target_queue_wait_s"), help=help_of("target_queue_wait_s"))
+        c2.number_input("scale_to_zero_after_s (0 = never)", 0.0, 604_800.0, start("scale_to_zero_after_s"),
                         step=60.0, key=key("scale_to_zero_after_s"), help=help_of("scale_to_zero_after_s"))
         if cpu:
             st.caption("On the CPU build an idle deployment scaled to zero stops: its next request waits for a cold "

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -61,6 +63,9 @@ class Admission:
         self.in_flight = 0
         self.admitted = 0  # requests ever let through (autoscaling's activity: one between two looks counts)
         self.waiting = 0
+        self._wait_starts: dict[int, float] = {}  # requests waiting for a slot now: when each began (oldest first)
+        self._waits: deque[tuple[float, float]] = deque(maxlen=1024)  # (when it ended, how long) of recent waits
+        self._wait_ids = itertools.count()
         self.rejected = 0
         self.refusal: str | None = None  # set while vLLM is down on purpose: refuse at once, do not queue
         self.routing: RoutingPolicy = "prefix"  # the deployment's (its revision's ``routing``, set by the gate)
@@ -127,6 +132,10 @@ class Admission:
                                          if not self._open else f"{self.waiting} requests wait for a free slot")
                 self.waiting += 1
                 self._watchers += 1
+                # a wait for a free slot is load (autoscaling's queue wait); one for an instance to come is not
+                ticket, began, for_slot = next(self._wait_ids), time.monotonic(), bool(self._open)
+                if for_slot:
+                    self._wait_starts[ticket] = began
                 if not self._open and self.on_wait is not None:
                     self.on_wait()
                 try:
@@ -139,10 +148,22 @@ class Admission:
                 finally:
                     self.waiting -= 1
                     self._watchers -= 1
+                    if for_slot:
+                        del self._wait_starts[ticket]
+                        ended = time.monotonic()
+                        self._waits.append((ended, ended - began))
                 if not self._open:
                     self.rejected += 1
                     raise UpstreamUnavailableError(self.refusal or "vLLM is down")
             return self._take(keys)
+
+    def queue_wait(self, now: float, window_s: float = 5.0) -> float:
+        """The longest a request waited in the queue for a free slot (every instance at its limit) among those
+        that ended their wait in the last ``window_s``, or the age of the oldest one still waiting (``now``:
+        monotonic). A wait for an instance to come (a start, a wake) is not counted: that is not load."""
+        oldest = now - next(iter(self._wait_starts.values()), now)
+        recent = max((waited for ended, waited in self._waits if ended >= now - window_s), default=0.0)
+        return max(oldest, recent, 0.0)
 
     async def release(self, upstream: Upstream) -> None:
         upstream.outstanding -= 1

@@ -115,6 +115,9 @@ class AutoscaleOut(BaseModel):
     min_replicas: int
     max_replicas: int
     target_in_flight: float = Field(description="requests in flight per replica it scales to")
+    target_queue_wait_s: float | None = Field(
+        None, description="set: it scales up on queue wait (the longest wait for a free slot) instead")
+    queue_wait_s: float = Field(0.0, description="the longest wait for a free slot over the last 5 s (or now)")
     wanted: int = Field(description="replicas wanted now (0: scaled to zero)")
     serving: int = Field(description="replicas that serve now")
     load: float = Field(description="requests in flight and waiting, averaged over the last 5 s")

@@ -82,6 +82,12 @@ class SettingsValues(BaseModel):
         None, gt=0, le=4096, description="Autoscaling's target: requests in flight per replica (running in vLLM "
         "and waiting in the gateway), averaged over the last 5 s. Empty: 0.75 x max_num_seqs.",
     )
+    target_queue_wait_s: float | None = Field(
+        None, gt=0, le=3600, description="Autoscaling on queue wait instead (an SLO): a replica more when a request "
+        "waited longer than this in the gateway's queue for a free slot (or waits that long now) over the last 5 s, "
+        "for scale_up_delay_s; one fewer only when none waited and one replica fewer would carry the requests in "
+        "flight within target_in_flight. Empty: requests in flight per replica is the target.",
+    )
     scale_up_delay_s: float = Field(
         10.0, ge=0, le=3600, description="How long the load must stay above the target before a replica is added.",
     )

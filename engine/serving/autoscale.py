@@ -38,12 +38,14 @@ class Policy:
     up_delay_s: float
     down_delay_s: float
     zero_after_s: float | None
+    queue_target: float | None = None  # target_queue_wait_s: scale up on queue wait (an SLO), not on in-flight
 
     @classmethod
     def of(cls, settings: EngineSettings) -> Policy:
         return cls(settings.replicas, settings.min_replicas, settings.max_replicas,
                    settings.target_in_flight or max(1.0, TARGET_SHARE * settings.max_num_seqs),
-                   settings.scale_up_delay_s, settings.scale_down_delay_s, settings.scale_to_zero_after_s)
+                   settings.scale_up_delay_s, settings.scale_down_delay_s, settings.scale_to_zero_after_s,
+                   settings.target_queue_wait_s)
 
     @property
     def autoscaled(self) -> bool:
@@ -86,12 +88,15 @@ class Autoscaler:
         self.policy: Policy | None = None  # the latest one seen
         self.evicting: str | None = None  # asked to sleep for a neighbour (why), until the next decision
         self._current = 0.0  # the latest sample (the smoothed load lags a request that has ended)
+        self.queue_wait = 0.0  # the longest wait in the gateway's queue of the last SMOOTH_S (or one waiting now)
 
     # --- what the controller feeds in -------------------------------------------------------------------------
 
-    def sample(self, now: float, in_flight: int, waiting: int, admitted: int = 0) -> None:
+    def sample(self, now: float, in_flight: int, waiting: int, admitted: int = 0, queue_wait: float = 0.0) -> None:
         """The load now; ``admitted``: the admission's count of requests ever let through (a request that came
-        and went between two samples still counts as activity)."""
+        and went between two samples still counts as activity); ``queue_wait``: the admission's longest wait of
+        the last SMOOTH_S."""
+        self.queue_wait = queue_wait
         load = float(in_flight + waiting)
         self._current = load
         self._samples.append((now, load))
@@ -172,6 +177,13 @@ class Autoscaler:
             return self._to(policy.clamp(self.want), "up" if self.want < policy.floor else "down", before, load,
                             f"min_replicas {policy.floor}, max_replicas {policy.ceiling}")
         asked = math.ceil(load / policy.target - 1e-9) if load > 0 else 0
+        if policy.queue_target is not None:  # the SLO decides up; in-flight only says how far down is safe
+            if self.queue_wait > policy.queue_target:
+                asked = self.want + 1
+            elif self.queue_wait > 0:
+                asked = max(asked, self.want)  # some waited, within the target: no fewer
+            else:
+                asked = min(asked, self.want)
         wanted = policy.clamp(asked)
         self.held = (f"the load asks for {asked} replicas; max_replicas is {policy.ceiling}"
                      if asked > policy.ceiling and self.want >= policy.ceiling else None)
@@ -186,7 +198,9 @@ class Autoscaler:
             return None
         self._pressure = None
         held_for = f"for {now - since:.0f} s"
-        why = (f"{load:.1f} requests in flight, {load / self.want:.1f} per replica, above the target of "
+        why = (f"requests waited up to {self.queue_wait:.1f} s in the gateway's queue, above target_queue_wait_s "
+               f"{policy.queue_target:g}, {held_for}" if way == "up" and policy.queue_target is not None else
+               f"{load:.1f} requests in flight, {load / self.want:.1f} per replica, above the target of "
                f"{policy.target:g} {held_for}" if way == "up" else
                f"{load:.1f} requests in flight: {wanted} replica(s) carry them within the target of "
                f"{policy.target:g} per replica, {held_for}")

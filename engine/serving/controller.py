@@ -340,7 +340,7 @@ class Controller:
         """One step: advance the operation under way, or look at what is desired and begin the next one."""
         self.traffic.recent()
         self.scaler.sample(self.clock.monotonic(), self.admission.in_flight, self.admission.waiting,
-                           self.admission.admitted)
+                           self.admission.admitted, self.admission.queue_wait(time.monotonic()))
         if self._work is None:
             await self._next()
             if self._work is None:
@@ -586,7 +586,8 @@ class Controller:
         active = self.scaler.last_active
         return AutoscaleOut(
             autoscaled=policy.autoscaled, min_replicas=policy.floor, max_replicas=policy.ceiling,
-            target_in_flight=policy.target, wanted=want, serving=len(self.instances.serving()),
+            target_in_flight=policy.target, target_queue_wait_s=policy.queue_target,
+            queue_wait_s=round(self.scaler.queue_wait, 3), wanted=want, serving=len(self.instances.serving()),
             load=round(self.scaler.load, 2), asleep=self.scaler.asleep,
             idle_s=round(now - active, 1) if active is not None else None,
             scale_to_zero_after_s=policy.zero_after_s,

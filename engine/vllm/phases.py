@@ -41,7 +41,8 @@ ORDER = {name: i for i, (name, _, _) in enumerate(PHASES)}
 OUTSIDE_COMPILE = frozenset({"gpu_memory_utilization", "cpu_kv_cache_gib", "served_model_name", "routing",
                              # autoscaling's: the engine's, not vLLM's (a start's key stays what it was before them)
                              "min_replicas", "max_replicas", "target_in_flight", "scale_up_delay_s",
-                             "scale_down_delay_s", "scale_to_zero_after_s"})
+                             "scale_down_delay_s", "scale_to_zero_after_s",
+                             "target_queue_wait_s"})
 
 COMPILE_ENV = ("VLLM_CPU_OMP_THREADS_BIND",)
 # vLLM's log says whether its compile cache held the graphs: loaded them (a GPU), or found them and compiled again

@@ -3,11 +3,14 @@ The serving tier proves what the controller does with them."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from engine.gateway import Admission
 from engine.revisions import EngineSettings
 from engine.serving.autoscale import Autoscaler, Policy
 
@@ -117,3 +120,46 @@ def test_the_load_is_weighted_by_time_not_by_how_often_it_was_looked_at() -> Non
     for i in range(40):  # then a burst of looks within 0.4 s, each seeing 10 in flight
         s.sample(4.01 + i * 0.01, 10, 0)
     assert s.load < 2.0  # a plain mean of the samples would say 9.5
+
+
+def test_on_a_queue_wait_target_it_scales_up_on_waits_not_on_in_flight_and_down_only_when_none_waited() -> None:
+    p = policy(max_replicas=3, min_replicas=1, target_in_flight=4, target_queue_wait_s=0.5, scale_up_delay_s=5,
+               scale_down_delay_s=10)
+    s = Autoscaler()
+
+    def feed(load: int, wait: float, seconds: int, start: float) -> list[tuple[float, str, int, str]]:
+        out = []
+        for t in range(seconds):
+            s.sample(start + t, load, 0, queue_wait=wait)
+            d = s.decide(p, start + t, 0, s.want or 0)
+            if d is not None:
+                out.append((start + t, d.action, d.after, d.reason))
+        return out
+
+    assert feed(12, 0.0, 30, 0) == [] and s.want == 1  # 12 in flight, far above 4 a replica: no wait, no change
+    ups = feed(12, 2.0, 20, 100)  # requests wait 2 s for a slot: one more each time the delay has held
+    assert [u[1:3] for u in ups] == [("up", 2), ("up", 3)] and ups[0][0] - 100 >= 5
+    assert "waited up to 2.0 s in the gateway's queue, above target_queue_wait_s 0.5" in ups[0][3]
+    assert feed(2, 0.3, 30, 200) == []  # a wait within the target: no fewer
+    downs = feed(2, 0.0, 30, 300)  # none waits and 2 in flight fit one replica's target: down, after its delay
+    assert downs and downs[0][1:3] == ("down", 1) and downs[0][0] - 300 >= 10
+
+
+def test_the_admission_s_queue_wait_counts_waits_for_a_slot_not_for_an_instance() -> None:
+    asyncio.run(slot_waits())
+
+
+async def slot_waits() -> None:
+    admission = Admission(8, 30.0)
+    waiter = asyncio.ensure_future(admission.acquire(time.monotonic() + 5))  # nothing open: waits for an instance
+    await asyncio.sleep(0.05)
+    assert admission.queue_wait(time.monotonic()) == 0.0
+    await admission.open("http://127.0.0.1:1", 1, "a", limit=1)
+    first = await waiter
+    second = asyncio.ensure_future(admission.acquire(time.monotonic() + 5))  # the one slot is taken: waits for it
+    await asyncio.sleep(0.1)
+    assert admission.queue_wait(time.monotonic()) >= 0.1  # the oldest still waiting
+    await admission.release(first)
+    await second
+    assert 0.1 <= admission.queue_wait(time.monotonic()) < 1.0  # it ended its wait within the window
+    assert admission.queue_wait(time.monotonic() + 10) == 0.0  # and is forgotten after it

@@ -16,7 +16,8 @@ from engine.schemas import ApplyPlanOut
 from engine.serving.instances import Instance
 
 SOFT_FIELDS = ("replicas", "max_num_seqs", "max_num_seqs_ceiling", "routing", "min_replicas", "max_replicas",
-               "target_in_flight", "scale_up_delay_s", "scale_down_delay_s", "scale_to_zero_after_s")
+               "target_in_flight", "target_queue_wait_s", "scale_up_delay_s", "scale_down_delay_s",
+               "scale_to_zero_after_s")
 SCALING_FIELDS = SOFT_FIELDS[4:]  # autoscaling's: the controller reads them at each tick
 
 
