@@ -393,13 +393,19 @@ class Fleet:
             sharing = max(1, (tp * replicas) // max(1, len(gpus)))
             margin = NEIGHBOUR_MARGIN_BYTES / device.total_bytes if device.total_bytes else 0.0
             return {f"gpu{g}": (settings.gpu_memory_utilization + margin) * sharing for g in gpus}
-        if settings.model not in self._shapes:
-            self._shapes[settings.model] = _shape(find_model_config(settings.model, self.config.data_dir.resolve()))
-        return {"host": float(cpu_need_bytes(settings, self._shapes[settings.model]) * replicas)}
+        shape = self._shapes.get(settings.model)
+        if shape is None:  # read once it is there (a hub model appears when downloaded); not remembered missing
+            shape = _shape(find_model_config(settings.model, self.config.data_dir.resolve()))
+            if shape is not None:
+                self._shapes[settings.model] = shape
+        return {"host": float(cpu_need_bytes(settings, shape) * replicas)}
 
     def _capacity(self) -> dict[str, float]:
         """What the awake deployments may take together: each GPU whole (and the first instance's margin); on the
-        CPU build, the host's memory available now and what vLLM holds of it."""
+        CPU build, the host's memory available now and what vLLM holds of it. On a Ray fleet, nothing: each node's
+        GPUs are its own, and a GPU index names one per node (the room is not kept there yet)."""
+        if self.placement.kind == "ray":
+            return {}
         snap = self.planner.sampler.latest
         if self.planner.build == "cuda":
             return {f"gpu{g.index}": 1.0 + NEIGHBOUR_MARGIN_BYTES / float(g.values["mem_total"] or 1)

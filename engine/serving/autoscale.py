@@ -21,6 +21,7 @@ from typing import Literal
 
 from engine.revisions import EngineSettings
 
+IDLE_GRACE_S = 0.2  # quiet this long (no request in flight, none let through) before it is idle for a neighbour
 SMOOTH_S = 5.0  # the load is averaged over this window (a client between two requests is not a drop)
 TARGET_SHARE = 0.75  # the default target: this share of max_num_seqs in flight per replica
 
@@ -106,6 +107,11 @@ class Autoscaler:
             self.last_active = now
         self._admitted = admitted
 
+    def quiet(self, now: float, admitted: int) -> bool:
+        """No request let through since the last sample and none for IDLE_GRACE_S: between two requests of one
+        client (a gap of a few ms) a deployment is not idle enough to be put to sleep for a neighbour."""
+        return admitted == self._admitted and (self.last_active is None or now - self.last_active >= IDLE_GRACE_S)
+
     def evict(self, reason: str) -> None:
         """A neighbour needs the memory (many models on one GPU): to zero at the next decision, unless a request
         waits for this one by then."""
@@ -113,7 +119,7 @@ class Autoscaler:
 
     def reset(self) -> None:
         """An operator started or restarted it: the revision's own count again (asleep or not), decided anew."""
-        self.want, self._pressure, self.held = None, None, None
+        self.want, self._pressure, self.held, self.evicting = None, None, None, None
 
     def touch(self, now: float) -> None:
         """Nothing serves, or it was just started by hand: idle time counts from now (a stopped or failed
@@ -178,8 +184,8 @@ class Autoscaler:
                             f"min_replicas {policy.floor}, max_replicas {policy.ceiling}")
         asked = math.ceil(load / policy.target - 1e-9) if load > 0 else 0
         if policy.queue_target is not None:  # the SLO decides up; in-flight only says how far down is safe
-            if self.queue_wait > policy.queue_target:
-                asked = self.want + 1
+            if self.queue_wait > policy.queue_target:  # one more than serve now: none while one is starting
+                asked = max(self.want, serving + 1)
             elif self.queue_wait > 0:
                 asked = max(asked, self.want)  # some waited, within the target: no fewer
             else:

@@ -384,9 +384,11 @@ class Controller:
                 self._failed(inst, f"vLLM instance {inst.name} exited{why} while {inst.role} (not asked to)", code)
                 return
         if self.intent.halted is not None:
+            self._granted, self._room_said = False, None
             return
         if not self.intent.enabled:
-            self._granted = False
+            self._granted, self._room_said = False, None
+            self.scaler.evicting = None
             await self.gate.refuse(self.intent.stop_reason or self._operator_stop())
             if self.instances:
                 self._begin("stop", self.operations.stop_all("stop requested"))
@@ -400,14 +402,10 @@ class Controller:
             await self.gate.refuse(None)
         desired = await self._desired_revision()
         if desired is False:
-            if self.scaler.asleep and self.admission.waiting and self._last_desired is not None \
-                    and self.scaler.policy is not None:
-                # the store is down and a request waits for a deployment scaled to zero: wake what it ran (wanted
-                # again, so that it is not put back to sleep when the store is back; the event is not recorded)
-                self.scaler.decide(self.scaler.policy, self.clock.monotonic(), self.admission.waiting, 0)
-                await self._from_zero(self._last_desired, "a request arrived while the database cannot be read")
+            await self._store_down()
             return
         if desired is None:
+            self._granted = False
             if self.instances:
                 self._begin("stop", self.operations.stop_all("no revision can be applied"))
             elif self.progress.state != S.FAILED:
@@ -477,15 +475,37 @@ class Controller:
     async def _from_zero(self, desired: Revision, why: str) -> None:
         """Nothing serves: wake the instances asleep (as many as are wanted; the others stop), else start the
         revision afresh (after a failure's backoff) — once it fits beside the neighbours awake on its GPUs."""
+        sleeping = [i for i in self.instances if i.role == "sleeping" and not i.busy]
+        if not sleeping and self.clock.monotonic() < self.intent.next_attempt:
+            return  # a failure's backoff: no room is taken (nor neighbours put to sleep) before it can start
         if self.scaler.evicting is not None or not await self._roomy(desired):
             return
-        sleeping = [i for i in self.instances if i.role == "sleeping" and not i.busy]
         if sleeping:
             self._begin("wake", self.operations.wake(sleeping, max(1, self.scaler.want or 1),
                                                      f"waking revision {desired.id}: {why}"))
         elif self.clock.monotonic() >= self.intent.next_attempt and await self._startable(desired):
             self.intent.restart_requested = False
             self._begin("start", self.operations.start_fresh(desired))
+
+    async def _store_down(self) -> None:
+        """The desired revision cannot be read: what serves serves on. A request that waits for a deployment
+        scaled to zero wakes what it ran (wanted again, so that it is not put back to sleep when the store is back;
+        the event is not recorded); a neighbour that needs the memory still has this one put to sleep; one that
+        waits for room keeps looking."""
+        last, policy = self._last_desired, self.scaler.policy
+        if last is None or policy is None:
+            return
+        now, serving = self.clock.monotonic(), self.instances.serving()
+        if self.scaler.evicting is not None and serving:
+            decision = self.scaler.decide(policy, now, self.admission.waiting, len(serving))
+            if decision is not None and decision.action == "to_zero":
+                self._begin("to_zero", self.operations.to_zero(self._zero_reason(decision)))
+            return
+        if self.scaler.asleep and self.admission.waiting:
+            self.scaler.decide(policy, now, self.admission.waiting, 0)
+            await self._from_zero(last, "a request arrived while the database cannot be read")
+        elif not serving and self._room_said is not None and self.admission.waiting:
+            await self._from_zero(last, "a request waits while the database cannot be read")
 
     async def _roomy(self, desired: Revision) -> bool:
         """Many models on one GPU: True when it fits beside the neighbours awake; else it waits (said once, and in
@@ -496,6 +516,7 @@ class Controller:
         demand = self.admission.waiting > 0 or self._by_hand or pinned
         room = self.make_room(EngineSettings.model_construct(**desired.values), demand)
         if not room.fits and not demand:  # nobody asks for it (the engine's start): asleep until a request does
+            self._room_said = None
             self.scaler.evict(f"no room beside the deployments awake on its GPU, and no request for it yet "
                               f"({room.waiting})")
             self.wake()
@@ -532,10 +553,12 @@ class Controller:
         """This deployment as the room sees it (engine/serving/residency.py), with what it claims awake."""
         holds = any(i.role != "sleeping" for i in self.instances)
         policy = self.scaler.policy
-        return Tenant(self.deployment.name, claims, holds=holds or self._granted,
+        granted = self._granted and self.intent.enabled and self.intent.halted is None
+        return Tenant(self.deployment.name, claims, holds=holds or granted,
                       leaving=self.scaler.evicting is not None or (self.scaler.asleep and holds),
                       sleeps=policy is not None and policy.zero_after_s is not None,
-                      idle=self.admission.in_flight == 0 and self.admission.waiting == 0 and self._work is None,
+                      idle=self.admission.in_flight == 0 and self.admission.waiting == 0 and self._work is None
+                      and self.scaler.quiet(self.clock.monotonic(), self.admission.admitted),
                       last_active=self.scaler.last_active)
 
     async def _scaled(self, decision: Decision, desired: Revision) -> None:

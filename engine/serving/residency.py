@@ -10,6 +10,7 @@ it waits. A deployment without ``scale_to_zero_after_s`` is pinned awake: it is 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ else:
     Member = Any
 
 EPSILON = 1e-9
+RESERVE_S = 60.0  # how long one that put neighbours to sleep keeps its turn while it waits for their memory
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,9 @@ class Residency:
         self.claims = claims
         self.capacity = capacity
         self.now = now
+        # who put neighbours to sleep and waits for their memory (since when): it comes back first, before one of
+        # those put to sleep that a request wakes meanwhile; forgotten once it fits, or after RESERVE_S
+        self.reserved: dict[str, float] = {}
 
     def attach(self, member: Member) -> None:
         member.make_room = lambda settings, evict: self.make_room(member, settings, evict)
@@ -125,7 +130,15 @@ class Residency:
         if not me.claims:
             return Room(True)
         now = self.now()
+        name = member.deployment.name
+        self.reserved = {n: t for n, t in self.reserved.items() if now - t < RESERVE_S}
+        tenants = [dataclasses.replace(t, holds=True, idle=False) if t.name in self.reserved and t.claims
+                   and self.reserved[t.name] < self.reserved.get(name, math.inf) else t for t in tenants]
         room = make_room(me, tenants, self.capacity(), now)
+        if room.fits:
+            self.reserved.pop(name, None)
+        elif room.evict:
+            self.reserved.setdefault(name, now)
         by_name = {m.deployment.name: m for m in others}
         for name in room.evict if evict else ():
             tenant = next(t for t in tenants if t.name == name)

@@ -80,3 +80,21 @@ async def test_a_pinned_neighbour_is_never_put_to_sleep_and_the_wait_says_why(tm
             await sc.until(lambda: bool(waiting.results), within_s=3000)  # the queue's timeout answers it (real s)
             assert not waiting.results[0].ok and waiting.results[0].status in (503, 504)
         assert awake(sc) == ["demo"] and not [e for e in sc.event_list("autoscale") if "make room" in e.message]
+
+
+async def test_the_one_that_put_a_neighbour_to_sleep_comes_back_first(tmp_path: Path) -> None:
+    """b puts demo to sleep; a request for demo arriving meanwhile waits: b serves first, then demo's turn comes
+    when b is idle, and neither client sees a failure. (Which of two controllers that look in the same instant gets
+    the room is the residency's reservation: tests/unit/test_residency.py.)"""
+    async with Scenario(tmp_path, build="cuda", values=SHARE, neighbours={"b": SHARE}) as sc:
+        await sc.until(lambda: awake(sc) == ["demo"] and sc.controller.work_name is None
+                       and sc.neighbours["b"].scaler.asleep)
+        async with sc.clients(1, model="b") as first:
+            await sc.until(lambda: sc.controller.scaler.asleep or sc.controller.work_name == "to_zero")
+            async with sc.clients(1, model="demo") as second:
+                await sc.until(lambda: answered(first, 2), within_s=120)
+                assert awake(sc) == ["b"] and second.results == []
+                await first.stop()
+                await sc.until(lambda: answered(second, 2), within_s=120)
+        assert first.failed == [] and second.failed == []
+        assert max(seen.awake for seen in sc.seen) == 1

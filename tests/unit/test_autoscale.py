@@ -128,7 +128,7 @@ def test_on_a_queue_wait_target_it_scales_up_on_waits_not_on_in_flight_and_down_
     s = Autoscaler()
 
     def feed(load: int, wait: float, seconds: int, start: float) -> list[tuple[float, str, int, str]]:
-        out = []
+        out: list[tuple[float, str, int, str]] = []
         for t in range(seconds):
             s.sample(start + t, load, 0, queue_wait=wait)
             d = s.decide(p, start + t, 0, s.want or 0)

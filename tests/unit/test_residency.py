@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -110,3 +111,44 @@ def test_preflight_says_when_the_weights_asleep_do_not_fit_the_host(m8b: Path) -
     assert "sleep_host_memory" not in {w.code for w in roomy.warnings}
     no_sleep = check(settings(m8b), data_dir=None, device=H200, sleep_mode=True, host_available=8 * 1024**3)
     assert "sleep_host_memory" not in {w.code for w in no_sleep.warnings}
+
+
+def test_the_one_that_put_neighbours_to_sleep_keeps_its_turn() -> None:
+    """a puts b to sleep; while it waits for b's memory, b (woken by a request of its own) may not take the room."""
+    from types import SimpleNamespace
+
+    from engine.serving import Residency
+
+    class Member:
+        def __init__(self, name: str, tenant: Tenant) -> None:
+            self.deployment = SimpleNamespace(name=name)
+            self._tenant = tenant
+            self.evicted: list[str] = []
+
+        def settings_claimed(self) -> object:
+            return object()
+
+        def tenant(self, claims: dict[str, float]) -> Tenant:
+            return self._tenant
+
+        def evict(self, reason: str) -> None:
+            self.evicted.append(reason)
+
+        def wake(self) -> None:
+            pass
+
+    a = Member("a", Tenant("a", {"gpu0": 0.85}, holds=False, sleeps=True, idle=False, last_active=5.0))
+    b = Member("b", Tenant("b", {"gpu0": 0.85}, holds=True, sleeps=True, idle=True, last_active=1.0))
+    clock = [10.0]
+    members: list[Any] = [a, b]
+    room = Residency(lambda: members, lambda m, _s: cast(Any, m)._tenant.claims, lambda: {"gpu0": 1.0},
+                     lambda: clock[0])
+    first = room.make_room(a, object())  # type: ignore[arg-type]
+    assert first.evict == ("b",) and b.evicted and "make room for a" in b.evicted[0]
+    b._tenant = Tenant("b", {"gpu0": 0.85}, holds=False, sleeps=True, idle=False, last_active=1.0)  # asleep, asked for
+    clock[0] = 11.0
+    assert not room.make_room(b, object()).fits  # type: ignore[arg-type]  # a's turn first
+    assert room.make_room(a, object()).fits  # type: ignore[arg-type]
+    clock[0] = 200.0  # a never came back for it: its turn is forgotten after RESERVE_S
+    room.reserved["a"] = 11.0
+    assert room.make_room(b, object()).fits  # type: ignore[arg-type]
