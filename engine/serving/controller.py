@@ -60,6 +60,7 @@ from engine.vllm import ChildLog, Prober, reap_all, vllm_distribution
 
 log = logging.getLogger("llmops.serving")
 S = EngineState
+ROOM_POLL_S = 0.25  # while it waits for room, it looks again this often (a neighbour becomes idle in 0.2 s)
 DESIRED_EVERY_S = 1.0  # while an operation is under way, the desired revision is read again at most this often
 
 
@@ -524,6 +525,8 @@ class Controller:
         if room.fits:  # it holds its room from now (a neighbour asking meanwhile sees it), until it serves
             self._by_hand, self._granted = False, True
         waiting = None if room.fits else room.waiting
+        if waiting is not None and self._loop is not None:  # a neighbour quiet for IDLE_GRACE_S is idle: look again
+            self._loop.call_later(ROOM_POLL_S, self.wake)
         if waiting != self._room_said:
             self._room_said = waiting
             if waiting is not None:
