@@ -188,6 +188,9 @@ def progress(shown: tuple[int | None, str] | None = None) -> None:
             st.markdown(f"**Starting revision {now.startup.revision}**")
             phases(now.startup)
     ended = outcome(applying, now, events)
+    if ended is None and now.autoscale is not None and now.autoscale.asleep:
+        # idle already, it may have gone to zero before this watch began: its decision is older than the marker
+        ended = outcome(applying, now, client().events(kinds=["autoscale"], newest_first=True, limit=1))
     if ended is None:
         if now.state != "starting":
             st.info(f"vLLM is {now.state}: {now.reason}", icon=":material/autorenew:")

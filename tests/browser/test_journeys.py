@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from playwright.sync_api import expect
 
 from engine.schemas import EventOut, SettingsValues
@@ -40,11 +41,21 @@ def form_shows(pg: Any, values: SettingsValues) -> None:
 
 
 def choose(pg: Any, label: str, option: str) -> None:
-    """Pick an option of a select box (its text filters the list: cleared first)."""
+    """Pick an option of a select box (its text filters the list: cleared first). A rerun of the page that lands
+    while the list is open closes it (seen on a busy 2-core CI host): then the box is opened again."""
     box = pg.get_by_role("combobox", name=label)
-    box.click()
-    box.fill("")
-    pg.get_by_role("option", name=option, exact=True).first.click()
+    for attempt in range(3):
+        box.click()
+        box.fill("")
+        wanted = pg.get_by_role("option", name=option, exact=True).first
+        try:
+            wanted.wait_for(timeout=15_000)
+            wanted.click(timeout=15_000)
+            return
+        except PlaywrightTimeoutError:
+            if attempt == 2:
+                raise
+            pg.keyboard.press("Escape")
 
 
 def user(engine: EngineHandle, role: str) -> tuple[str, str]:
