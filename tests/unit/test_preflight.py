@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -10,15 +9,7 @@ import pytest
 from engine.capacity import GIB, Device, TrafficNeed, check
 from engine.revisions import EngineSettings
 from engine.schemas import MIN_SUGGESTED_MODEL_LEN, PLAYGROUND_MAX_TOKENS, SNIPPET_MAX_TOKENS
-from tests.unit.test_capacity import H200, LLAMA3_8B
-
-
-@pytest.fixture
-def m8b(tmp_path: Path) -> Path:
-    folder = tmp_path / "m8b"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(LLAMA3_8B))
-    return folder
+from tests.unit.test_capacity import H200
 
 
 def gpu_settings(model: Path, **values: object) -> EngineSettings:

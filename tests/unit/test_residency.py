@@ -4,17 +4,14 @@ whose memory adds up to more than the GPU."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, cast
 
-import pytest
-
 from engine.capacity import Neighbour, check
-from engine.revisions import EngineSettings
 from engine.serving import Tenant
 from engine.serving.residency import make_room
-from tests.unit.test_capacity import H200, LLAMA3_8B
+from tests.unit.test_capacity import H200
+from tests.unit.test_preflight import gpu_settings
 
 GPU = {"gpu0": 1.0}
 
@@ -68,48 +65,37 @@ def test_without_a_reading_it_is_not_held_back() -> None:
     assert make_room(tenant("a", 0.9, holds=False), [tenant("b", 0.9, sleeps=False)], {}, 1.0).fits
 
 
-@pytest.fixture
-def m8b(tmp_path: Path) -> Path:
-    folder = tmp_path / "m8b"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(LLAMA3_8B))
-    return folder
-
-
-def settings(model: Path, **values: object) -> EngineSettings:
-    return EngineSettings.model_validate({"model": str(model), "load_format": "dummy", "gpu_memory_utilization": 0.85,
-                                          "max_model_len": 4096, "max_num_seqs": 64, **values})
 
 
 def test_preflight_lets_deployments_that_sleep_share_a_gpu_and_says_which_sleep(m8b: Path) -> None:
     beside = [Neighbour("b", gpus=(0,), utilization=0.85, sleeps=True),
               Neighbour("c", gpus=(0,), utilization=0.85, sleeps=True)]
-    result = check(settings(m8b, scale_to_zero_after_s=600), data_dir=None, device=H200, neighbours=beside,
+    result = check(gpu_settings(m8b, scale_to_zero_after_s=600), data_dir=None, device=H200, neighbours=beside,
                    sleep_mode=True)
     assert result.errors == []
     found = {w.code: w for w in result.warnings}["neighbours_sleep"]
     assert "only while deployments b, c sleep" in found.message and "about a second" in found.message
     assert "pinned" not in found.message
-    pinned = check(settings(m8b), data_dir=None, device=H200, neighbours=beside)
+    pinned = check(gpu_settings(m8b), data_dir=None, device=H200, neighbours=beside)
     said = {w.code: w for w in pinned.warnings}["neighbours_sleep"].message
     assert "pinned awake" in said and "b, c cannot wake" in said and "cold start" in said
 
 
 def test_preflight_refuses_what_does_not_fit_beside_a_pinned_neighbour_and_says_how_it_could(m8b: Path) -> None:
     beside = [Neighbour("b", gpus=(0,), utilization=0.85), Neighbour("c", gpus=(0,), utilization=0.85, sleeps=True)]
-    result = check(settings(m8b, scale_to_zero_after_s=600), data_dir=None, device=H200, neighbours=beside)
+    result = check(gpu_settings(m8b, scale_to_zero_after_s=600), data_dir=None, device=H200, neighbours=beside)
     error = {e.code: e for e in result.errors}["neighbours_memory"]
     assert "(or let b sleep when idle: scale_to_zero_after_s" in error.message
 
 
 def test_preflight_says_when_the_weights_asleep_do_not_fit_the_host(m8b: Path) -> None:
-    sleeping = settings(m8b, scale_to_zero_after_s=600)
+    sleeping = gpu_settings(m8b, scale_to_zero_after_s=600)
     tight = check(sleeping, data_dir=None, device=H200, sleep_mode=True, host_available=8 * 1024**3)
     said = {w.code: w for w in tight.warnings}["sleep_host_memory"].message
     assert "move to the host's memory, which has 8.00 GiB available" in said and "cold start" in said
     roomy = check(sleeping, data_dir=None, device=H200, sleep_mode=True, host_available=100 * 1024**3)
     assert "sleep_host_memory" not in {w.code for w in roomy.warnings}
-    no_sleep = check(settings(m8b), data_dir=None, device=H200, sleep_mode=True, host_available=8 * 1024**3)
+    no_sleep = check(gpu_settings(m8b), data_dir=None, device=H200, sleep_mode=True, host_available=8 * 1024**3)
     assert "sleep_host_memory" not in {w.code for w in no_sleep.warnings}
 
 
