@@ -50,6 +50,7 @@ from engine.gateway import (
     DataPath,
     Emit,
     Gateway,
+    KeyLimits,
     Ledger,
     WorkerPool,
     WorkersCollector,
@@ -173,7 +174,8 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
     build, vllm_version = vllm_distribution()
     flags = VllmFlags(config.vllm_python, vllm_version, config.data_dir / "run" / "vllm-flags.json")
     registry = CollectorRegistry()
-    ledger = Ledger(db, config.ledger_sample_rate, metrics=RequestMetrics(registry))
+    key_limits = KeyLimits(db, config.limit_cache_s)
+    ledger = Ledger(db, config.ledger_sample_rate, metrics=RequestMetrics(registry), team_of=key_limits.team_of)
     loop_lag = LoopLag(registry)
     fleet: Fleet | None = None
 
@@ -222,7 +224,7 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
     fleet = Fleet(config, db, deployments, revisions, events, planner, audit, flags, extras=extras,
                   placement=placement)
     fleet.node_sinks = [telemetry.write, alerts.evaluate]  # the other nodes' samples, labelled by node
-    gateway = Gateway(fleet.admission_for, config.upstream_timeout_s, ledger)
+    gateway = Gateway(fleet.admission_for, config.upstream_timeout_s, ledger, limits=key_limits)
     registry.register(EngineCollector(
         lambda: fleet.default.controller.status(),
         lambda: {"local": sampler.latest, **{node: snap for node, snap in fleet.node_snapshots.items()
@@ -232,7 +234,8 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
         lambda: [r.controller.status() for r in list(fleet.runtimes.values())]))
     limits = RateLimiter()
     keys = GatewayKeys(auth, limits, gateway_keys)
-    workers = gateway_workers(config, Coordinator(fleet.admission_for, keys, ledger, fleet.models), gateway_keys,
+    coordinator = Coordinator(fleet.admission_for, keys, ledger, fleet.models, key_limits)
+    workers = gateway_workers(config, coordinator, gateway_keys,
                               lambda kind, message, severity, data: events.add(kind, message, severity=severity,
                                                                                data=data))
     services = Services(config=config, db=db, events=events, prompts=prompts, auth=auth, audit=audit,
@@ -243,7 +246,7 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
                         gateway=gateway, registry=registry,
                         public_url=config.public_url or f"http://{local}:{config.port}", gateway_keys=gateway_keys,
                         build=build, vllm_version=vllm_version, workers=workers,
-                        data_url=data_url(config, local) if workers is not None else None)
+                        data_url=data_url(config, local) if workers is not None else None, key_limits=key_limits)
     if workers is not None:
         registry.register(WorkersCollector(workers))
 
@@ -295,7 +298,9 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
                                                        config.json_max_depth, config.v1_body_budget_bytes,
                                                        config.body_first_byte_s,
                                                        RequestBounds(config.v1_max_n, config.v1_max_prompts,
-                                                                     config.v1_max_asked_tokens)),
+                                                                     config.v1_max_asked_tokens),
+                                                       config.limit_bytes_per_token,
+                                                       config.limit_unasked_max_tokens),
                              budget, models=fleet.models)
     mount(app)
     app.add_middleware(BodyGuard, limits=Limits(config.body_limit_auth_bytes, config.body_limit_api_bytes,
@@ -332,7 +337,9 @@ def gateway_workers(config: AppConfig, coordinator: Coordinator, keys_required: 
                       max_prompts=config.v1_max_prompts, max_asked_tokens=config.v1_max_asked_tokens,
                       upstream_timeout_s=config.upstream_timeout_s, ledger_sample_rate=config.ledger_sample_rate,
                       keys_required=keys_required, graceful_s=config.drain_timeout_s,
-                      trusted_proxies=list(config.trusted_proxies))
+                      trusted_proxies=list(config.trusted_proxies),
+                      limit_bytes_per_token=config.limit_bytes_per_token,
+                      limit_unasked_max_tokens=config.limit_unasked_max_tokens)
     return WorkerPool(count, config.host, config.data_port, spec, coordinator, emit,
                       stop_timeout_s=config.drain_timeout_s + 5)
 

@@ -123,6 +123,19 @@ class AppConfig(BaseSettings):
                                        "sign-ins out).")
     gateway_keys: Literal["auto", "on", "off"] = Field(
         "auto", description="Require API keys on /v1: auto = only when listening beyond loopback.")
+    limit_bytes_per_token: float = Field(1.0, ge=0.5, le=16, description="A key's or team's token limits reserve a "
+                                         "request's prompt at admission as its body's bytes divided by this, then "
+                                         "settle what vLLM counted when it ends. 1 never reserves too few for "
+                                         "byte-level tokenizers (Llama 3, Qwen, Mistral, GPT-2: a token is at least "
+                                         "a byte), so a budget is never overshot; English text is about 4 bytes a "
+                                         "token, so 4 lets more requests run at once near a limit, and overshoots "
+                                         "by what it under-reserved.")
+    limit_unasked_max_tokens: int = Field(1024, ge=1, le=10_000_000, description="Completion tokens reserved for "
+                                          "a request that names no max_tokens (vLLM would generate up to the "
+                                          "model's length), against its key's or team's token limits.")
+    limit_cache_s: float = Field(5.0, ge=0, le=3600, description="How long a key's limits and team, read from the "
+                                 "database, are believed; an edit through this engine takes effect at once, one "
+                                 "by another process (the CLI) within this.")
     hf_token: SecretStr | None = Field(None, description="Hugging Face token for gated models; given to vLLM "
                                        "through its environment, never its arguments, logs or events.")
     model_roots: list[Path] = Field(default_factory=list, description="Folders local models may come from, "

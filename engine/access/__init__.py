@@ -32,9 +32,11 @@ from engine.access.auth import (
 from engine.access.hashing import HashBusyError, HashPool
 from engine.access.keys import GatewayKeys, KeyRefusedError, bearer
 from engine.access.ratelimit import RateLimiter
+from engine.access.teams import LIMIT_FIELDS, TeamError, Teams, check_budget, limits_of
 from engine.schemas import ROLES, Role
 
 __all__ = [
+    "LIMIT_FIELDS",
     "ROLES",
     "TOKEN_PREFIX",
     "AuditLog",
@@ -54,13 +56,17 @@ __all__ = [
     "Principal",
     "RateLimiter",
     "Role",
+    "TeamError",
+    "Teams",
     "UnknownUserError",
     "allows",
     "bearer",
     "bound",
+    "check_budget",
     "digest",
     "ensure_console_key",
     "generic_action",
+    "limits_of",
     "redact",
     "skeleton",
     "source_of",

@@ -13,6 +13,7 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -340,23 +341,26 @@ class Auth:
 
     def _new_token(self, s: Session, *, name: str, role: str, kind: str, user_id: int | None, created_by: str,
                    ttl_s: float | None, rate_limit_per_min: int | None = None,
-                   deployments: list[str] | None = None) -> tuple[str, ApiToken]:
+                   deployments: list[str] | None = None, limits: dict[str, Any] | None = None
+                   ) -> tuple[str, ApiToken]:
         if role not in ROLES:
             raise AuthError(f"role: one of {', '.join(ROLES)}")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         row = ApiToken(name=name, digest=digest(token), prefix=token[:12], role=role, kind=kind, user_id=user_id,
                        created_by=created_by, expires_at=time.time() + ttl_s if ttl_s else None,
-                       rate_limit_per_min=rate_limit_per_min, deployments=deployments)
+                       rate_limit_per_min=rate_limit_per_min, deployments=deployments, **(limits or {}))
         s.add(row)
         s.flush()
         return token, row
 
     def create_token(self, name: str, role: str, kind: str = "api", created_by: str = "",
                      ttl_s: float | None = None, rate_limit_per_min: int | None = None,
-                     owner_id: int | None = None, deployments: list[str] | None = None) -> tuple[str, ApiToken]:
+                     owner_id: int | None = None, deployments: list[str] | None = None,
+                     limits: dict[str, Any] | None = None) -> tuple[str, ApiToken]:
         """A new token; the returned string is its only copy. ``owner_id``: the user it belongs to (the one who
         made it, or the owner of the token that made it): disabling, demoting or deleting them revokes it.
-        ``deployments``: a gateway key limited to these deployments (by name; None: every one)."""
+        ``deployments``: a gateway key limited to these deployments (by name; None: every one); ``limits``: a
+        gateway key's team_id, tokens_per_minute, token_budget, budget_period and weight."""
         if kind not in ("api", "gateway", "sso"):
             raise AuthError("kind: api, gateway or sso")
         if kind == "sso" and role != "viewer":
@@ -364,6 +368,8 @@ class Auth:
                             "nothing else")
         if deployments is not None and kind != "gateway":
             raise AuthError("deployments: only a gateway key is limited to deployments")
+        if limits and kind != "gateway":
+            raise AuthError(f"{next(iter(limits))}: only a gateway key has a team and token limits")
         try:
             check_name(name)
         except ValueError as exc:
@@ -374,7 +380,8 @@ class Auth:
                 if owner is None or owner.disabled:  # disabled while their request was on its way
                     raise OwnerGoneError("the token's owner is disabled or deleted")
             return self._new_token(s, name=name, role=role, kind=kind, user_id=owner_id, created_by=created_by,
-                                   ttl_s=ttl_s, rate_limit_per_min=rate_limit_per_min, deployments=deployments)
+                                   ttl_s=ttl_s, rate_limit_per_min=rate_limit_per_min, deployments=deployments,
+                                   limits=limits)
 
     def tokens(self) -> Sequence[ApiToken]:
         """API tokens and gateway keys (console sessions are not listed)."""

@@ -25,13 +25,14 @@ from engine.api.routes import (
     health,
     prompts,
     serving,
+    teams,
 )
 from engine.api.routes import settings as settings_routes
 from engine.api.services import Services
 
 ROUTERS = [health.router, engine.router, settings_routes.router, events.router, access.router, audit.router,
            serving.router, gpu.router, benchmarks.router, prompts.router, gateway.router, deployments.router,
-           docs.router]
+           teams.router, docs.router]
 # the routes that act on one deployment: today's /api/… act on the default one, and each is also mounted as
 # /api/deployments/{deployment}/… for any other (engine/api/deps.py `runtime` reads which)
 PER_DEPLOYMENT = [engine.router, settings_routes.router, events.router, serving.router, benchmarks.router]

@@ -13,7 +13,7 @@ from engine.config import AppConfig
 from engine.db import Database
 from engine.deployments import DeploymentStore, Fleet
 from engine.events import EventLog
-from engine.gateway import Gateway, Ledger, WorkerPool
+from engine.gateway import Gateway, KeyLimits, Ledger, WorkerPool
 from engine.gpu import AlertEngine, Sampler, TelemetryStore
 from engine.metrics import SeriesStore
 from engine.prompts import PromptStore
@@ -50,4 +50,5 @@ class Services:
     build: Build
     vllm_version: str | None
     workers: WorkerPool | None = None  # the data path's worker processes (gateway_workers), if any
+    key_limits: KeyLimits | None = None  # keys' and teams' token limits and budgets (the /v1 path's)
     data_url: str | None = None  # their address as clients reach it (the data port)

@@ -43,6 +43,8 @@ from engine.db.tables import (
     Revision,
     RevisionStatus,
     SavedPrompt,
+    Team,
+    UsageDay,
     User,
 )
 
@@ -78,6 +80,8 @@ __all__ = [
     "Revision",
     "RevisionStatus",
     "SavedPrompt",
+    "Team",
+    "UsageDay",
     "User",
     "database_url",
     "epoch_now",

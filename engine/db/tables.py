@@ -48,6 +48,9 @@ class Deployment(SQLModel, table=True):
     created_at: float = Field(default_factory=time.time, sa_column_kwargs={"server_default": epoch_now()})
     created_by: str = Field(default="engine", sa_column_kwargs={"server_default": "engine"})
     note: str = Field(default="", sa_column_kwargs={"server_default": ""})
+    # what 1,000 tokens cost on it (usage you can bill: GET /api/usage), prompt and completion; None: no price
+    price_input_per_1k: float | None = None
+    price_output_per_1k: float | None = None
 
 
 class Revision(SQLModel, table=True):
@@ -108,6 +111,26 @@ class User(SQLModel, table=True):
     locked_until: float | None = None
     created_at: float = Field(default_factory=time.time)
     last_login: float | None = None
+    team_id: int | None = Field(default=None, index=True)  # the team they belong to (they see its usage)
+
+
+class Team(SQLModel, table=True):
+    """A group of gateway keys and users: its limits hold for all its keys together, its weight is its share of a
+    deployment at capacity (fair queues), and its usage is billed together."""
+
+    __tablename__ = "team"
+
+    __table_args__ = {**NEVER_REUSED}
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True)
+    weight: float = 1.0
+    rate_limit_per_min: int | None = None
+    tokens_per_minute: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    token_budget: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    budget_period: str | None = None  # day | month (UTC), with token_budget
+    note: str = ""
+    created_at: float = Field(default_factory=time.time)
+    created_by: str = ""
 
 
 class ApiToken(SQLModel, table=True):
@@ -129,6 +152,13 @@ class ApiToken(SQLModel, table=True):
     rate_limit_per_min: int | None = None
     # gateway keys: the deployments (by name) it may ask for; None: every deployment
     deployments: list[str] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    # gateway keys: its team, and limits on tokens (prompt + completion) besides requests
+    team_id: int | None = Field(default=None, index=True)
+    tokens_per_minute: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    token_budget: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    budget_period: str | None = None  # day | month (UTC), with token_budget
+    # its share of a deployment at capacity against other keys (a team's key: the team's)
+    weight: float = Field(default=1.0, sa_column_kwargs={"server_default": "1"})
 
 
 class AuditRecord(SQLModel, table=True):
@@ -224,6 +254,26 @@ class RequestLog(SQLModel, table=True):
     instance: str | None = None  # which vLLM instance answered (None: refused before reaching one)
     deployment_id: int | None = Field(default=None, index=True)  # the deployment the request's model named
     max_tokens: int | None = None  # the max_tokens the request asked for (None: it asked for none)
+    key_id: int | None = None  # the gateway key (token id) that sent it (None: keys not required)
+    team_id: int | None = None  # that key's team when it was sent
+
+
+class UsageDay(SQLModel, table=True):
+    """Usage you can bill: requests and tokens per UTC day, key, team and deployment (0: none), summed from the
+    request ledger as it is written. Kept for ever (a row per day and key and deployment at most); budgets per day
+    or month are read from it at start, so they survive restarts."""
+
+    __tablename__ = "usage_day"
+    __table_args__ = (UniqueConstraint("day", "key_id", "team_id", "deployment_id", name="uq_usage_day"),)
+    id: int | None = Field(default=None, primary_key=True)
+    day: str = Field(index=True)  # YYYY-MM-DD, UTC
+    key_id: int = 0
+    team_id: int = 0
+    deployment_id: int = 0
+    requests: int = 0
+    failed: int = 0  # answered 4xx/5xx or cut
+    input_tokens: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
+    output_tokens: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))
 
 
 class BenchmarkRun(SQLModel, table=True):

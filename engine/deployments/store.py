@@ -133,8 +133,10 @@ class DeploymentStore:
             return row, rev
 
     def update(self, name: str, *, enabled: bool | None = None, gpus: list[int] | bool | None = False,
-               rename: str | None = None) -> tuple[Deployment, Deployment]:
-        """Change a deployment; (before, after). ``gpus=False`` leaves the placement alone, None makes it any."""
+               rename: str | None = None, prices: dict[str, float | None] | None = None
+               ) -> tuple[Deployment, Deployment]:
+        """Change a deployment; (before, after). ``gpus=False`` leaves the placement alone, None makes it any;
+        ``prices``: price_input_per_1k and price_output_per_1k to set (None clears)."""
         with self.db.session() as s:
             row = s.exec(select(Deployment).where(Deployment.name == name)).first()
             if row is None:
@@ -144,6 +146,9 @@ class DeploymentStore:
                 row.enabled = enabled
             if gpus is not False:
                 row.gpus = gpus if isinstance(gpus, list) else None
+            for field_name, price in (prices or {}).items():
+                if field_name in ("price_input_per_1k", "price_output_per_1k"):
+                    setattr(row, field_name, price)
             if rename is not None and rename != row.name:
                 check_name(rename)
                 if s.exec(select(Deployment.id).where(Deployment.name == rename)).first() is not None:

@@ -6,9 +6,19 @@ from __future__ import annotations
 from engine.gateway.admission import Admission, Upstream
 from engine.gateway.coordinator import Coordinator
 from engine.gateway.datapath import BodyLimits, DataPath
-from engine.gateway.ledger import Ledger, Record, percentile
+from engine.gateway.ledger import Ledger, Record, day_of, percentile
+from engine.gateway.limits import (
+    PERIODS,
+    Grant,
+    KeyLimits,
+    LimitExceededError,
+    LimitsUnavailableError,
+    Policy,
+    period_bounds,
+)
 from engine.gateway.proxy import (
     USAGE_PATHS,
+    Claim,
     Gateway,
     GenerateRequest,
     StreamMeter,
@@ -22,16 +32,23 @@ from engine.gateway.wire import WorkerSpec
 from engine.gateway.workers import Emit, WorkerPool, WorkersCollector, WorkerState
 
 __all__ = [
+    "PERIODS",
     "ROUTES",
     "USAGE_PATHS",
     "Admission",
     "BodyLimits",
+    "Claim",
     "Coordinator",
     "DataPath",
     "Emit",
     "Gateway",
     "GenerateRequest",
+    "Grant",
+    "KeyLimits",
     "Ledger",
+    "LimitExceededError",
+    "LimitsUnavailableError",
+    "Policy",
     "Record",
     "StreamMeter",
     "Upstream",
@@ -40,9 +57,11 @@ __all__ = [
     "WorkerState",
     "WorkersCollector",
     "check_path",
+    "day_of",
     "forward_query",
     "model_not_found",
     "percentile",
+    "period_bounds",
     "usage_of",
     "with_usage",
 ]

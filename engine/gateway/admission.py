@@ -2,12 +2,18 @@
 while none is open (an apply, a crash) or every one is at its limit of requests, and the requests in flight. A
 request goes to the open upstream that routing picks (engine/gateway/routing.py: by prefix and load, or the fewest
 requests outstanding); the serving controller opens, relabels, closes and drains upstreams (engine/serving/gate.py),
-and waits for their requests to end before it stops an instance."""
+and waits for their requests to end before it stops an instance.
+
+The waiting room is a fair queue: each request belongs to a flow (its team, else its key, else its client:
+engine/gateway/limits.py) with a weight, and a free slot goes to the waiting request with the smallest virtual start
+(start-time fair queueing): a flow that sends ten times as many requests as another waits behind its own requests,
+not in front of the other's. With one flow it is first come, first served."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import time
 from collections import deque
@@ -18,6 +24,25 @@ from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailable
 from engine.gateway.routing import PrefixIndex, Routed, RoutingPolicy, instance_salt, pick
 
 CAPACITY_QUEUE = 65_536  # requests that wait for a free slot (every instance at its max_num_seqs), as vLLM's queue
+FLOWS_KEPT = 4096  # flows whose virtual finish is remembered (one behind the system's virtual time needs none)
+
+Flow = tuple[str, float]  # (name, weight) of the flow a request waits in
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """A request waiting for a slot: served in order of ``tag`` (its virtual start), then arrival."""
+
+    tag: float
+    seq: int
+    keys: Sequence[int] | None
+    future: asyncio.Future[Upstream]
+    began: float
+    for_slot: bool  # waits for a free slot (load), not for an instance to come
+    dead: bool = False  # gave up (timed out, cancelled): skipped
+
+    def __lt__(self, other: _Ticket) -> bool:
+        return (self.tag, self.seq) < (other.tag, other.seq)
 
 
 @dataclass(eq=False)
@@ -61,6 +86,9 @@ class Admission:
         self._watchers = 0  # drains and waiters that want to hear of every change
         self._notes: set[asyncio.Task[None]] = set()  # release_nowait's notices on their way
         self.in_flight = 0
+        self._queue: list[_Ticket] = []  # a heap: the waiting requests (and some that gave up)
+        self._vtime = 0.0  # the fair queue's virtual time: the tag of the last request it let through
+        self._finish: dict[str, float] = {}  # each flow's virtual finish (its last queued request's tag + 1/weight)
         self.admitted = 0  # requests ever let through (autoscaling's activity: one between two looks counts)
         self.waiting = 0
         self._wait_starts: dict[int, float] = {}  # requests waiting for a slot now: when each began (oldest first)
@@ -112,50 +140,93 @@ class Admission:
         self.admitted += 1
         return best
 
-    async def acquire(self, deadline: float, keys: Sequence[int] | None = None) -> Upstream:
+    async def acquire(self, deadline: float, keys: Sequence[int] | None = None, flow: Flow | None = None,
+                      claim: object = None) -> Upstream:
         """The upstream routing picks for a prompt of prefix ``keys`` (routing.prefix_keys; None: by load alone),
         counted in flight; waits (until ``deadline``, monotonic) while none is open, or every one has its limit of
-        requests (first come, first served)."""
+        requests, in ``flow``'s place of the fair queue (None: one flow for all). ``claim``: a worker's (its
+        engine's admission reads it; here it is unused)."""
         if self._open and not self.waiting and self._room():  # nearly every request: no lock, no await
             return self._take(keys)
-        async with self._cond:
-            if not self._open and self.refusal is not None:
+        if not self._open and self.refusal is not None:
+            self.rejected += 1
+            raise UpstreamUnavailableError(self.refusal)
+        # nothing serves: the waiting room is bounded (queue_size); all at their limit is load, queued as vLLM
+        # would queue it, within a bound of its own
+        bound = self.queue_size if not self._open else CAPACITY_QUEUE
+        if self.waiting >= bound:
+            self.rejected += 1
+            raise QueueFullError(f"{self.waiting} requests already wait for vLLM (queue_size)"
+                                 if not self._open else f"{self.waiting} requests wait for a free slot")
+        name, weight = flow if flow is not None else ("", 1.0)
+        tag = max(self._vtime, self._finish.get(name, 0.0))
+        if len(self._finish) >= FLOWS_KEPT:  # flows at or behind the virtual time start there anyway
+            self._finish = {f: t for f, t in self._finish.items() if t > self._vtime}
+        self._finish[name] = tag + 1.0 / max(weight, 1e-3)
+        # a wait for a free slot is load (autoscaling's queue wait); one for an instance to come is not
+        ticket = _Ticket(tag, next(self._wait_ids), keys, asyncio.get_running_loop().create_future(),
+                         time.monotonic(), bool(self._open))
+        heapq.heappush(self._queue, ticket)
+        self.waiting += 1
+        if ticket.for_slot:
+            self._wait_starts[ticket.seq] = ticket.began
+        if not self._open and self.on_wait is not None:
+            self.on_wait()
+        self._dispatch()  # (room may have come between the look above and now: never wait beside a free slot)
+        try:
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                return await asyncio.shield(ticket.future)
+        except BaseException as exc:
+            if not ticket.future.done():  # still waiting: it leaves the queue
+                self._leave(ticket)
+                ticket.future.cancel()
+            elif not ticket.future.cancelled() and ticket.future.exception() is None:
+                upstream = ticket.future.result()
+                if isinstance(exc, TimeoutError):  # granted as its time ran out: it goes
+                    return upstream
+                self.release_nowait(upstream)  # granted as it was cancelled: the slot goes back
+                raise
+            if isinstance(exc, TimeoutError):
                 self.rejected += 1
-                raise UpstreamUnavailableError(self.refusal)
-            if not (self._open and self._room()):
-                # nothing serves: the waiting room is bounded (queue_size); all at their limit is load, queued
-                # as vLLM would queue it, within a bound of its own
-                bound = self.queue_size if not self._open else CAPACITY_QUEUE
-                if self.waiting >= bound:
-                    self.rejected += 1
-                    raise QueueFullError(f"{self.waiting} requests already wait for vLLM (queue_size)"
-                                         if not self._open else f"{self.waiting} requests wait for a free slot")
-                self.waiting += 1
-                self._watchers += 1
-                # a wait for a free slot is load (autoscaling's queue wait); one for an instance to come is not
-                ticket, began, for_slot = next(self._wait_ids), time.monotonic(), bool(self._open)
-                if for_slot:
-                    self._wait_starts[ticket] = began
-                if not self._open and self.on_wait is not None:
-                    self.on_wait()
-                try:
-                    await asyncio.wait_for(self._cond.wait_for(
-                        lambda: (bool(self._open) and self._room()) or (not self._open and self.refusal is not None)),
-                        max(0.0, deadline - time.monotonic()))
-                except TimeoutError:
-                    self.rejected += 1
-                    raise QueueTimeoutError("vLLM did not become ready within queue_timeout_s") from None
-                finally:
-                    self.waiting -= 1
-                    self._watchers -= 1
-                    if for_slot:
-                        del self._wait_starts[ticket]
-                        ended = time.monotonic()
-                        self._waits.append((ended, ended - began))
-                if not self._open:
-                    self.rejected += 1
-                    raise UpstreamUnavailableError(self.refusal or "vLLM is down")
-            return self._take(keys)
+                raise QueueTimeoutError("vLLM did not become ready within queue_timeout_s") from None
+            raise
+
+    def _leave(self, ticket: _Ticket, granted: bool = False) -> None:
+        """``ticket`` stops waiting (let through, or gave up)."""
+        if ticket.dead:
+            return
+        ticket.dead = True
+        self.waiting -= 1
+        if ticket.for_slot:
+            self._wait_starts.pop(ticket.seq, None)
+            ended = time.monotonic()
+            self._waits.append((ended, ended - ticket.began))
+        if not granted and len(self._queue) > 2 * self.waiting + 1024:  # many gave up: the heap sheds them
+            self._queue = [t for t in self._queue if not t.dead]
+            heapq.heapify(self._queue)
+
+    def _dispatch(self) -> None:
+        """Let waiting requests through while an open upstream has room, in fair order; refuse them all when
+        nothing is open and vLLM is down on purpose."""
+        while self._queue:
+            head = self._queue[0]
+            if head.dead:
+                heapq.heappop(self._queue)
+                continue
+            if not self._open:
+                if self.refusal is None:
+                    return
+                heapq.heappop(self._queue)
+                self._leave(head, granted=True)
+                self.rejected += 1
+                head.future.set_exception(UpstreamUnavailableError(self.refusal))
+                continue
+            if not self._room():
+                return
+            heapq.heappop(self._queue)
+            self._leave(head, granted=True)
+            self._vtime = max(self._vtime, head.tag)
+            head.future.set_result(self._take(head.keys))
 
     def queue_wait(self, now: float, window_s: float = 5.0) -> float:
         """The longest a request waited in the queue for a free slot (every instance at its limit) among those
@@ -165,10 +236,12 @@ class Admission:
         recent = max((waited for ended, waited in self._waits if ended >= now - window_s), default=0.0)
         return max(oldest, recent, 0.0)
 
-    async def release(self, upstream: Upstream) -> None:
+    async def release(self, upstream: Upstream, used: int | None = None) -> None:
+        """``upstream``'s request ended (``used``: its tokens, which a worker's admission tells its engine)."""
         upstream.outstanding -= 1
         upstream.finished += 1
         self.in_flight -= 1
+        self._dispatch()
         if self._watchers:
             await self._notify()
 
@@ -177,6 +250,7 @@ class Admission:
         upstream.outstanding -= 1
         upstream.finished += 1
         self.in_flight -= 1
+        self._dispatch()
         if self._watchers:
             task = asyncio.ensure_future(self._notify())
             self._notes.add(task)
@@ -203,6 +277,7 @@ class Admission:
                           limit=limit, routed=routed)
             self._open = [u for u in self._open if u.instance != instance] + [up]
             self.refusal = None
+            self._dispatch()
             self._cond.notify_all()
             return up
 
@@ -213,7 +288,8 @@ class Admission:
             for upstream in self._open:
                 if upstream.instance == instance:
                     upstream.revision, upstream.limit = revision, limit
-            self._cond.notify_all()  # a higher limit lets waiting requests in
+            self._dispatch()  # a higher limit lets waiting requests in
+            self._cond.notify_all()
 
     async def close(self, instance: str | None = None) -> list[Upstream]:
         """Stop admitting to ``instance`` (None: every upstream); new requests go to the others, or wait (bounded)
@@ -229,6 +305,7 @@ class Admission:
         async with self._cond:
             self.refusal = refusal
             if refusal is not None:
+                self._dispatch()
                 self._cond.notify_all()
 
     async def finished(self, upstream: Upstream, n: int, timeout: float) -> bool:

@@ -21,6 +21,7 @@ from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailable
 from engine.gateway import wire
 from engine.gateway.admission import Admission, Upstream
 from engine.gateway.ledger import RecordSink
+from engine.gateway.limits import Grant, KeyLimits, LimitExceededError, LimitsUnavailableError
 from engine.gateway.proxy import DOWN_S
 
 log = logging.getLogger("llmops.gateway")
@@ -41,6 +42,7 @@ class _Conn:
     writer: asyncio.StreamWriter
     tally: WorkerTally
     permits: dict[int, Upstream] = field(default_factory=dict)
+    grants: dict[int, Grant] = field(default_factory=dict)  # what each permit's limits reserved
     waits: dict[int, asyncio.Task[None]] = field(default_factory=dict)
 
     def send(self, message: wire.Answer) -> None:
@@ -53,9 +55,10 @@ class Coordinator:
     ``models``: GET /v1/models's entries, each with its ``deployment``."""
 
     def __init__(self, route: Callable[[str | None], Admission | None], keys: GatewayKeys, ledger: RecordSink | None,
-                 models: Callable[[], list[dict[str, Any]]]) -> None:
+                 models: Callable[[], list[dict[str, Any]]], limits: KeyLimits | None = None) -> None:
         self.route = route
         self.keys = keys
+        self.limits = limits
         self.ledger = ledger
         self.models = models
         self._permits = itertools.count(1)
@@ -85,6 +88,9 @@ class Coordinator:
             for upstream in conn.permits.values():  # a dead worker's requests: their slots are free again
                 await _release(upstream)
             conn.permits.clear()
+            for grant in conn.grants.values():  # and what they used is not known: their reservations stand
+                self._settle(grant, None)
+            conn.grants.clear()
             tally.held = 0
             tally.waits = 0
             writer.close()
@@ -95,6 +101,7 @@ class Coordinator:
                 self._wait(conn, ask, self._acquire(conn, ask))
             case wire.Done():
                 upstream = conn.permits.pop(ask.permit, None)
+                self._settle(conn.grants.pop(ask.permit, None), ask.used)
                 conn.tally.held = len(conn.permits)
                 if upstream is not None and upstream.admission is not None:
                     if ask.down:
@@ -157,27 +164,50 @@ class Coordinator:
             conn.tally.refused += 1
             conn.send(wire.Refused(ask.id, "not_found", 404, ask.model or "(none)"))
             return
+        began = time.monotonic()
+        grant = None
+        if self.limits is not None:
+            try:
+                grant = await self.limits.claim(ask.key_id, ask.client, ask.prompt, ask.tokens, ask.metered)
+            except LimitExceededError as exc:
+                conn.tally.refused += 1
+                conn.send(wire.Refused(ask.id, "limit", 429, str(exc), exc.headers(), exc.body()))
+                return
+            except LimitsUnavailableError as exc:
+                conn.tally.refused += 1
+                conn.send(wire.Refused(ask.id, "unavailable", 503, str(exc)))
+                return
         try:
-            upstream = await admission.acquire(time.monotonic() + ask.wait_s,
-                                               ask.keys if admission.by_prefix else None)
+            upstream = await admission.acquire(began + ask.wait_s, ask.keys if admission.by_prefix else None,
+                                               (grant.flow, grant.weight) if grant is not None else None)
         except (QueueFullError, QueueTimeoutError, UpstreamUnavailableError) as exc:
+            self._settle(grant, 0)
             conn.tally.refused += 1
             kind = ("queue_full" if isinstance(exc, QueueFullError) else
                     "queue_timeout" if isinstance(exc, QueueTimeoutError) else "unavailable")
             conn.send(wire.Refused(ask.id, kind, 503, str(exc)))
             return
         except asyncio.CancelledError:
+            self._settle(grant, 0)
             raise
         permit = next(self._permits)
         conn.permits[permit] = upstream
+        if grant is not None:
+            conn.grants[permit] = grant
         conn.tally.held = len(conn.permits)
         conn.tally.requests += 1
         if conn.writer.is_closing():  # the worker died while this waited: the slot goes back at once
             conn.permits.pop(permit, None)
+            self._settle(conn.grants.pop(permit, None), 0)
             await _release(upstream)
             return
         conn.send(wire.Granted(ask.id, permit, upstream.url, upstream.revision, upstream.instance,
                                admission.deployment_id, upstream.auth, len(admission.upstreams)))
+
+
+    def _settle(self, grant: Grant | None, used: int | None) -> None:
+        if self.limits is not None:
+            self.limits.settle(grant, used)
 
 
 def _refuse(conn: _Conn, ask: wire.Ask, exc: Exception) -> None:

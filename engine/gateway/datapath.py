@@ -16,9 +16,11 @@ from engine.access.auth import Principal
 from engine.access.keys import KeyRefusedError
 from engine.bodies import BodyBudget, BodyError, BodyHold, RequestBounds, header, inspect_v1, read_body
 from engine.gateway.ledger import Record
+from engine.gateway.limits import asked_tokens
 from engine.gateway.proxy import (
     HOP_HEADERS,
     USAGE_PATHS,
+    Claim,
     Exchange,
     Gateway,
     forward_query,
@@ -40,6 +42,8 @@ class BodyLimits:
     budget_bytes: int = 128 << 20  # all requests' bodies together (v1_body_budget_bytes)
     first_byte_s: float | None = None  # body_first_byte_s
     bounds: RequestBounds = field(default_factory=RequestBounds)  # what one request may ask (v1_max_n, …)
+    bytes_per_token: float = 1.0  # limit_bytes_per_token
+    unasked_max_tokens: int = 1024  # limit_unasked_max_tokens
 
 
 def _error(status: int, message: str, kind: str) -> bytes:
@@ -110,7 +114,7 @@ class DataPath:
             f"peer:{scope['client'][0]}" if scope.get("client") else "peer:")
         hold = self.budget.hold(owner)
         try:
-            exchange = await self._exchange(scope, receive, send, method, checked, headers, hold)
+            exchange = await self._exchange(scope, receive, send, method, checked, headers, hold, principal)
             if exchange is not None and principal is not None and not principal.may_use(
                     exchange.admission.deployment if exchange.admission is not None else None):
                 # a key limited to other deployments: the model does not exist for it (as OpenAI answers)
@@ -123,7 +127,8 @@ class DataPath:
             hold.release()
 
     async def _exchange(self, scope: Scope, receive: Receive, send: Send, method: str, checked: str,
-                        headers: list[tuple[bytes, bytes]], hold: BodyHold) -> Exchange | None:
+                        headers: list[tuple[bytes, bytes]], hold: BodyHold,
+                        principal: Principal | None = None) -> Exchange | None:
         """The request to forward, its body read within the limits and the budget; None when it was answered."""
         body, tail, fields = b"", None, None
         try:
@@ -157,10 +162,15 @@ class DataPath:
                         endpoint=checked, stream=stream, status=0, latency_s=0.0, client=client[:200],
                         max_tokens=fields.max_tokens if fields is not None else None,
                         prompt=fields.prompt_text() if fields is not None and ledger is not None
-                        and ledger.sample_prompt() else None)
+                        and ledger.sample_prompt() else None,
+                        key_id=principal.token_id if principal is not None else None)
+        limits = self.limits
+        prompt, tokens = asked_tokens(len(body), fields.max_tokens, fields.n, fields.best_of, fields.prompts,
+                                      limits.bytes_per_token, limits.unasked_max_tokens) if fields else (0, 0)
+        claim = Claim(record.key_id, record.client, prompt, tokens, checked in USAGE_PATHS)
         return Exchange(method=method, path=checked, query=forward_query(scope.get("query_string", b"")),
                         headers=[(k, v) for k, v in headers if k not in HOP_HEADERS and k != b"x-llmops-client"],
                         body=asked or body, stream=stream, hide_usage=asked is not None, record=record,
-                        admission=admission,
+                        admission=admission, claim=claim,
                         prompt=fields.prompt_bytes(PREFIX_BYTES) if fields is not None and admission is not None
                         and admission.by_prefix else None)

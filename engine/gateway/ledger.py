@@ -13,7 +13,7 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -23,10 +23,15 @@ from sqlalchemy.orm import defer
 from sqlmodel import col, select
 
 from engine.aio import cancel_and_wait
-from engine.db import DEFAULT_DEPLOYMENT, Database, Event, RequestLog, json_true
+from engine.db import DEFAULT_DEPLOYMENT, Database, Event, RequestLog, UsageDay, json_true
 from engine.metrics import RequestMetrics
 
 log = logging.getLogger("llmops.ledger")
+
+
+def day_of(ts: float) -> str:
+    """The UTC day of ``ts`` as usage_day names it (YYYY-MM-DD)."""
+    return time.strftime("%Y-%m-%d", time.gmtime(ts))
 MAX_BUFFER = 100_000  # records kept in memory while the database cannot be written
 
 
@@ -48,6 +53,8 @@ class Record:
     instance: str | None = None
     deployment_id: int | None = None
     max_tokens: int | None = None  # what the request asked for (max_tokens or max_completion_tokens), if it did
+    key_id: int | None = None  # the gateway key that sent it
+    team_id: int | None = None  # its team (the engine's ledger fills it in)
 
 
 class RecordSink(Protocol):
@@ -71,9 +78,11 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 class Ledger:
     def __init__(self, db: Database, sample_rate: float = 0.0, flush_interval_s: float = 1.0,
-                 retention_s: float = 30 * 86400, metrics: RequestMetrics | None = None) -> None:
+                 retention_s: float = 30 * 86400, metrics: RequestMetrics | None = None,
+                 team_of: Callable[[int | None], tuple[int | None, str | None]] | None = None) -> None:
         self.db = db
         self.metrics = metrics
+        self.team_of = team_of  # a key's team as its limits last read it (engine.gateway.Limits.team_of)
         self.sample_rate = sample_rate
         self.flush_interval_s = flush_interval_s
         self.retention_s = retention_s
@@ -88,11 +97,16 @@ class Ledger:
         return self.sample_rate > 0 and random.random() < self.sample_rate
 
     def record(self, rec: Record) -> None:
+        team = "anonymous" if rec.key_id is None else "none"
+        if rec.key_id is not None and self.team_of is not None:
+            rec.team_id, name = self.team_of(rec.key_id)
+            team = name or team
         with self._lock:
             self._buffer.append(rec)
         if self.metrics is not None:
             self.metrics.observe(rec.revision_id, rec.status, rec.error, rec.latency_s, rec.ttft_s,
                                  rec.input_tokens, rec.output_tokens)
+            self.metrics.observe_team(team, rec.status, rec.error, rec.input_tokens, rec.output_tokens)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="ledger")
@@ -120,6 +134,7 @@ class Ledger:
         try:
             with self.db.session() as s:
                 s.add_all([RequestLog(**asdict(r)) for r in batch])
+                _add_usage(s, batch)
                 if prune:
                     s.exec(delete(RequestLog).where(col(RequestLog.ts) < time.time() - self.retention_s))
         except SQLAlchemyError:
@@ -239,6 +254,28 @@ class Ledger:
         with self._lock:
             self._need[window_s] = (now, result)
         return result
+
+
+def _add_usage(s: Any, batch: Sequence[Record]) -> None:
+    """Add a batch of records to usage_day, in the ledger's own transaction (a row per day, key, team and
+    deployment: read, then added to or made; the ledger is its only writer)."""
+    sums: dict[tuple[str, int, int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    for r in batch:
+        row = sums[(day_of(r.ts), r.key_id or 0, r.team_id or 0, r.deployment_id or 0)]
+        row[0] += 1
+        row[1] += 1 if r.status >= 400 or r.error is not None else 0
+        row[2] += r.input_tokens or 0
+        row[3] += r.output_tokens or 0
+    for (day, key, team, deployment), (requests, failed, ins, outs) in sums.items():
+        usage = s.exec(select(UsageDay).where(UsageDay.day == day, UsageDay.key_id == key, UsageDay.team_id == team,
+                                              UsageDay.deployment_id == deployment)).first()
+        if usage is None:
+            usage = UsageDay(day=day, key_id=key, team_id=team, deployment_id=deployment)
+        usage.requests += requests
+        usage.failed += failed
+        usage.input_tokens += ins
+        usage.output_tokens += outs
+        s.add(usage)
 
 
 def _r(value: float | None) -> float | None:

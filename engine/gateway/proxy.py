@@ -33,6 +33,7 @@ from engine.bodies import V1Body
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.gateway.admission import Admission, Upstream
 from engine.gateway.ledger import Record, RecordSink
+from engine.gateway.limits import Grant, KeyLimits, LimitExceededError, LimitsUnavailableError
 from engine.gateway.routing import prefix_keys
 from engine.gateway.upstream import Client, Connection, Head, UpstreamError, UpstreamTimeoutError
 
@@ -57,6 +58,28 @@ class GenerateRequest(BaseModel):
     max_tokens: int = Field(512, ge=1, le=1_000_000)
 
 
+@dataclass(frozen=True)
+class Claim:
+    """What a request asks of its key's limits: its key (None: keys not required), its client, the tokens it may
+    use (``prompt`` of them its prompt's, estimated) and whether they count (completions and chat)."""
+
+    key_id: int | None
+    client: str
+    prompt: int
+    tokens: int
+    metered: bool
+
+
+def used_tokens(rec: Record, prompt: int) -> int:
+    """The tokens a request used, as its limits settle them: vLLM's usage; none when vLLM never had it or refused
+    it (4xx); its estimated prompt where vLLM's count of it never came (a stream cut, a timeout)."""
+    if rec.instance is None:
+        return 0
+    if rec.input_tokens is None and rec.output_tokens is None:
+        return 0 if 400 <= rec.status < 500 else prompt
+    return (rec.input_tokens if rec.input_tokens is not None else prompt) + (rec.output_tokens or 0)
+
+
 @dataclass
 class Exchange:
     """One request through the gateway: what it asked, and what the ledger will record."""
@@ -73,6 +96,8 @@ class Exchange:
     on_sent: Callable[[], None] | None = None  # told once vLLM has the body (the data path's budget)
     admission: Admission | None = None  # of the deployment the request's model names (None: no such deployment)
     prompt: bytes | memoryview | None = None  # its prompt or messages as JSON (routing by prefix reads it)
+    claim: Claim | None = None  # what it asks of its key's limits
+    grant: Grant | None = None  # what its limits reserved for it (settled when it ends)
 
     def sent(self) -> None:
         """vLLM has read the body and answered: let it go (no retry will need it)."""
@@ -258,11 +283,12 @@ class Gateway:
 
     def __init__(self, route: Callable[[str | None], Admission | None], upstream_timeout_s: float,
                  ledger: RecordSink | None = None,
-                 retry_after_s: int = 5) -> None:
+                 retry_after_s: int = 5, limits: KeyLimits | None = None) -> None:
         self.route = route
         self.upstream_timeout_s = upstream_timeout_s
         self.retry_after_s = retry_after_s
         self.ledger = ledger
+        self.limits = limits  # keys' and teams' limits (None: a worker's, whose engine holds them)
         self.client = Client(upstream_timeout_s)
 
     async def aclose(self) -> None:
@@ -295,9 +321,24 @@ class Gateway:
         target = ex.path + (f"?{ex.query}" if ex.query else "")
         keys = prefix_keys(ex.prompt) if ex.prompt is not None and admission.by_prefix else None
         ex.prompt = None  # (a view of the body: let it go with it)
+        claim = ex.claim
+        flow = None
+        try:
+            if self.limits is not None and claim is not None:
+                ex.grant = await self.limits.claim(claim.key_id, claim.client, claim.prompt, claim.tokens,
+                                                   claim.metered)
+                flow = (ex.grant.flow, ex.grant.weight)
+        except LimitExceededError as exc:
+            self._done(rec, t0, 429, f"{exc.scope} {exc.limit}")
+            return Refused(429, exc.body(), exc.headers())
+        except LimitsUnavailableError as exc:
+            return self._refused(rec, t0, str(exc))
         while True:
             try:
-                upstream = await admission.acquire(deadline, keys)
+                upstream = await admission.acquire(deadline, keys, flow, claim)
+            except LimitExceededError as exc:  # (a worker's: its engine's limits refused it)
+                self._done(rec, t0, 429, f"{exc.scope} {exc.limit}")
+                return Refused(429, exc.body(), exc.headers())
             except QueueFullError as exc:
                 return self._refused(rec, t0, f"vLLM is restarting and the queue is full: {exc}")
             except QueueTimeoutError as exc:
@@ -309,15 +350,17 @@ class Gateway:
                 headers = ex.headers if upstream.auth is None else [*ex.headers, upstream.auth]
                 conn, head = await self.client.request(upstream.url, ex.method, target, headers, ex.body)
             except UpstreamTimeoutError:
-                await admission.release(upstream)
                 self._done(rec, t0, 504, "timeout")
+                await admission.release(upstream, used_tokens(rec, claim.prompt if claim else 0))
                 return Refused(504, _error(504, "vLLM did not answer within upstream_timeout_s", "timeout"))
             except UpstreamError as exc:
                 if exc.before_response:  # (before its slot is given back: a worker's engine hears both at once)
                     admission.mark_down(upstream, DOWN_S)
-                await admission.release(upstream)
-                if not exc.before_response:  # an answer vLLM began that cannot be read
+                    await admission.release(upstream, 0)
+                    rec.revision_id, rec.instance = None, None  # vLLM did not take it
+                else:  # an answer vLLM began that cannot be read
                     self._done(rec, t0, 502, str(exc))
+                    await admission.release(upstream, used_tokens(rec, claim.prompt if claim else 0))
                     return Refused(502, _error(502, f"vLLM's answer could not be read: {exc}", "upstream_error"))
                 # The instance died or is being replaced before answering: send it again to the next one, and
                 # send it nothing new for a while (its exit may not be seen yet: a lost node takes Ray a moment)
@@ -329,7 +372,7 @@ class Gateway:
                 continue
             except BaseException:  # cancelled (the client left): the slot must not stay taken
                 with contextlib.suppress(BaseException):
-                    await asyncio.shield(admission.release(upstream))
+                    await asyncio.shield(admission.release(upstream, claim.prompt if claim else 0))
                 raise
             return upstream, conn, head
 
@@ -370,13 +413,24 @@ class Gateway:
             return 502, _error(502, f"vLLM's answer could not be read: {exc}", "upstream_error")
         finally:
             conn.finish()
-            await asyncio.shield(_release(upstream))
+            await asyncio.shield(_release(upstream, None))
         ex.record.input_tokens, ex.record.output_tokens = usage_of(content)
         self._done(ex.record, t0, head.status, None)
         return head.status, content
 
+    def _settle(self, ex: Exchange) -> None:
+        """What the request's limits reserved becomes what it used (once, whatever way it ended)."""
+        if self.limits is not None and ex.grant is not None:
+            self.limits.settle(ex.grant, used_tokens(ex.record, ex.grant.prompt))
+
     async def serve(self, ex: Exchange, client_receive: Receive, send: Send) -> None:
         """Forward one request and relay its answer, streamed event by event when it is a stream."""
+        try:
+            await self._serve(ex, client_receive, send)
+        finally:
+            self._settle(ex)
+
+    async def _serve(self, ex: Exchange, client_receive: Receive, send: Send) -> None:
         t0 = time.monotonic()
         ex.record.ts = time.time()
         opened = await self._open_upstream(ex, t0)
@@ -416,7 +470,7 @@ class Gateway:
             self._done(rec, t0, head.status, meter.error)
         finally:
             conn.finish()  # read to its end: back to the pool; else closed, and vLLM aborts the request
-            await asyncio.shield(_release(upstream))
+            await asyncio.shield(_release(upstream, used_tokens(rec, ex.claim.prompt) if ex.claim else None))
 
     async def _relay(self, conn: Connection, head: Head, meter: StreamMeter, headers: list[tuple[bytes, bytes]],
                      client_receive: Receive, send: Send, rec: Record, t0: float) -> None:
@@ -446,9 +500,9 @@ class Gateway:
             gone.cancel()
 
 
-async def _release(upstream: Upstream) -> None:
+async def _release(upstream: Upstream, used: int | None) -> None:
     if upstream.admission is not None:
-        await upstream.admission.release(upstream)
+        await upstream.admission.release(upstream, used)
 
 
 async def _disconnected(receive: Receive) -> None:

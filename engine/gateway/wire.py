@@ -4,9 +4,9 @@ one else can connect; the worker's end closes when it dies).
 
 A worker relays tokens; the engine decides. Every decision that must be one for all workers is taken by the engine
 on the worker's behalf, so that caps, routing and limits hold exactly as with one process: a key's check (and its
-rate limit), a model's deployment, a slot on an instance (its cap, the queue, routing by prefix and load), the
-ledger's record. A request costs a worker two round trips (the key; a slot) and one message without an answer (its
-end: the slot freed, the record)."""
+rate limit), a model's deployment, a request's limits (its tokens reserved, then settled), a slot on an instance (its
+cap, the fair queue, routing by prefix and load), the ledger's record. A request costs a worker two round trips (the
+key; a slot) and one message without an answer (its end: the slot freed, its tokens settled, the record)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,8 @@ class WorkerSpec(msgspec.Struct, frozen=True):
     keys_required: bool
     graceful_s: float
     trusted_proxies: list[str] = []  # whose X-Forwarded-For is believed (the engine's trusted_proxies)
+    limit_bytes_per_token: float = 1.0
+    limit_unasked_max_tokens: int = 1024
 
 
 
@@ -78,6 +80,12 @@ class Acquire(msgspec.Struct, tag="acquire", frozen=True):
     deployment: str | None  # the deployment the worker resolved it to (and checked the key against)
     keys: list[int] | None
     wait_s: float
+    # what it asks of its key's limits (engine.gateway.proxy.Claim): checked, reserved and queued by the engine
+    key_id: int | None = None
+    client: str = ""
+    prompt: int = 0
+    tokens: int = 0
+    metered: bool = False
 
 
 class Cancel(msgspec.Struct, tag="cancel", frozen=True):
@@ -91,6 +99,7 @@ class Done(msgspec.Struct, tag="done", frozen=True):
 
     permit: int
     down: bool = False
+    used: int | None = None  # the tokens it used, which its limits settle (None: unknown, its reservation stands)
 
 
 class Ledger(msgspec.Struct, tag="ledger", frozen=True):
@@ -126,13 +135,15 @@ class Checked(msgspec.Struct, tag="checked", frozen=True):
 
 class Refused(msgspec.Struct, tag="refused", frozen=True):
     """The request is answered ``status`` with ``message`` (and ``headers``) by the worker, vLLM not reached.
-    ``kind``: key (401/429/503 of a key), unavailable, queue_full, queue_timeout, not_found."""
+    ``kind``: key (401/429/503 of a key), limit (429 of a key's or team's limit), unavailable, queue_full,
+    queue_timeout, not_found."""
 
     id: int
     kind: str
     status: int
     message: str
     headers: list[tuple[bytes, bytes]] = []
+    body: bytes = b""  # the answer's body, when the engine wrote it (a limit's 429)
 
 
 class Route(msgspec.Struct, tag="route", frozen=True):

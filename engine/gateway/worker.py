@@ -32,10 +32,11 @@ from engine.bodies import BodyBudget, RequestBounds
 from engine.edge import HeadLimits, HostCheck, edge_protocol, host_of, refuse_host
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.gateway import wire
-from engine.gateway.admission import Admission, Upstream
+from engine.gateway.admission import Admission, Flow, Upstream
 from engine.gateway.datapath import BodyLimits, DataPath
 from engine.gateway.ledger import Record
-from engine.gateway.proxy import Gateway, send_simple
+from engine.gateway.limits import LimitExceededError
+from engine.gateway.proxy import Claim, Gateway, send_simple
 
 log = logging.getLogger("llmops.gateway.worker")
 
@@ -62,7 +63,7 @@ class EngineLink:
                 if future is not None and not future.done():
                     future.set_result(answer)
                 elif isinstance(answer, wire.Granted):  # for a request that was given up meanwhile
-                    self.tell(wire.Done(answer.permit))
+                    self.tell(wire.Done(answer.permit, used=0))
         except wire.WireError as exc:
             self.lost = str(exc)
         finally:
@@ -92,7 +93,7 @@ class EngineLink:
         except (asyncio.CancelledError, TimeoutError) as exc:
             self._waiting.pop(ask_id, None)
             if future.done() and not future.cancelled() and isinstance(granted := future.result(), wire.Granted):
-                self.tell(wire.Done(granted.permit))  # granted as the client left: the slot goes back
+                self.tell(wire.Done(granted.permit, used=0))  # granted as the client left: the slot goes back
             elif isinstance(message, wire.Acquire):
                 self.tell(wire.Cancel(ask_id))
             if isinstance(exc, TimeoutError):
@@ -137,6 +138,26 @@ class RemoteLedger:
         return self.sample_rate > 0 and random.random() < self.sample_rate
 
 
+class RelayedLimitError(LimitExceededError):
+    """A key's or team's limit refused the request in the engine: its answer, as the engine wrote it."""
+
+    def __init__(self, message: str, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        try:
+            told = json.loads(body)["error"]
+            scope, limit, value = str(told["scope"]), str(told["limit"]), int(told["limit_value"])
+        except (ValueError, KeyError, TypeError):
+            scope, limit, value = "key", "limit", 0
+        super().__init__(message, scope=scope, limit=limit, value=value, retry_after_s=1)
+        self._body = body
+        self._headers = headers
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return self._headers
+
+    def body(self) -> bytes:
+        return self._body
+
+
 @dataclass(eq=False)
 class RemoteUpstream(Upstream):
     permit: int = 0  # the engine's slot
@@ -160,10 +181,13 @@ class RemoteAdmission(Admission):
     def upstreams(self) -> list[Upstream]:
         return [Upstream("", None)] * self._open_now  # how many are open (the retry after a refused connection)
 
-    async def acquire(self, deadline: float, keys: Sequence[int] | None = None) -> Upstream:
+    async def acquire(self, deadline: float, keys: Sequence[int] | None = None, flow: Flow | None = None,
+                      claim: object = None) -> Upstream:
         wait_s = max(0.0, deadline - time.monotonic())
+        c = claim if isinstance(claim, Claim) else Claim(None, "", 0, 0, False)
         answer = await self.link.ask(lambda i: wire.Acquire(i, self.model, self.deployment,
-                                                            list(keys) if keys else None, wait_s),
+                                                            list(keys) if keys else None, wait_s, c.key_id, c.client,
+                                                            c.prompt, c.tokens, c.metered),
                                      timeout=wait_s + ANSWER_S)
         if isinstance(answer, wire.Granted):
             self._open_now = answer.open
@@ -176,12 +200,14 @@ class RemoteAdmission(Admission):
                 raise QueueTimeoutError(answer.message)
             if answer.kind == "not_found":
                 raise UpstreamUnavailableError(f"no deployment serves model {answer.message!r} now")
+            if answer.kind == "limit":
+                raise RelayedLimitError(answer.message, answer.body, list(answer.headers))
             raise UpstreamUnavailableError(answer.message)
         raise UpstreamUnavailableError(f"the engine answered a slot's request with {type(answer).__name__}")
 
-    async def release(self, upstream: Upstream) -> None:
+    async def release(self, upstream: Upstream, used: int | None = None) -> None:
         if isinstance(upstream, RemoteUpstream):
-            self.link.tell(wire.Done(upstream.permit, down=upstream.down_until > time.monotonic()))
+            self.link.tell(wire.Done(upstream.permit, down=upstream.down_until > time.monotonic(), used=used))
 
 
 class WorkerGateway(Gateway):
@@ -246,7 +272,8 @@ async def serve(spec: wire.WorkerSpec, listener: socket.socket, engine: socket.s
     link = EngineLink(reader, writer)
     gateway = WorkerGateway(link, spec.upstream_timeout_s, RemoteLedger(link, spec.ledger_sample_rate))
     limits = BodyLimits(spec.body_max_bytes, spec.body_timeout_s, spec.json_max_depth, spec.body_budget_bytes,
-                        spec.body_first_byte_s, RequestBounds(spec.max_n, spec.max_prompts, spec.max_asked_tokens))
+                        spec.body_first_byte_s, RequestBounds(spec.max_n, spec.max_prompts, spec.max_asked_tokens),
+                        spec.limit_bytes_per_token, spec.limit_unasked_max_tokens)
     data_path = WorkerDataPath(gateway, RemoteKeys(link, spec.keys_required), limits,
                                BodyBudget(spec.body_budget_bytes, spec.body_share_bytes))
     app = WorkerApp(data_path, HostCheck(spec.hosts), spec.engine_port)

@@ -81,6 +81,23 @@ class RequestMetrics:
                                  "in the gateway included", ["revision"], buckets=LATENCY_BUCKETS, registry=registry)
         self.ttft = Histogram("llmops_time_to_first_token_seconds", "Time to first token of streamed /v1 requests",
                               ["revision"], buckets=LATENCY_BUCKETS, registry=registry)
+        # by team (a key of no team: "none"; keys not required: "anonymous"): as many series as teams
+        self.team_requests = Counter("llmops_team_requests", "Requests through the /v1 gateway by team",
+                                     ["team", "outcome"], registry=registry)
+        self.team_tokens = Counter("llmops_team_tokens", "Tokens of /v1 requests by team", ["team", "kind"],
+                                   registry=registry)
+        self.limited = Counter("llmops_limit_refusals", "Requests refused (429) for a key's or team's limit",
+                               ["team", "limit"], registry=registry)
+
+    def observe_team(self, team: str, status: int, error: str | None, input_tokens: int | None,
+                     output_tokens: int | None) -> None:
+        if status == 429 and error is not None and " " in error:  # the gateway's own refusal: "<scope> <limit>"
+            self.limited.labels(team, error.split(" ", 1)[1]).inc()
+        self.team_requests.labels(team, "error" if status >= 400 or error else "ok").inc()
+        if input_tokens:
+            self.team_tokens.labels(team, "input").inc(input_tokens)
+        if output_tokens:
+            self.team_tokens.labels(team, "output").inc(output_tokens)
 
     def observe(self, revision: int | None, status: int, error: str | None, latency_s: float,
                 ttft_s: float | None, input_tokens: int | None, output_tokens: int | None) -> None:

@@ -269,7 +269,11 @@ class ServingMonitor:
         except httpx.HTTPError as exc:
             self.error = f"cannot read vLLM's /metrics: {type(exc).__name__}"
             return
-        scrape = parse(resp.text, time.time())
+        try:
+            scrape = parse(resp.text, time.time())
+        except ValueError:  # not Prometheus text (a proxy's page, a stub): this scrape is lost, not the monitor
+            self.error = f"vLLM's /metrics at {url} is not Prometheus text: is it vLLM?"
+            return
         first = self._previous is None
         self.latest = derive(scrape, self._previous)
         self.error = None
@@ -296,7 +300,7 @@ class ServingMonitor:
                     resp = await client.get(f"{inst.url}/metrics", headers=headers)
                     resp.raise_for_status()
                     scrape = parse(resp.text, time.time())
-                except httpx.HTTPError:
+                except (httpx.HTTPError, ValueError):
                     inst.kv_usage = inst.cache_hit_pct = None
                     continue
             usage = scrape.gauges.get("kv_cache_usage")

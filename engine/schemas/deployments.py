@@ -48,6 +48,11 @@ class DeploymentPatch(BaseModel):
     enabled: bool | None = None
     gpus: list[int] | None = Field(None, max_length=64)
     any_gpu: bool = Field(False, description="Clear the placement: run on any GPU (gpus must be null).")
+    price_input_per_1k: float | None = Field(None, ge=0, le=1e6, allow_inf_nan=False, description="What 1,000 "
+                                             "prompt tokens cost on it (GET /api/usage prices usage by it; null "
+                                             "clears it; absent: unchanged).")
+    price_output_per_1k: float | None = Field(None, ge=0, le=1e6, allow_inf_nan=False, description="What 1,000 "
+                                              "completion tokens cost on it.")
 
 
 class DeploymentMemory(BaseModel):
@@ -73,6 +78,8 @@ class DeploymentOut(BaseModel):
     desired_revision: int | None
     instances: int
     serving: int = Field(description="instances the gateway sends to")
+    price_input_per_1k: float | None = None
+    price_output_per_1k: float | None = None
     memory: list[DeploymentMemory] = Field(default_factory=list)
 
 

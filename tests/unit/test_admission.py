@@ -221,3 +221,97 @@ def test_only_what_a_running_instance_can_take_on_is_a_soft_change() -> None:
     inst = Instance("a", child=None, revision=Revision(id=1, values=plain),  # type: ignore[arg-type]
                     settings=EngineSettings.model_construct(**plain), launched_seqs=16)
     assert not soft_change(inst, {**plain, "max_num_seqs": 8}) and soft_change(inst, {**plain, "replicas": 2})
+
+
+def _order_served(gate: Admission, arrivals: list[tuple[str, float]], slots: int = 1) -> list[str]:
+    """Queue ``arrivals`` (flow, weight) behind ``slots`` busy slots, then free slots one at a time: the flows in
+    the order they were let through."""
+    async def go() -> list[str]:
+        busy = [await gate.acquire(time.monotonic() + 5) for _ in range(slots)]
+        served: list[str] = []
+
+        async def wait(flow: str, weight: float) -> None:
+            up = await gate.acquire(time.monotonic() + 5, None, (flow, weight))
+            served.append(flow)
+            await asyncio.sleep(0)  # (let the others queue their turn first)
+            held.append(up)
+
+        held: list[Any] = []
+        tasks = []
+        for flow, weight in arrivals:
+            tasks.append(asyncio.create_task(wait(flow, weight)))
+            await asyncio.sleep(0)  # arrive in this order
+        for up in busy:
+            await gate.release(up)
+        while len(served) < len(arrivals):
+            await eventually(lambda: bool(held), 5, what="a request let through")
+            await gate.release(held.pop(0))
+        await asyncio.gather(*tasks)
+        return served
+    return asyncio.run(go())
+
+
+async def _one_slot() -> Admission:
+    gate = Admission(queue_size=100, queue_timeout_s=5)
+    await gate.open("http://x", limit=1)
+    return gate
+
+
+def test_a_flow_sending_ten_times_as_many_requests_does_not_push_another_s_back() -> None:
+    """Key A queues 10 requests before key B's one: first come, first served would let B through last; the fair
+    queue lets it through right after A's first."""
+    gate = asyncio.run(_one_slot())
+    order = _order_served(gate, [("A", 1.0)] * 10 + [("B", 1.0)])
+    assert order.index("B") <= 1, order
+
+
+def test_with_one_flow_the_queue_is_first_come_first_served() -> None:
+    gate = asyncio.run(_one_slot())
+    names = [f"r{i}" for i in range(8)]
+
+    async def go() -> list[int]:
+        busy = await gate.acquire(time.monotonic() + 5)
+        served: list[int] = []
+
+        async def wait(i: int) -> None:
+            up = await gate.acquire(time.monotonic() + 5)
+            served.append(i)
+            await gate.release(up)
+
+        tasks = []
+        for i in range(len(names)):
+            tasks.append(asyncio.create_task(wait(i)))
+            await asyncio.sleep(0)
+        await gate.release(busy)
+        await asyncio.gather(*tasks)
+        return served
+    assert asyncio.run(go()) == list(range(len(names)))
+
+
+def test_a_flow_of_twice_the_weight_is_let_through_twice_as_often_while_both_wait() -> None:
+    gate = asyncio.run(_one_slot())
+    order = _order_served(gate, [("heavy", 2.0)] * 12 + [("light", 1.0)] * 12)
+    first = order[:12]
+    assert first.count("heavy") == 8 and first.count("light") == 4, order
+
+
+def test_a_waiting_request_that_gives_up_leaves_no_trace_in_the_queue() -> None:
+    async def go() -> None:
+        gate = await _one_slot()
+        busy = await gate.acquire(time.monotonic() + 5)
+        with pytest.raises(QueueTimeoutError):
+            await gate.acquire(time.monotonic() + 0.05, None, ("A", 1.0))
+        cancelled = asyncio.create_task(gate.acquire(time.monotonic() + 5, None, ("B", 1.0)))
+        await asyncio.sleep(0.01)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert gate.waiting == 0
+        waiting = asyncio.create_task(gate.acquire(time.monotonic() + 5, None, ("C", 1.0)))
+        await asyncio.sleep(0.01)
+        await gate.release(busy)
+        up = await waiting  # the slot went to the one still waiting, none to those that left
+        assert gate.in_flight == 1 and up.outstanding == 1
+        await gate.release(up)
+        assert gate.in_flight == 0
+    run(go())

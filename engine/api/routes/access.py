@@ -6,22 +6,28 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi import Path as PathParam
 
 from engine.access import (
+    LIMIT_FIELDS,
     AuthError,
     BadCredentialsError,
     HashBusyError,
     LastAdminError,
     LockedError,
     OwnerGoneError,
+    TeamError,
+    Teams,
     UnknownUserError,
     allows,
+    check_budget,
     token_state,
 )
-from engine.api.deps import AuthDep, DeploymentsDep, NoteDep, PrincipalDep, access
+from engine.api.deps import AuthDep, DeploymentsDep, NoteDep, PrincipalDep, ServicesDep, access
 from engine.api.gate import bearer_of
+from engine.api.services import Services
 from engine.db import ApiToken, User
 from engine.schemas import (
     MAX_ID,
     ROLES,
+    BudgetOut,
     LoginRequest,
     MeOut,
     OkOut,
@@ -30,6 +36,7 @@ from engine.schemas import (
     TokenCreatedOut,
     TokenIn,
     TokenOut,
+    TokenPatch,
     UserDeletedOut,
     UserIn,
     UserOut,
@@ -41,16 +48,39 @@ router = APIRouter(tags=["access"])
 USERNAME_PATH = PathParam(min_length=1, max_length=64)
 
 
-def user_out(u: User) -> UserOut:
-    return UserOut.model_validate(u, from_attributes=True)
+def user_out(u: User, teams: dict[int, str] | None = None) -> UserOut:
+    out = UserOut.model_validate(u, from_attributes=True)
+    if u.team_id is not None:
+        out.team = (teams or {}).get(u.team_id, f"deleted team {u.team_id}")
+    return out
 
 
-def token_out(t: ApiToken, owners: dict[int, str] | None = None) -> TokenOut:
+def token_out(t: ApiToken, owners: dict[int, str] | None = None, teams: dict[int, str] | None = None,
+              svc: Services | None = None) -> TokenOut:
     out = TokenOut.model_validate(t, from_attributes=True)
     out.state = token_state(t)
     if t.user_id is not None:
         out.owner = (owners or {}).get(t.user_id, f"deleted user {t.user_id}")
+    if t.team_id is not None:
+        out.team = (teams or {}).get(t.team_id, f"deleted team {t.team_id}")
+    if svc is not None and t.id is not None and t.token_budget is not None and t.budget_period is not None:
+        out.budget = budget_out(svc, "key", t.id, t.token_budget, t.budget_period)
     return out
+
+
+def budget_out(svc: Services, scope: str, scope_id: int, limit: int, period: str) -> BudgetOut | None:
+    """A budget's state: the gateway's count when it has seen the key or team this period, else the store's."""
+    if svc.key_limits is None or period not in ("day", "month"):
+        return None
+    used, reserved, resets_at = svc.key_limits.budget_now(scope, scope_id, period)
+    return BudgetOut(limit=limit, period=period, used=used, reserved=reserved,
+                     resets_at=resets_at)
+
+
+def _limits_refused(exc: TeamError) -> HTTPException:
+    if exc.missing:
+        return HTTPException(404, detail=str(exc))
+    return HTTPException(422, detail=[{"loc": ["body", exc.field or ""], "msg": str(exc), "type": "value_error"}])
 
 
 def _refused(exc: AuthError) -> HTTPException:
@@ -122,7 +152,8 @@ def me(principal: PrincipalDep) -> MeOut:
 
 @router.get("/api/users", response_model=list[UserOut], dependencies=access("admin"))
 def users(auth: AuthDep) -> list[UserOut]:
-    return [user_out(u) for u in auth.users()]
+    teams = Teams(auth.db).names()
+    return [user_out(u, teams) for u in auth.users()]
 
 
 @router.post("/api/users", status_code=201, response_model=UserOut, dependencies=access("admin", "users.create"))
@@ -145,14 +176,27 @@ def update_user(body: UserPatch, auth: AuthDep, note: NoteDep, username: str = U
     before = next((u for u in auth.users() if u.username == username), None)
     if before is None:
         raise HTTPException(404, detail=f"no user {username!r}")
+    teams = Teams(auth.db)
+    if "team" in body.model_fields_set and body.team is not None:
+        try:
+            teams.team_id(body.team)
+        except TeamError as exc:
+            raise HTTPException(422, detail=[{"loc": ["body", "team"], "msg": str(exc), "type": "value_error"}]
+                                ) from None
     try:
         user, revoked = auth.update_user(username, role=body.role, password=body.password, disabled=body.disabled)
+        if "team" in body.model_fields_set:
+            _, user = teams.set_user(username, body.team)
+    except TeamError as exc:
+        raise _limits_refused(exc) from None
     except AuthError as exc:
         raise _refused(exc) from None
-    note.before = {"role": before.role, "disabled": before.disabled}
+    names = teams.names()
+    note.before = {"role": before.role, "disabled": before.disabled,
+                   **({"team": names.get(before.team_id or 0)} if "team" in body.model_fields_set else {})}
     note.after = {"role": user.role, "disabled": user.disabled, "password_changed": body.password is not None,
-                  "tokens_revoked": revoked}
-    return user_out(user)
+                  "tokens_revoked": revoked, **({"team": body.team} if "team" in body.model_fields_set else {})}
+    return user_out(user, names)
 
 
 @router.delete("/api/users/{username}", response_model=UserDeletedOut, dependencies=access("admin", "users.delete"),
@@ -170,19 +214,45 @@ def delete_user(auth: AuthDep, note: NoteDep, username: str = USERNAME_PATH) -> 
 
 
 @router.get("/api/tokens", response_model=list[TokenOut], dependencies=access("admin"))
-def tokens(auth: AuthDep) -> list[TokenOut]:
-    """API tokens and gateway keys (never their values; console sessions are not listed)."""
+def tokens(auth: AuthDep, svc: ServicesDep) -> list[TokenOut]:
+    """API tokens and gateway keys (never their values; console sessions are not listed), with each key's team,
+    limits and budget's state."""
     owners = {u.id: u.username for u in auth.users() if u.id is not None}
-    return [token_out(t, owners) for t in auth.tokens()]
+    teams = Teams(auth.db).names()
+    return [token_out(t, owners, teams, svc) for t in auth.tokens()]
 
 
 @router.post("/api/tokens", status_code=201, response_model=TokenCreatedOut,
              dependencies=access("admin", "tokens.create"))
 def create_token(body: TokenIn, auth: AuthDep, principal: PrincipalDep, note: NoteDep,
-                 deployments: DeploymentsDep) -> TokenCreatedOut:
+                 deployments: DeploymentsDep, svc: ServicesDep) -> TokenCreatedOut:
     """A new token: the answer holds its only copy. It belongs to the user who asked (or to the owner of the
-    token that asked): disabling, demoting or deleting them revokes it. A gateway key may be limited to some
-    deployments (``deployments``, by name, each one that exists)."""
+    token that asked), or to ``owner``: disabling, demoting or deleting them revokes it. A gateway key may be
+    limited to some deployments (``deployments``, by name, each one that exists), belong to a team, and have
+    limits on tokens (per minute, a budget per day or month) and a weight in fair queues."""
+    limits: dict[str, object] = {}
+    teams = Teams(auth.db)
+    asked = {f: getattr(body, f) for f in ("team", *LIMIT_FIELDS) if f in body.model_fields_set
+             and getattr(body, f) is not None and f != "rate_limit_per_min"}
+    if asked and body.kind != "gateway":
+        field = next(iter(asked))
+        raise HTTPException(422, detail=[{"loc": ["body", field], "type": "value_error",
+                                          "msg": "only a gateway key (kind gateway) has a team and token limits"}])
+    try:
+        check_budget(asked)
+        if body.team is not None:
+            limits["team_id"] = teams.team_id(body.team)
+    except TeamError as exc:
+        raise HTTPException(422, detail=[{"loc": ["body", exc.field or "team"], "msg": str(exc),
+                                          "type": "value_error"}]) from None
+    limits.update({f: v for f, v in asked.items() if f != "team"})
+    owner_id = principal.user_id
+    if body.owner is not None:
+        found = next((u for u in auth.users() if u.username == body.owner and not u.disabled), None)
+        if found is None:
+            raise HTTPException(422, detail=[{"loc": ["body", "owner"], "type": "value_error",
+                                              "msg": f"no enabled user {shown(body.owner)}"}])
+        owner_id = found.id
     limited = None
     if body.deployments is not None:
         if body.kind != "gateway":
@@ -197,16 +267,45 @@ def create_token(body: TokenIn, auth: AuthDep, principal: PrincipalDep, note: No
     try:
         token, row = auth.create_token(body.name, body.role, body.kind, principal.name,
                                        ttl_s=body.expires_days * 86400 if body.expires_days else None,
-                                       rate_limit_per_min=body.rate_limit_per_min, owner_id=principal.user_id,
-                                       deployments=limited)
+                                       rate_limit_per_min=body.rate_limit_per_min, owner_id=owner_id,
+                                       deployments=limited, limits=limits)
     except OwnerGoneError as exc:
         raise HTTPException(401, detail=str(exc)) from None
     except AuthError as exc:
         raise _refused(exc) from None
     note.target, note.after = f"token {row.id} {row.name}", {"role": row.role, "kind": row.kind, "prefix": row.prefix,
-                                                            **({"deployments": limited} if limited else {})}
+                                                            **({"deployments": limited} if limited else {}),
+                                                            **asked, **({"owner": body.owner} if body.owner else {}),
+                                                            **({"rate_limit_per_min": body.rate_limit_per_min}
+                                                               if body.rate_limit_per_min else {})}
     owners = {u.id: u.username for u in auth.users() if u.id == row.user_id and u.id is not None}
-    return TokenCreatedOut(**token_out(row, owners).model_dump(), token=token)
+    return TokenCreatedOut(**token_out(row, owners, teams.names(), svc).model_dump(), token=token)
+
+
+@router.patch("/api/tokens/{token_id}", response_model=TokenOut, dependencies=access("admin", "tokens.update"))
+def update_token(body: TokenPatch, auth: AuthDep, svc: ServicesDep, note: NoteDep,
+                 token_id: int = PathParam(ge=1, le=MAX_ID)) -> TokenOut:
+    """Change a gateway key's team, limits (null clears one) or weight: in effect for its next request on every
+    gateway worker (another process's edit: within limit_cache_s)."""
+    changes = {f: getattr(body, f) for f in body.model_fields_set}
+    if changes.get("weight", 0) is None:
+        raise HTTPException(422, detail=[{"loc": ["body", "weight"], "type": "value_error",
+                                          "msg": "weight: a number above 0 (1: an equal share)"}])
+    teams = Teams(auth.db)
+    try:
+        before, row = teams.set_key(token_id, changes)
+    except TeamError as exc:
+        raise _limits_refused(exc) from None
+    auth.changes += 1  # (the key's cached principal: its rate limit)
+    if svc.key_limits is not None:
+        svc.key_limits.changed()
+    names = teams.names()
+    shown_before = {("team" if f == "team_id" else f): (names.get(v, v) if f == "team_id" and v else v)
+                    for f, v in before.items() if f in changes or (f == "team_id" and "team" in changes)}
+    note.target = f"token {row.id} {row.name}"
+    note.before, note.after = shown_before, changes
+    owners = {u.id: u.username for u in auth.users() if u.id == row.user_id and u.id is not None}
+    return token_out(row, owners, names, svc)
 
 
 @router.delete("/api/tokens/{token_id}", response_model=TokenOut, dependencies=access("admin", "tokens.revoke"))

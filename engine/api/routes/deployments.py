@@ -68,7 +68,8 @@ def deployment_out(fleet: Fleet, runtime: Runtime, row: Deployment | None = None
         running_revision=sup.running.id if sup.running else None,
         desired_revision=desired.id if desired is not None else None,
         instances=len(sup.instances), serving=sum(1 for i in sup.instances if i.serving),
-        memory=memory_of(fleet, runtime))
+        memory=memory_of(fleet, runtime), price_input_per_1k=row.price_input_per_1k,
+        price_output_per_1k=row.price_output_per_1k)
 
 
 def _runtime(fleet: Fleet, name: str) -> Runtime:
@@ -172,13 +173,15 @@ def update(body: DeploymentPatch, request: Request, svc: ServicesDep, fleet: Fle
                                           "out", "type": "value_error"}])
     _check_gpus(svc, body.gpus)
     gpus: list[int] | bool | None = None if body.any_gpu else (body.gpus if body.gpus is not None else False)
+    prices: dict[str, float | None] = {f: getattr(body, f) for f in ("price_input_per_1k", "price_output_per_1k")
+                                       if f in body.model_fields_set}
     try:
-        before, after = store.update(name, enabled=body.enabled, gpus=gpus)
+        before, after = store.update(name, enabled=body.enabled, gpus=gpus, prices=prices)
     except DeploymentError as exc:
         raise HTTPException(422, detail=[{"loc": ["body"], "msg": str(exc), "type": "value_error"}]) from None
     note.target = f"deployment {name}"
-    note.before = {"enabled": before.enabled, "gpus": before.gpus}
-    note.after = {"enabled": after.enabled, "gpus": after.gpus}
+    note.before = {"enabled": before.enabled, "gpus": before.gpus, **{f: getattr(before, f) for f in prices}}
+    note.after = {"enabled": after.enabled, "gpus": after.gpus, **prices}
     fleet.wake()  # the registry starts or stops it (within a second: it also sees changes made elsewhere)
     return deployment_out(fleet, runtime, after)
 
