@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import ipaddress
 import logging
 import os
@@ -262,6 +263,10 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
         ledger.start()
         tallies.start()
         loop_lag.start()
+        # what the start made (modules, models, tables: most of the heap) is never garbage: the collector's full
+        # passes leave it out, and stop stalling the event loop for 100 ms (seen at 500 requests/s on 2 cores)
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:

@@ -32,6 +32,9 @@ SCENARIOS = {s.name: s for s in (
     Scenario("many-models", "many_models", "N deployments that do not fit a GPU together, taking turns on it: each "
              "called in turn, the one before put to sleep for it; the first token of a switch against an awake one",
              "engine + vLLM xN"),
+    Scenario("limits", "limits", "what keys' and teams' limits and usage add to a request at a fixed rate (a key "
+             "with limits against one without, alternated), and a light key's first token beside a key at ten times "
+             "its rate at capacity: fair queues against first come, first served", "engine + stub, or + vLLM"),
     Scenario("relay-ceiling", "relay_ceiling", "the gateway's data path with 0, 1, 2, ... worker processes "
              "against a stub upstream that streams as fast as it can: tokens/s and the gateway's CPU per 1,000",
              "gateway + stub"),

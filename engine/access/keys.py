@@ -55,6 +55,7 @@ class GatewayKeys:
         self.cache_s = cache_s
         self.max_cached = max_cached
         self._cache: dict[str, _Entry] = {}
+        self._reading: dict[str, asyncio.Future[Principal | None]] = {}
 
     async def _principal(self, token: str) -> Principal | None:
         key = digest(token)
@@ -62,6 +63,17 @@ class GatewayKeys:
         entry = self._cache.get(key)
         if entry is not None and now - entry.at < self.cache_s and entry.changes == self.auth.changes:
             return entry.principal
+        # one read at a time per key: the requests that come meanwhile wait for it (at 500 requests/s, a read by
+        # each that found the cache old queued them on the API's threads every cache_s)
+        reading = self._reading.get(key)
+        if reading is None:
+            reading = asyncio.ensure_future(self._read(token, key))
+            self._reading[key] = reading
+            reading.add_done_callback(lambda _: self._reading.pop(key, None))
+        return await asyncio.shield(reading)
+
+    async def _read(self, token: str, key: str) -> Principal | None:
+        now = time.monotonic()
         try:
             principal = await asyncio.to_thread(self.auth.authenticate, token)  # SQLite: never on the event loop
         except UNAVAILABLE as exc:  # a key not in the cache cannot be checked while the database is down

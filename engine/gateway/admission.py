@@ -7,13 +7,19 @@ and waits for their requests to end before it stops an instance.
 The waiting room is a fair queue: each request belongs to a flow (its team, else its key, else its client:
 engine/gateway/limits.py) with a weight, and a free slot goes to the waiting request with the smallest virtual start
 (start-time fair queueing): a flow that sends ten times as many requests as another waits behind its own requests,
-not in front of the other's. With one flow it is first come, first served."""
+not in front of the other's. With one flow it is first come, first served.
+
+Fair order alone still makes a light flow wait for a slot to free when a heavy one holds them all. So while more
+than one flow has sent in the last ACTIVE_S, a flow that holds its share of the slots (by weight, among those
+flows) or more leaves free what the others below their share held at their busiest in that time (at least one
+each, each up to its share, all together at most RESERVE_MAX of the slots): a light flow's request finds a slot
+free and goes at once. The heavy flow loses at most that, and only while another flow is about; alone it has every
+slot."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import itertools
 import time
 from collections import deque
@@ -25,6 +31,8 @@ from engine.gateway.routing import PrefixIndex, Routed, RoutingPolicy, instance_
 
 CAPACITY_QUEUE = 65_536  # requests that wait for a free slot (every instance at its max_num_seqs), as vLLM's queue
 FLOWS_KEPT = 4096  # flows whose virtual finish is remembered (one behind the system's virtual time needs none)
+ACTIVE_S = 30.0  # a flow that sent within this long is about: the others leave it room
+RESERVE_MAX = 1 / 4  # of the slots, the most a flow at its share leaves free for the others about
 
 Flow = tuple[str, float]  # (name, weight) of the flow a request waits in
 
@@ -35,14 +43,12 @@ class _Ticket:
 
     tag: float
     seq: int
+    flow: str
     keys: Sequence[int] | None
     future: asyncio.Future[Upstream]
     began: float
     for_slot: bool  # waits for a free slot (load), not for an instance to come
     dead: bool = False  # gave up (timed out, cancelled): skipped
-
-    def __lt__(self, other: _Ticket) -> bool:
-        return (self.tag, self.seq) < (other.tag, other.seq)
 
 
 @dataclass(eq=False)
@@ -86,9 +92,13 @@ class Admission:
         self._watchers = 0  # drains and waiters that want to hear of every change
         self._notes: set[asyncio.Task[None]] = set()  # release_nowait's notices on their way
         self.in_flight = 0
-        self._queue: list[_Ticket] = []  # a heap: the waiting requests (and some that gave up)
+        self._queues: dict[str, deque[_Ticket]] = {}  # each flow's waiting requests, in order (some gave up)
         self._vtime = 0.0  # the fair queue's virtual time: the tag of the last request it let through
         self._finish: dict[str, float] = {}  # each flow's virtual finish (its last queued request's tag + 1/weight)
+        self._held: dict[str, int] = {}  # slots each flow holds now
+        self._peaks: dict[str, list[float]] = {}  # each flow's most slots held: [since, this ACTIVE_S, the one before]
+        self._seen: dict[str, tuple[float, float]] = {}  # each flow's last request (monotonic) and its weight
+        self._recheck: asyncio.TimerHandle | None = None  # a dispatch when a flow stops being about
         self.admitted = 0  # requests ever let through (autoscaling's activity: one between two looks counts)
         self.waiting = 0
         self._wait_starts: dict[int, float] = {}  # requests waiting for a slot now: when each began (oldest first)
@@ -127,7 +137,7 @@ class Admission:
         """Whether an open upstream can take one more request now (its limit, if it has one, not reached)."""
         return any(u.limit is None or u.outstanding < u.limit for u in self._open)
 
-    def _take(self, keys: Sequence[int] | None) -> Upstream:
+    def _take(self, keys: Sequence[int] | None, flow: str = "") -> Upstream:
         if len(self._open) > 1:
             now = time.monotonic()  # one that just failed to connect is passed over while others answer
             free = [u for u in self._open if u.limit is None or u.outstanding < u.limit]
@@ -138,6 +148,17 @@ class Admission:
         best.outstanding += 1
         self.in_flight += 1
         self.admitted += 1
+        held = self._held[flow] = self._held.get(flow, 0) + 1
+        now = time.monotonic()
+        peak = self._peaks.get(flow)
+        if peak is None or now - peak[0] >= 2 * ACTIVE_S:
+            self._peaks[flow] = [now, held, 0]
+        else:
+            if now - peak[0] >= ACTIVE_S:  # a new window: this one becomes the one before
+                peak[:] = [now, 0, peak[1]]
+            peak[1] = max(peak[1], held)
+        if len(self._peaks) > FLOWS_KEPT:
+            self._peaks = {f: p for f, p in self._peaks.items() if now - p[0] < 2 * ACTIVE_S}
         return best
 
     async def acquire(self, deadline: float, keys: Sequence[int] | None = None, flow: Flow | None = None,
@@ -146,8 +167,13 @@ class Admission:
         counted in flight; waits (until ``deadline``, monotonic) while none is open, or every one has its limit of
         requests, in ``flow``'s place of the fair queue (None: one flow for all). ``claim``: a worker's (its
         engine's admission reads it; here it is unused)."""
-        if self._open and not self.waiting and self._room():  # nearly every request: no lock, no await
-            return self._take(keys)
+        name, weight = flow if flow is not None else ("", 1.0)
+        now = time.monotonic()
+        if len(self._seen) >= FLOWS_KEPT:
+            self._seen = {f: seen for f, seen in self._seen.items() if now - seen[0] < ACTIVE_S}
+        self._seen[name] = (now, weight)
+        if self._open and not self.waiting and self._may(name, now):  # nearly every request: no lock, no await
+            return self._take(keys, name)
         if not self._open and self.refusal is not None:
             self.rejected += 1
             raise UpstreamUnavailableError(self.refusal)
@@ -158,15 +184,14 @@ class Admission:
             self.rejected += 1
             raise QueueFullError(f"{self.waiting} requests already wait for vLLM (queue_size)"
                                  if not self._open else f"{self.waiting} requests wait for a free slot")
-        name, weight = flow if flow is not None else ("", 1.0)
         tag = max(self._vtime, self._finish.get(name, 0.0))
         if len(self._finish) >= FLOWS_KEPT:  # flows at or behind the virtual time start there anyway
             self._finish = {f: t for f, t in self._finish.items() if t > self._vtime}
         self._finish[name] = tag + 1.0 / max(weight, 1e-3)
         # a wait for a free slot is load (autoscaling's queue wait); one for an instance to come is not
-        ticket = _Ticket(tag, next(self._wait_ids), keys, asyncio.get_running_loop().create_future(),
+        ticket = _Ticket(tag, next(self._wait_ids), name, keys, asyncio.get_running_loop().create_future(),
                          time.monotonic(), bool(self._open))
-        heapq.heappush(self._queue, ticket)
+        self._queues.setdefault(name, deque()).append(ticket)
         self.waiting += 1
         if ticket.for_slot:
             self._wait_starts[ticket.seq] = ticket.began
@@ -184,14 +209,14 @@ class Admission:
                 upstream = ticket.future.result()
                 if isinstance(exc, TimeoutError):  # granted as its time ran out: it goes
                     return upstream
-                self.release_nowait(upstream)  # granted as it was cancelled: the slot goes back
+                self.release_nowait(upstream, name)  # granted as it was cancelled: the slot goes back
                 raise
             if isinstance(exc, TimeoutError):
                 self.rejected += 1
                 raise QueueTimeoutError("vLLM did not become ready within queue_timeout_s") from None
             raise
 
-    def _leave(self, ticket: _Ticket, granted: bool = False) -> None:
+    def _leave(self, ticket: _Ticket) -> None:
         """``ticket`` stops waiting (let through, or gave up)."""
         if ticket.dead:
             return
@@ -201,32 +226,87 @@ class Admission:
             self._wait_starts.pop(ticket.seq, None)
             ended = time.monotonic()
             self._waits.append((ended, ended - ticket.began))
-        if not granted and len(self._queue) > 2 * self.waiting + 1024:  # many gave up: the heap sheds them
-            self._queue = [t for t in self._queue if not t.dead]
-            heapq.heapify(self._queue)
+        queue = self._queues.get(ticket.flow)
+        if queue is not None:
+            while queue and queue[0].dead:
+                queue.popleft()
+            if not queue:
+                del self._queues[ticket.flow]
+            elif len(queue) > 1024 and sum(1 for t in queue if t.dead) > len(queue) // 2:  # many gave up
+                self._queues[ticket.flow] = deque(t for t in queue if not t.dead)
+
+    def _free(self) -> int | None:
+        """Slots free on the open upstreams (None: one of them has no limit)."""
+        free = 0
+        for u in self._open:
+            if u.limit is None:
+                return None
+            free += max(0, u.limit - u.outstanding)
+        return free
+
+    def _peak(self, flow: str, now: float) -> float:
+        """The most slots ``flow`` held at once in the last ACTIVE_S or so."""
+        peak = self._peaks.get(flow)
+        if peak is None or now - peak[0] >= 2 * ACTIVE_S:
+            return 0.0
+        return max(peak[1], peak[2]) if now - peak[0] < ACTIVE_S else peak[1]
+
+    def _may(self, flow: str, now: float) -> bool:
+        """Whether ``flow`` may take a slot now: one is free, and it leaves the others about their room (above)."""
+        if not self._room():
+            return False
+        free = self._free()
+        if free is None:
+            return True
+        others = [(f, w) for f, (at, w) in self._seen.items() if f != flow and now - at < ACTIVE_S]
+        if not others:
+            return True
+        slots = free + sum(u.outstanding for u in self._open)
+        own = self._seen.get(flow, (0.0, 1.0))[1]
+        total = own + sum(w for _, w in others)
+        if self._held.get(flow, 0) < slots * own / total:
+            return True  # below its share: any free slot
+        reserve = 0.0
+        for other, weight in others:
+            share, held = slots * weight / total, self._held.get(other, 0)
+            if held < share:
+                reserve += min(share, max(self._peak(other, now), held + 1)) - held
+        return free - 1 >= min(reserve, max(1, int(slots * RESERVE_MAX)))
 
     def _dispatch(self) -> None:
         """Let waiting requests through while an open upstream has room, in fair order; refuse them all when
         nothing is open and vLLM is down on purpose."""
-        while self._queue:
-            head = self._queue[0]
-            if head.dead:
-                heapq.heappop(self._queue)
-                continue
-            if not self._open:
-                if self.refusal is None:
-                    return
-                heapq.heappop(self._queue)
-                self._leave(head, granted=True)
-                self.rejected += 1
-                head.future.set_exception(UpstreamUnavailableError(self.refusal))
-                continue
-            if not self._room():
+        if not self._open:
+            if self.refusal is None:
                 return
-            heapq.heappop(self._queue)
-            self._leave(head, granted=True)
-            self._vtime = max(self._vtime, head.tag)
-            head.future.set_result(self._take(head.keys))
+            for queue in list(self._queues.values()):
+                for ticket in list(queue):
+                    if not ticket.dead:
+                        self._leave(ticket)
+                        self.rejected += 1
+                        ticket.future.set_exception(UpstreamUnavailableError(self.refusal))
+            self._queues.clear()
+            return
+        now = time.monotonic()
+        held_back = False
+        while self._room():
+            best: _Ticket | None = None
+            for queue in self._queues.values():
+                head = queue[0]
+                if (best is None or (head.tag, head.seq) < (best.tag, best.seq)) and self._may(head.flow, now):
+                    best = head
+            if best is None:
+                held_back = bool(self._queues)
+                break
+            self._leave(best)
+            self._vtime = max(self._vtime, best.tag)
+            best.future.set_result(self._take(best.keys, best.flow))
+        if held_back and self._recheck is None:  # a slot left free for flows about: look again when they are not
+            self._recheck = asyncio.get_running_loop().call_later(ACTIVE_S / 4, self._look_again)
+
+    def _look_again(self) -> None:
+        self._recheck = None
+        self._dispatch()
 
     def queue_wait(self, now: float, window_s: float = 5.0) -> float:
         """The longest a request waited in the queue for a free slot (every instance at its limit) among those
@@ -236,21 +316,28 @@ class Admission:
         recent = max((waited for ended, waited in self._waits if ended >= now - window_s), default=0.0)
         return max(oldest, recent, 0.0)
 
-    async def release(self, upstream: Upstream, used: int | None = None) -> None:
-        """``upstream``'s request ended (``used``: its tokens, which a worker's admission tells its engine)."""
+    def _ended(self, upstream: Upstream, flow: str | None) -> None:
         upstream.outstanding -= 1
         upstream.finished += 1
         self.in_flight -= 1
+        name = flow or ""
+        held = self._held.get(name, 0) - 1
+        if held > 0:
+            self._held[name] = held
+        else:
+            self._held.pop(name, None)
         self._dispatch()
+
+    async def release(self, upstream: Upstream, used: int | None = None, flow: str | None = None) -> None:
+        """``upstream``'s request of ``flow`` (as it was acquired) ended (``used``: its tokens, which a worker's
+        admission tells its engine)."""
+        self._ended(upstream, flow)
         if self._watchers:
             await self._notify()
 
-    def release_nowait(self, upstream: Upstream) -> None:
+    def release_nowait(self, upstream: Upstream, flow: str | None = None) -> None:
         """``release`` from code that cannot wait (a worker's message): those who wait hear of it in a moment."""
-        upstream.outstanding -= 1
-        upstream.finished += 1
-        self.in_flight -= 1
-        self._dispatch()
+        self._ended(upstream, flow)
         if self._watchers:
             task = asyncio.ensure_future(self._notify())
             self._notes.add(task)

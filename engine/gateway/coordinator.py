@@ -85,8 +85,9 @@ class Coordinator:
             for task in list(conn.waits.values()):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            for upstream in conn.permits.values():  # a dead worker's requests: their slots are free again
-                await _release(upstream)
+            for permit, upstream in conn.permits.items():  # a dead worker's requests: their slots are free again
+                grant = conn.grants.get(permit)
+                await _release(upstream, grant.flow if grant is not None else None)
             conn.permits.clear()
             for grant in conn.grants.values():  # and what they used is not known: their reservations stand
                 self._settle(grant, None)
@@ -101,12 +102,13 @@ class Coordinator:
                 self._wait(conn, ask, self._acquire(conn, ask))
             case wire.Done():
                 upstream = conn.permits.pop(ask.permit, None)
-                self._settle(conn.grants.pop(ask.permit, None), ask.used)
+                grant = conn.grants.pop(ask.permit, None)
+                self._settle(grant, ask.used)
                 conn.tally.held = len(conn.permits)
                 if upstream is not None and upstream.admission is not None:
                     if ask.down:
                         upstream.admission.mark_down(upstream, DOWN_S)
-                    upstream.admission.release_nowait(upstream)
+                    upstream.admission.release_nowait(upstream, grant.flow if grant is not None else None)
             case wire.Cancel():
                 task = conn.waits.get(ask.id)
                 if task is not None:
@@ -199,7 +201,7 @@ class Coordinator:
         if conn.writer.is_closing():  # the worker died while this waited: the slot goes back at once
             conn.permits.pop(permit, None)
             self._settle(conn.grants.pop(permit, None), 0)
-            await _release(upstream)
+            await _release(upstream, grant.flow if grant is not None else None)
             return
         conn.send(wire.Granted(ask.id, permit, upstream.url, upstream.revision, upstream.instance,
                                admission.deployment_id, upstream.auth, len(admission.upstreams)))
@@ -218,6 +220,6 @@ def _refuse(conn: _Conn, ask: wire.Ask, exc: Exception) -> None:
                                f"({type(exc).__name__}); try again"))
 
 
-async def _release(upstream: Upstream) -> None:
+async def _release(upstream: Upstream, flow: str | None) -> None:
     if upstream.admission is not None:
-        await upstream.admission.release(upstream)
+        await upstream.admission.release(upstream, flow=flow)

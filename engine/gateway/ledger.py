@@ -14,10 +14,10 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sqlalchemy import delete, func
+from sqlalchemy import delete, func, insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import defer
 from sqlmodel import col, select
@@ -133,7 +133,8 @@ class Ledger:
             return 0
         try:
             with self.db.session() as s:
-                s.add_all([RequestLog(**asdict(r)) for r in batch])
+                if batch:  # one executemany of plain rows: ORM objects cost 0.2 ms a row of the GIL the loop needs
+                    s.execute(insert(RequestLog), [dict(vars(r)) for r in batch])  # (asdict: deep, slow)
                 _add_usage(s, batch)
                 if prune:
                     s.exec(delete(RequestLog).where(col(RequestLog.ts) < time.time() - self.retention_s))

@@ -333,6 +333,7 @@ class Gateway:
             return Refused(429, exc.body(), exc.headers())
         except LimitsUnavailableError as exc:
             return self._refused(rec, t0, str(exc))
+        held = flow[0] if flow is not None else None  # the flow a slot is held by, given back with it
         while True:
             try:
                 upstream = await admission.acquire(deadline, keys, flow, claim)
@@ -351,16 +352,16 @@ class Gateway:
                 conn, head = await self.client.request(upstream.url, ex.method, target, headers, ex.body)
             except UpstreamTimeoutError:
                 self._done(rec, t0, 504, "timeout")
-                await admission.release(upstream, used_tokens(rec, claim.prompt if claim else 0))
+                await admission.release(upstream, used_tokens(rec, claim.prompt if claim else 0), held)
                 return Refused(504, _error(504, "vLLM did not answer within upstream_timeout_s", "timeout"))
             except UpstreamError as exc:
                 if exc.before_response:  # (before its slot is given back: a worker's engine hears both at once)
                     admission.mark_down(upstream, DOWN_S)
-                    await admission.release(upstream, 0)
+                    await admission.release(upstream, 0, held)
                     rec.revision_id, rec.instance = None, None  # vLLM did not take it
                 else:  # an answer vLLM began that cannot be read
                     self._done(rec, t0, 502, str(exc))
-                    await admission.release(upstream, used_tokens(rec, claim.prompt if claim else 0))
+                    await admission.release(upstream, used_tokens(rec, claim.prompt if claim else 0), held)
                     return Refused(502, _error(502, f"vLLM's answer could not be read: {exc}", "upstream_error"))
                 # The instance died or is being replaced before answering: send it again to the next one, and
                 # send it nothing new for a while (its exit may not be seen yet: a lost node takes Ray a moment)
@@ -372,7 +373,7 @@ class Gateway:
                 continue
             except BaseException:  # cancelled (the client left): the slot must not stay taken
                 with contextlib.suppress(BaseException):
-                    await asyncio.shield(admission.release(upstream, claim.prompt if claim else 0))
+                    await asyncio.shield(admission.release(upstream, claim.prompt if claim else 0, held))
                 raise
             return upstream, conn, head
 
@@ -413,7 +414,7 @@ class Gateway:
             return 502, _error(502, f"vLLM's answer could not be read: {exc}", "upstream_error")
         finally:
             conn.finish()
-            await asyncio.shield(_release(upstream, None))
+            await asyncio.shield(_release(upstream, None, None))
         ex.record.input_tokens, ex.record.output_tokens = usage_of(content)
         self._done(ex.record, t0, head.status, None)
         return head.status, content
@@ -470,7 +471,8 @@ class Gateway:
             self._done(rec, t0, head.status, meter.error)
         finally:
             conn.finish()  # read to its end: back to the pool; else closed, and vLLM aborts the request
-            await asyncio.shield(_release(upstream, used_tokens(rec, ex.claim.prompt) if ex.claim else None))
+            await asyncio.shield(_release(upstream, used_tokens(rec, ex.claim.prompt) if ex.claim else None,
+                                          ex.grant.flow if ex.grant is not None else None))
 
     async def _relay(self, conn: Connection, head: Head, meter: StreamMeter, headers: list[tuple[bytes, bytes]],
                      client_receive: Receive, send: Send, rec: Record, t0: float) -> None:
@@ -500,9 +502,9 @@ class Gateway:
             gone.cancel()
 
 
-async def _release(upstream: Upstream, used: int | None) -> None:
+async def _release(upstream: Upstream, used: int | None, flow: str | None) -> None:
     if upstream.admission is not None:
-        await upstream.admission.release(upstream, used)
+        await upstream.admission.release(upstream, used, flow)
 
 
 async def _disconnected(receive: Receive) -> None:

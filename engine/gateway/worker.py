@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import itertools
 import json
 import logging
@@ -205,7 +206,7 @@ class RemoteAdmission(Admission):
             raise UpstreamUnavailableError(answer.message)
         raise UpstreamUnavailableError(f"the engine answered a slot's request with {type(answer).__name__}")
 
-    async def release(self, upstream: Upstream, used: int | None = None) -> None:
+    async def release(self, upstream: Upstream, used: int | None = None, flow: str | None = None) -> None:
         if isinstance(upstream, RemoteUpstream):
             self.link.tell(wire.Done(upstream.permit, down=upstream.down_until > time.monotonic(), used=used))
 
@@ -289,6 +290,8 @@ async def serve(spec: wire.WorkerSpec, listener: socket.socket, engine: socket.s
         server.should_exit = True
 
     watcher = asyncio.ensure_future(watch())
+    gc.collect()
+    gc.freeze()  # (as the engine does: its start's objects are left out of the collector's full passes)
     try:
         await server.serve(sockets=[listener])
     finally:

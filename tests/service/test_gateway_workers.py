@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from engine.access import GatewayKeys, Principal, RateLimiter
-from engine.gateway import Admission, Coordinator, Record, WorkerPool, WorkerSpec
+from engine.gateway import Admission, Coordinator, KeyLimits, Policy, Record, WorkerPool, WorkerSpec
+from engine.gateway.limits import Bounds
 from tests.testkit.served import read_until_closed
 from tests.testkit.stub_upstream import stub_upstream
 from tests.testkit.wait import eventually
@@ -60,7 +61,7 @@ def spec(keys_required: bool = False, max_bytes: int = 1 << 20) -> WorkerSpec:
 
 @asynccontextmanager
 async def pool_of(url: str, count: int = 2, limit: int | None = None, keys_required: bool = False,
-                  events: list[tuple[str, dict[str, object]]] | None = None
+                  events: list[tuple[str, dict[str, object]]] | None = None, limits: KeyLimits | None = None
                   ) -> AsyncIterator[tuple[WorkerPool, Admission, Records, str]]:
     """``count`` workers on a free data port, before one deployment ("a", model "m") whose one instance is ``url``
     (held to ``limit`` requests at once)."""
@@ -75,7 +76,7 @@ async def pool_of(url: str, count: int = 2, limit: int | None = None, keys_requi
         return [{"id": "m", "object": "model", "deployment": "a"}, {"id": "mb", "object": "model", "deployment": "b"}]
 
     keys = GatewayKeys(Keys(), RateLimiter(), keys_required)  # type: ignore[arg-type]
-    coordinator = Coordinator(route, keys, records, models)
+    coordinator = Coordinator(route, keys, records, models, limits)
     pool = WorkerPool(count, "127.0.0.1", 0, spec(keys_required), coordinator,
                       emit=lambda kind, _m, _s, data: events.append((kind, data)) if events is not None else None,
                       stop_timeout_s=10)
@@ -229,4 +230,47 @@ def test_the_data_port_serves_only_v1_within_the_engines_bounds_and_closes_with_
             os.kill(pid, 0)
         with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=2):
             pass
+    run(body)
+
+
+class Budgeted(KeyLimits):
+    """Key 1 ('good') has a budget of ``tokens`` a day; the store plays no part."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__(None)
+        self.tokens = tokens
+
+    def _read_policy(self, key_id: int) -> Policy:
+        return Policy(key_id, Bounds(token_budget=self.tokens, budget_period="day"))
+
+
+def test_sixty_four_clients_on_one_key_through_two_workers_never_pass_its_budget() -> None:
+    """Issue 34's goal: 64 clients on one key with a budget of N tokens; used <= N + what was admitted when it ran
+    out. Each request is reserved its body's bytes and max_tokens, so what was admitted fits: the overshoot is 0
+    (the test prints what was used and what the last reservations left unused)."""
+    budget = 20_000
+
+    async def body() -> None:
+        with stub_upstream(token_s=0.001) as (_, url):
+            async with pool_of(url, count=2, limit=8, keys_required=True, limits=Budgeted(budget)) as (
+                    _, admission, records, base):
+                async def client() -> list[int]:
+                    statuses = []
+                    while True:
+                        status, _ = await stream(base, 50, {"authorization": "Bearer good"})
+                        statuses.append(status)
+                        if status != 200:
+                            return statuses
+                outcomes = await asyncio.gather(*(client() for _ in range(64)))
+                await eventually(lambda: len(records.records) == sum(map(len, outcomes)), 10,
+                                 what="every request in the ledger")
+                assert {o[-1] for o in outcomes} == {429}
+                assert all(status == 200 for o in outcomes for status in o[:-1])
+                ok = [r for r in records.records if r.status == 200]
+                used = sum((r.input_tokens or 0) + (r.output_tokens or 0) for r in ok)
+                print(f"\nbudget {budget:,}: {len(ok)} requests admitted used {used:,} tokens "
+                      f"(overshoot {max(0, used - budget)}; {budget - used:,} left unused by the last reservations)")
+                assert used <= budget, f"{used - budget} tokens past the budget"
+                assert used > budget - 64 * 200, "the budget refused long before it ran out"
+                await eventually(lambda: admission.in_flight == 0, 5, what="every slot given back")
     run(body)

@@ -234,7 +234,7 @@ def _order_served(gate: Admission, arrivals: list[tuple[str, float]], slots: int
             up = await gate.acquire(time.monotonic() + 5, None, (flow, weight))
             served.append(flow)
             await asyncio.sleep(0)  # (let the others queue their turn first)
-            held.append(up)
+            held.append((up, flow))
 
         held: list[Any] = []
         tasks = []
@@ -245,7 +245,8 @@ def _order_served(gate: Admission, arrivals: list[tuple[str, float]], slots: int
             await gate.release(up)
         while len(served) < len(arrivals):
             await eventually(lambda: bool(held), 5, what="a request let through")
-            await gate.release(held.pop(0))
+            up, flow = held.pop(0)
+            await gate.release(up, flow=flow)
         await asyncio.gather(*tasks)
         return served
     return asyncio.run(go())
@@ -314,4 +315,35 @@ def test_a_waiting_request_that_gives_up_leaves_no_trace_in_the_queue() -> None:
         assert gate.in_flight == 1 and up.outstanding == 1
         await gate.release(up)
         assert gate.in_flight == 0
+    run(go())
+
+
+def test_a_light_flow_finds_a_slot_free_at_once_while_a_heavy_one_has_every_other(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At capacity, fair order alone makes B wait for a slot to free; the headroom kept while B is about lets B's
+    request go at once. Alone, A has every slot; once B is quiet (ACTIVE_S) A takes the headroom back."""
+    from engine.gateway import admission as module
+
+    monkeypatch.setattr(module, "ACTIVE_S", 0.4)
+
+    async def go() -> None:
+        gate = Admission(queue_size=100, queue_timeout_s=5)
+        await gate.open("http://x", limit=4)
+        alone = [await gate.acquire(time.monotonic() + 1, None, ("A", 1.0)) for _ in range(4)]
+        assert gate.in_flight == 4  # nobody else about: every slot
+        for up in alone:
+            await gate.release(up, flow="A")
+        b = await gate.acquire(time.monotonic() + 1, None, ("B", 1.0))
+        await gate.release(b, flow="B")  # B has sent: it is about for ACTIVE_S
+        heavy = [asyncio.create_task(gate.acquire(time.monotonic() + 5, None, ("A", 1.0))) for _ in range(8)]
+        await eventually(lambda: gate.in_flight == 3 and gate.waiting == 5, 1, what="A held to three slots")
+        began = time.monotonic()
+        b = await gate.acquire(time.monotonic() + 1, None, ("B", 1.0))
+        assert time.monotonic() - began < 0.05 and gate.in_flight == 4  # at once, beside A's three
+        await gate.release(b, flow="B")
+        # B quiet: A takes the fourth slot back (within a look of ACTIVE_S / 4 after B leaves it)
+        await eventually(lambda: gate.in_flight == 4 and gate.waiting == 4, 2, what="A back to every slot")
+        for task in heavy:
+            task.cancel()
+        await asyncio.gather(*heavy, return_exceptions=True)
     run(go())
