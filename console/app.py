@@ -116,7 +116,9 @@ PAGE_TABLE = [
     ("Use", "playground", "Playground", ":material/chat:", "prompter"),
     ("Measure", "metrics", "Metrics", ":material/monitoring:", "viewer"),
     ("Measure", "benchmarks", "Benchmarks", ":material/speed:", "operator"),
+    ("Measure", "usage", "Usage", ":material/receipt_long:", "viewer"),
     ("Investigate", "events", "Events & logs", ":material/history:", "viewer"),
+    ("Investigate", "alerts", "Alerts", ":material/notifications:", "viewer"),
     ("Investigate", "audit", "Audit", ":material/policy:", "operator"),
     ("Administer", "access", "Access", ":material/group:", "admin"),
 ]

@@ -9,7 +9,17 @@ from typing import Any
 import plotly.graph_objects as go
 
 from console.fmt import GIB
-from engine.schemas import Band, BenchmarkLevel, CompareLevel, EventOut, GpuHistoryOut, Prediction, Series, SeriesOut
+from engine.schemas import (
+    Band,
+    BenchmarkLevel,
+    CompareLevel,
+    EventOut,
+    GpuHistoryOut,
+    Prediction,
+    Series,
+    SeriesOut,
+    UsageOut,
+)
 
 METRIC_LABELS: dict[str, tuple[str, str, float]] = {  # metric → (title, unit, scale)
     "mem_used": ("Memory used", "GiB", 1 / GIB),
@@ -196,3 +206,28 @@ def memory_budget(prediction: Prediction, device_total: float | None) -> go.Figu
     fig.update_layout(barmode="stack", height=150, margin={"l": 10, "r": 10, "t": 10, "b": 10},
                       xaxis_title="GiB", yaxis={"visible": False}, legend={"orientation": "h", "y": -0.6})
     return fig
+
+
+def usage_by_day(usage: UsageOut) -> go.Figure:
+    """Prompt and completion tokens per day, stacked (``usage`` grouped by day)."""
+    days = [r.group for r in usage.rows]
+    fig = go.Figure([go.Bar(x=days, y=[r.input_tokens for r in usage.rows], name="prompt tokens"),
+                     go.Bar(x=days, y=[r.output_tokens for r in usage.rows], name="completion tokens")])
+    fig.update_layout(barmode="stack", xaxis_type="category")
+    if not days:
+        empty_note(fig, "no requests in this window")
+    return _layout(fig, "Tokens per day (UTC)", "tokens")
+
+
+def usage_shares(usage: UsageOut, top: int = 12) -> go.Figure:
+    """Each group's tokens, largest first (the rest as one bar)."""
+    rows = usage.rows[:top]
+    rest = usage.rows[top:]
+    names = [r.group for r in rows] + ([f"{len(rest)} others"] if rest else [])
+    values = [r.input_tokens + r.output_tokens for r in rows] + (
+        [sum(r.input_tokens + r.output_tokens for r in rest)] if rest else [])
+    fig = go.Figure(go.Bar(x=values, y=names, orientation="h", name="tokens"))
+    fig.update_layout(yaxis={"autorange": "reversed", "type": "category"})
+    if not names:
+        empty_note(fig, "no requests in this window")
+    return _layout(fig, f"Tokens by {usage.group_by}", "", height=max(220, 40 + 26 * len(names)))

@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,9 +21,19 @@ import uvicorn
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import col, select
 from starlette.types import Receive, Scope, Send
 
-from engine.access import AuditLog, AuditMiddleware, AuditTallies, Auth, GatewayKeys, RateLimiter, ensure_console_key
+from engine.access import (
+    AuditLog,
+    AuditMiddleware,
+    AuditTallies,
+    Auth,
+    GatewayKeys,
+    RateLimiter,
+    Teams,
+    ensure_console_key,
+)
 from engine.api import AccessGate, Services, mount
 from engine.api.guard import BodyGuard, Limits
 from engine.benchmarks import Benchmarks
@@ -39,6 +50,8 @@ from engine.db import (
     SCALING_RAW,
     SERVING_MINUTE,
     SERVING_RAW,
+    ApiToken,
+    Database,
     open_database,
 )
 from engine.deployments import DeploymentStore, Fleet, Runtime
@@ -46,6 +59,7 @@ from engine.edge import HostCheck, edge_protocol, engine_hosts, head_limits, hos
 from engine.errors import EngineError
 from engine.events import EventLog
 from engine.gateway import (
+    PERIODS,
     BodyLimits,
     Coordinator,
     DataPath,
@@ -58,7 +72,16 @@ from engine.gateway import (
     WorkerSpec,
 )
 from engine.gpu import AlertEngine, AlertThresholds, Sampler, TelemetryStore
-from engine.metrics import HISTORY_METRICS, EngineCollector, LoopLag, RequestMetrics, SeriesStore, ServingMonitor
+from engine.metrics import (
+    HISTORY_METRICS,
+    BudgetCollector,
+    EngineCollector,
+    LoopLag,
+    RequestMetrics,
+    SeriesStore,
+    ServingMonitor,
+)
+from engine.notify import AlertStore, Notifier, Serving, Sources
 from engine.placement import Placement
 from engine.private import make_private
 from engine.prompts import PromptStore
@@ -239,6 +262,15 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
     workers = gateway_workers(config, coordinator, gateway_keys,
                               lambda kind, message, severity, data: events.add(kind, message, severity=severity,
                                                                                data=data))
+    registry.register(BudgetCollector(lambda: [(subject.split(" ", 1)[0], subject.split(" ", 1)[1], used, limit)
+                                               for subject, used, limit in budgets_now(db, key_limits)]))
+    alert_store = AlertStore(db)
+    notifier = Notifier(db, alert_store, Sources(
+        serving=lambda window_s: serving_by_name(ledger, deployments, window_s),
+        queue_waits=lambda: {r.name: r.admission.queue_wait(time.monotonic()) for r in list(fleet.runtimes.values())},
+        budgets=lambda: budgets_now(db, key_limits),
+        deployment_names=lambda: {d.id: d.name for d in deployments.all() if d.id is not None}),
+        config.public_url or f"http://{local}:{config.port}", config.alert_interval_s)
     services = Services(config=config, db=db, events=events, prompts=prompts, auth=auth, audit=audit,
                         tallies=tallies, limits=limits, fleet=fleet, deployments=deployments, planner=planner,
                         sampler=sampler,
@@ -247,7 +279,8 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
                         gateway=gateway, registry=registry,
                         public_url=config.public_url or f"http://{local}:{config.port}", gateway_keys=gateway_keys,
                         build=build, vllm_version=vllm_version, workers=workers,
-                        data_url=data_url(config, local) if workers is not None else None, key_limits=key_limits)
+                        data_url=data_url(config, local) if workers is not None else None, key_limits=key_limits,
+                        alert_store=alert_store, notifier=notifier)
     if workers is not None:
         registry.register(WorkersCollector(workers))
 
@@ -263,6 +296,7 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
         ledger.start()
         tallies.start()
         loop_lag.start()
+        notifier.start()
         # what the start made (modules, models, tables: most of the heap) is never garbage: the collector's full
         # passes leave it out, and stop stalling the event loop for 100 ms (seen at 500 requests/s on 2 cores)
         gc.collect()
@@ -271,6 +305,7 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
             yield
         finally:
             await loop_lag.close()
+            await notifier.close()
             if workers is not None:  # their streams end first: the instances still serve them
                 await workers.stop()
             await fleet.shutdown()  # before the sampler: waiting for the GPU's memory reads its samples
@@ -315,6 +350,30 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
                        writable=lambda: free_space_problem(config.data_dir, config.min_free_disk_bytes))
     app.add_middleware(AuditMiddleware, log=audit, tallies=tallies, console_key=console_key)
     return app
+
+
+def serving_by_name(ledger: Ledger, deployments: DeploymentStore, window_s: float) -> dict[str, Serving]:
+    """Each deployment's serving figures over the window, by name (what alert rules watch)."""
+    names = {d.id: d.name for d in deployments.all() if d.id is not None}
+    return {names.get(dep, f"deployment {dep}"): Serving(*figures)
+            for dep, figures in ledger.by_deployment(window_s).items()}
+
+
+def budgets_now(db: Database, limits: KeyLimits) -> list[tuple[str, int, int]]:
+    """(subject, used, limit) of every team's and active gateway key's token budget now."""
+    out = []
+    for team in Teams(db).all():
+        if team.id is not None and team.token_budget and team.budget_period in PERIODS:
+            used, _, _ = limits.budget_now("team", team.id, team.budget_period)
+            out.append((f"team {team.name}", used, team.token_budget))
+    with db.session() as s:
+        keys = s.exec(select(ApiToken).where(col(ApiToken.token_budget).is_not(None),
+                                             col(ApiToken.revoked_at).is_(None))).all()
+    for key in keys:
+        if key.id is not None and key.token_budget and key.budget_period in PERIODS:
+            used, _, _ = limits.budget_now("key", key.id, key.budget_period)
+            out.append((f"key {key.name}", used, key.token_budget))
+    return out
 
 
 def data_url(config: AppConfig, local: str) -> str:

@@ -20,11 +20,13 @@ from engine.schemas import (
     AuditTallyOut,
     BenchmarkRunOut,
     CapacityOut,
+    ChannelOut,
     CompareOut,
     CreatedDeploymentOut,
     DeletionOut,
     DeploymentOut,
     EventOut,
+    FiredOut,
     FleetOut,
     GatewayInfo,
     GpuHistoryOut,
@@ -37,12 +39,16 @@ from engine.schemas import (
     Preset,
     PromptOut,
     RevisionOut,
+    RuleOut,
     SeriesOut,
     ServingOut,
     SessionOut,
     StatusOut,
+    TeamOut,
+    TestOut,
     TokenCreatedOut,
     TokenOut,
+    UsageOut,
     UserDeletedOut,
     UserOut,
 )
@@ -299,11 +305,75 @@ class EngineClient:
         return self._list(TokenOut, "GET", "/api/tokens")
 
     def create_token(self, name: str, role: str, kind: str = "api", expires_days: float | None = None,
-                     rate_limit_per_min: int | None = None, deployments: list[str] | None = None) -> TokenCreatedOut:
-        """``deployments``: a gateway key limited to these deployments (None: every one)."""
+                     rate_limit_per_min: int | None = None, deployments: list[str] | None = None,
+                     **limits: Any) -> TokenCreatedOut:
+        """``deployments``: a gateway key limited to these deployments (None: every one); ``limits``: a gateway
+        key's team, tokens_per_minute, token_budget, budget_period, weight, and its owner (None: left out)."""
         return self._get(TokenCreatedOut, "POST", "/api/tokens", json={
             "name": name, "role": role, "kind": kind, "expires_days": expires_days,
-            "rate_limit_per_min": rate_limit_per_min, "deployments": deployments})
+            "rate_limit_per_min": rate_limit_per_min, "deployments": deployments,
+            **{k: v for k, v in limits.items() if v is not None}})
+
+    def update_token(self, token_id: int, **changes: Any) -> TokenOut:
+        """A gateway key's team, limits or weight: only the fields given change (None clears a limit)."""
+        return self._get(TokenOut, "PATCH", f"/api/tokens/{token_id}", json=changes)
+
+    def teams(self) -> list[TeamOut]:
+        return self._list(TeamOut, "GET", "/api/teams")
+
+    def create_team(self, name: str, **limits: Any) -> TeamOut:
+        return self._get(TeamOut, "POST", "/api/teams", json={"name": name, **{k: v for k, v in limits.items()
+                                                                                if v is not None}})
+
+    def update_team(self, name: str, **changes: Any) -> TeamOut:
+        """Only the fields given change (None clears a limit)."""
+        return self._get(TeamOut, "PATCH", f"/api/teams/{quote(name, safe='')}", json=changes)
+
+    def delete_team(self, name: str) -> TeamOut:
+        return self._get(TeamOut, "DELETE", f"/api/teams/{quote(name, safe='')}")
+
+    def alert_rules(self) -> list[RuleOut]:
+        return self._list(RuleOut, "GET", "/api/alerts/rules")
+
+    def create_alert_rule(self, name: str, kind: str, **fields: Any) -> RuleOut:
+        return self._get(RuleOut, "POST", "/api/alerts/rules", json={"name": name, "kind": kind, **{
+            k: v for k, v in fields.items() if v is not None}})
+
+    def update_alert_rule(self, rule_id: int, **changes: Any) -> RuleOut:
+        return self._get(RuleOut, "PATCH", f"/api/alerts/rules/{rule_id}", json=changes)
+
+    def delete_alert_rule(self, rule_id: int) -> RuleOut:
+        return self._get(RuleOut, "DELETE", f"/api/alerts/rules/{rule_id}")
+
+    def alert_channels(self) -> list[ChannelOut]:
+        return self._list(ChannelOut, "GET", "/api/alerts/channels")
+
+    def create_alert_channel(self, name: str, kind: str, url: str, enabled: bool = True) -> ChannelOut:
+        return self._get(ChannelOut, "POST", "/api/alerts/channels", json={"name": name, "kind": kind, "url": url,
+                                                                           "enabled": enabled})
+
+    def update_alert_channel(self, channel_id: int, **changes: Any) -> ChannelOut:
+        return self._get(ChannelOut, "PATCH", f"/api/alerts/channels/{channel_id}", json=changes)
+
+    def delete_alert_channel(self, channel_id: int) -> ChannelOut:
+        return self._get(ChannelOut, "DELETE", f"/api/alerts/channels/{channel_id}")
+
+    def test_alert_channel(self, channel_id: int) -> TestOut:
+        """A test message sent to the channel now: what it answered."""
+        return self._get(TestOut, "POST", f"/api/alerts/channels/{channel_id}/test")
+
+    def alerts_fired(self, state: str | None = None, limit: int = 200) -> list[FiredOut]:
+        return self._list(FiredOut, "GET", "/api/alerts/fired", params={k: v for k, v in {
+            "state": state, "limit": limit}.items() if v is not None})
+
+    def usage(self, group_by: str = "key", since: str | None = None, until: str | None = None) -> UsageOut:
+        """Requests and tokens per key, team, deployment or day (UTC days, inclusive; default the last 30)."""
+        return self._get(UsageOut, "GET", "/api/usage", params={k: v for k, v in {
+            "group_by": group_by, "since": since, "until": until}.items() if v is not None})
+
+    def usage_csv(self, group_by: str = "key", since: str | None = None, until: str | None = None) -> bytes:
+        return self._send("GET", "/api/usage", params={k: v for k, v in {
+            "group_by": group_by, "since": since, "until": until, "format": "csv"}.items() if v is not None}).content
 
     def revoke_token(self, token_id: int) -> TokenOut:
         return self._get(TokenOut, "DELETE", f"/api/tokens/{token_id}")
@@ -342,8 +412,10 @@ class EngineClient:
         return self._get(CreatedDeploymentOut, "POST", "/api/deployments", json=body)
 
     def update_deployment(self, deployment: str | int, *, enabled: bool | None = None,
-                          gpus: list[int] | None = None, any_gpu: bool = False) -> DeploymentOut:
-        body: dict[str, Any] = {"enabled": enabled, "gpus": gpus, "any_gpu": any_gpu}
+                          gpus: list[int] | None = None, any_gpu: bool = False, **prices: float | None
+                          ) -> DeploymentOut:
+        """``prices``: price_input_per_1k, price_output_per_1k (None clears one; left out: unchanged)."""
+        body: dict[str, Any] = {"enabled": enabled, "gpus": gpus, "any_gpu": any_gpu, **prices}
         return self._get(DeploymentOut, "PATCH", f"/api/deployments/{self._segment(deployment)}", json=body)
 
     def deletion(self, deployment: str | int) -> DeletionOut:

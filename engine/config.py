@@ -133,6 +133,9 @@ class AppConfig(BaseSettings):
     limit_unasked_max_tokens: int = Field(1024, ge=1, le=10_000_000, description="Completion tokens reserved for "
                                           "a request that names no max_tokens (vLLM would generate up to the "
                                           "model's length), against its key's or team's token limits.")
+    alert_interval_s: float = Field(5.0, ge=0.2, le=300, description="How often alert rules are looked at "
+                                    "(engine/notify): an alert fires at most this long after its condition has "
+                                    "held for the rule's for_s.")
     limit_cache_s: float = Field(5.0, ge=0, le=3600, description="How long a key's limits and team, read from the "
                                  "database, are believed; an edit through this engine takes effect at once, one "
                                  "by another process (the CLI) within this.")

@@ -147,6 +147,26 @@ for row in rows:
                 st.session_state.pop("dep_deleting", None)
                 st.rerun()
 
+with st.expander("Prices (usage you can bill)"):
+    st.caption("What 1,000 tokens cost on each deployment: the Usage page and GET /api/usage price every key's, "
+               "team's and day's tokens by them. 0 clears a price.")
+    with st.form("dep_prices"):
+        priced = st.selectbox("Deployment", [r.name for r in rows], key="price_dep")
+        current = next((r for r in rows if r.name == priced), None)
+        p1, p2 = st.columns(2)
+        price_in = p1.number_input("Prompt tokens, per 1,000", 0.0, 1e6, float(
+            (current.price_input_per_1k or 0.0) if current else 0.0), format="%.6f", key=f"price_in_{priced}")
+        price_out = p2.number_input("Completion tokens, per 1,000", 0.0, 1e6, float(
+            (current.price_output_per_1k or 0.0) if current else 0.0), format="%.6f", key=f"price_out_{priced}")
+        if st.form_submit_button("Save prices", disabled=not operator) and priced:
+            try:
+                base.update_deployment(priced, price_input_per_1k=price_in or None,
+                                       price_output_per_1k=price_out or None)
+            except ClientError as exc:
+                st.error(f"Prices not saved: {exc}", icon=":material/error:")
+            else:
+                st.toast(f"Prices of {priced} saved")
+
 st.subheader("Create a deployment")
 if not operator:
     st.caption(f"Creating a deployment needs the operator role; you are {who.name} ({who.role}).")

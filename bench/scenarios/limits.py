@@ -46,7 +46,8 @@ from engine.vllm import free_port
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--part", nargs="+", choices=["overhead", "fairness"], default=["overhead", "fairness"])
-    p.add_argument("--upstream", choices=["stub", "vllm"], default="stub")
+    p.add_argument("--upstream", nargs="+", choices=["stub", "vllm"], default=["stub"],
+                   help="what the engine sends to: the stub (the gateway alone is measured), vLLM, or both in turn")
     p.add_argument("--rate", type=float, default=1000.0, help="overhead: requests/s, open loop")
     p.add_argument("--seconds", type=float, default=30.0, help="overhead: each window")
     p.add_argument("--rounds", type=int, default=2, help="overhead: windows of each arm, alternated")
@@ -344,8 +345,9 @@ def fairness(port: int, api: httpx.Client, a: argparse.Namespace) -> dict[str, A
 
 def table(report: dict[str, Any]) -> str:
     lines = []
-    if "overhead" in report:
-        o = report["overhead"]
+    for key in [k for k in report if k.startswith("overhead")]:
+        o = report[key]
+        lines.append(f"**{key}**")
         lines += [f"overhead: {report['args']['rate']:g} requests/s offered, {report['args']['seconds']:g} s "
                   f"windows x {report['args']['rounds']} each, alternated", "",
                   "| key | requests | failed | P50 ms | P99 ms | P99.9 ms |", "|---|---:|---:|---:|---:|---:|"]
@@ -356,8 +358,9 @@ def table(report: dict[str, Any]) -> str:
         c = o["claim_and_settle"]
         lines += ["", f"limits added {o['added_p99_s'] * 1000:+.2f} ms to the P99; claim and settle alone "
                   f"(a key and its team, every limit set): P50 {c['p50_us']:.1f} us, P99 {c['p99_us']:.1f} us", ""]
-    if "fairness" in report:
-        f = report["fairness"]
+    for key in [k for k in report if k.startswith("fairness")]:
+        f = report[key]
+        lines.append(f"**{key}**")
         lines += [f"fairness: key B at {f['rate_b']:g} req/s, key A at {f['rate_a']:g} req/s, streamed", "",
                   "| run | B TTFT P50 ms | B TTFT P95 ms | B P95 vs alone | A TTFT P95 ms | A ok |",
                   "|---|---:|---:|---:|---:|---:|"]
@@ -405,21 +408,22 @@ def run(a: argparse.Namespace) -> int:
         (a.out / "limits.md").write_text(table(report) + "\n")
 
     with tempfile.TemporaryDirectory(prefix="llmops-limits-") as tmp:
-        for part in a.part:
-            if a.upstream == "stub":
+        for upstream, part in [(u, p) for u in a.upstream for p in a.part]:
+            key = part if len(a.upstream) == 1 else f"{part} ({upstream})"
+            if upstream == "stub":
                 host, port, stub, token = _engine_over_stub(a, Path(tmp), a.fair_slots if part == "fairness" else 0)
                 try:
                     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
                                       headers={"authorization": f"Bearer {token}"}) as api:
-                        report[part] = (overhead if part == "overhead" else fairness)(port, api, a)
+                        report[key] = (overhead if part == "overhead" else fairness)(port, api, a)
                 finally:
                     os.killpg(host.pid, 15)
                     host.wait(60)
                     stub.terminate()
                     stub.wait(10)
                 pauses = Path(tmp) / f"data-{a.fair_slots if part == 'fairness' else 0}" / "gc-pauses.json"
-                if pauses.exists() and part in report:
-                    report[part]["engine_gc_pauses"] = json.loads(pauses.read_text())
+                if pauses.exists() and key in report:
+                    report[key]["engine_gc_pauses"] = json.loads(pauses.read_text())
             else:
                 from bench.scenarios.gateway_overhead import Engine
 
@@ -431,7 +435,7 @@ def run(a: argparse.Namespace) -> int:
                 engine = Engine(REPO, part, engine_args, Path(tmp))
                 try:
                     engine.serve()
-                    report[part] = (overhead if part == "overhead" else fairness)(engine.port, engine.http, a)
+                    report[key] = (overhead if part == "overhead" else fairness)(engine.port, engine.http, a)
                 finally:
                     engine.stop()
             save()

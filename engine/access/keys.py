@@ -1,5 +1,6 @@
-"""The /v1 gateway's own check: an API key (a ``gateway`` token, or a prompter's token) when keys are required,
-and its per-key rate limit. It runs before a byte of the request's body is read.
+"""The /v1 gateway's own check: an API key (a ``gateway`` token, or a prompter's token) when keys are required
+(and, where they are not, the key a request sends anyway), and its per-key rate limit. It runs before a byte of the
+request's body is read.
 
 A token is looked up in SQLite once and then kept for ``cache_s`` (the data path must not query the database per
 request); a revocation or user change made through this engine clears the cache at once, one made by another
@@ -85,11 +86,20 @@ class GatewayKeys:
         return principal
 
     async def check(self, headers: list[tuple[bytes, bytes]]) -> Principal | None:
-        """The caller's principal (None when keys are not required), or KeyRefusedError."""
-        if not self.required:
-            return None
+        """The caller's principal, or KeyRefusedError. Where keys are not required, a valid key sent anyway is
+        still its key (its limits hold and its usage is its own); none, or one that is not valid: None."""
         token = bearer(headers)
-        principal = await self._principal(token) if token else None
+        if not self.required:
+            if not token:
+                return None
+            try:
+                principal = await self._principal(token)
+            except KeyRefusedError:  # the database is down: anonymous, as keys are not required
+                return None
+            if principal is None or (principal.kind != "gateway" and not allows(principal.role, "prompter")):
+                return None
+        else:
+            principal = await self._principal(token) if token else None
         if principal is None or (principal.kind != "gateway" and not allows(principal.role, "prompter")):
             raise KeyRefusedError(401, "this gateway needs an API key: Authorization: Bearer <key>",
                                   [(b"www-authenticate", b"Bearer")])

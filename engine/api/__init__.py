@@ -14,6 +14,7 @@ from engine.api.errors import install_error_handlers
 from engine.api.gate import AccessGate
 from engine.api.routes import (
     access,
+    alerts,
     audit,
     benchmarks,
     deployments,
@@ -32,7 +33,7 @@ from engine.api.services import Services
 
 ROUTERS = [health.router, engine.router, settings_routes.router, events.router, access.router, audit.router,
            serving.router, gpu.router, benchmarks.router, prompts.router, gateway.router, deployments.router,
-           teams.router, docs.router]
+           teams.router, alerts.router, docs.router]
 # the routes that act on one deployment: today's /api/… act on the default one, and each is also mounted as
 # /api/deployments/{deployment}/… for any other (engine/api/deps.py `runtime` reads which)
 PER_DEPLOYMENT = [engine.router, settings_routes.router, events.router, serving.router, benchmarks.router]

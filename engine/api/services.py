@@ -16,6 +16,7 @@ from engine.events import EventLog
 from engine.gateway import Gateway, KeyLimits, Ledger, WorkerPool
 from engine.gpu import AlertEngine, Sampler, TelemetryStore
 from engine.metrics import SeriesStore
+from engine.notify import AlertStore, Notifier
 from engine.prompts import PromptStore
 from engine.schemas import Build
 
@@ -51,4 +52,6 @@ class Services:
     vllm_version: str | None
     workers: WorkerPool | None = None  # the data path's worker processes (gateway_workers), if any
     key_limits: KeyLimits | None = None  # keys' and teams' token limits and budgets (the /v1 path's)
+    alert_store: AlertStore | None = None  # alert channels, rules and what fired
+    notifier: Notifier | None = None  # what watches the rules and sends to the channels
     data_url: str | None = None  # their address as clients reach it (the data port)

@@ -258,6 +258,61 @@ class RequestLog(SQLModel, table=True):
     team_id: int | None = None  # that key's team when it was sent
 
 
+class AlertChannel(SQLModel, table=True):
+    """Where alerts go: a webhook (Slack-compatible, or a generic JSON body). Its URL may hold a secret: the API
+    shows its host only."""
+
+    __tablename__ = "alert_channel"
+
+    __table_args__ = {**NEVER_REUSED}
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True)
+    kind: str = "webhook"  # slack | webhook
+    url: str
+    enabled: bool = True
+    created_at: float = Field(default_factory=time.time)
+    created_by: str = ""
+
+
+class AlertRule(SQLModel, table=True):
+    """A condition watched (engine/notify/rules.py: its kind, a threshold where it has one, how long it must hold),
+    on one deployment or every one, sent to some channels or every one."""
+
+    __tablename__ = "alert_rule"
+
+    __table_args__ = {**NEVER_REUSED}
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True)
+    kind: str
+    threshold: float | None = None
+    for_s: float = 60.0  # the condition holds this long before it fires, and is gone this long before it resolves
+    deployment: str | None = None  # None: every deployment (or the engine's own: GPUs, budgets)
+    channels: list[int] | None = Field(default=None, sa_column=Column(JSON, nullable=True))  # None: every one
+    enabled: bool = True
+    created_at: float = Field(default_factory=time.time)
+    created_by: str = ""
+
+
+class AlertFired(SQLModel, table=True):
+    """An alert that fired (and when it resolved), and what each channel answered."""
+
+    __tablename__ = "alert_fired"
+
+    __table_args__ = {**NEVER_REUSED}
+    id: int | None = Field(default=None, primary_key=True)
+    rule_id: int = Field(index=True)
+    rule: str = ""
+    kind: str = ""
+    subject: str = ""  # what it is about: a deployment, GPU 0, team research, key 12…
+    state: str = "firing"  # firing | resolved
+    fired_at: float = Field(default_factory=time.time, index=True)
+    resolved_at: float | None = None
+    value: float | None = None
+    message: str = ""
+    deliveries: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False,
+                                                                                    server_default="[]"))
+
+
 class UsageDay(SQLModel, table=True):
     """Usage you can bill: requests and tokens per UTC day, key, team and deployment (0: none), summed from the
     request ledger as it is written. Kept for ever (a row per day and key and deployment at most); budgets per day

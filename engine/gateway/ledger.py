@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy import delete, func, insert
+from sqlalchemy import select as sa_select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import defer
 from sqlmodel import col, select
@@ -99,7 +100,9 @@ class Ledger:
     def record(self, rec: Record) -> None:
         team = "anonymous" if rec.key_id is None else "none"
         if rec.key_id is not None and self.team_of is not None:
-            rec.team_id, name = self.team_of(rec.key_id)
+            team_id, name = self.team_of(rec.key_id)
+            if rec.team_id is None:  # (a worker's record: its engine knows the key's team)
+                rec.team_id = team_id
             team = name or team
         with self._lock:
             self._buffer.append(rec)
@@ -200,6 +203,26 @@ class Ledger:
                 "oom_failures": ooms.get(rev, 0),
                 "oom_per_hour": round(ooms.get(rev, 0) / (window_s / 3600), 3),
             })
+        return out
+
+    def by_deployment(self, window_s: float, max_rows: int = 50_000) -> dict[int, tuple[int, float | None,
+                                                                                      float | None, float | None]]:
+        """Each deployment's (requests, TTFT P95, latency P95 of the successful ones, error rate) over the window,
+        from its newest ``max_rows`` requests at most (what alert rules watch)."""
+        since = time.time() - window_s
+        columns: Any = (RequestLog.deployment_id, RequestLog.status, RequestLog.error, RequestLog.latency_s,
+                        RequestLog.ttft_s)
+        with self.db.session() as s:
+            rows = s.execute(sa_select(*columns).where(col(RequestLog.ts) >= since).order_by(
+                col(RequestLog.id).desc()).limit(max_rows)).all()
+        grouped: dict[int, list[tuple[int, str | None, float, float | None]]] = defaultdict(list)
+        for deployment, status, error, latency, ttft in rows:
+            grouped[deployment or DEFAULT_DEPLOYMENT].append((status, error, latency, ttft))
+        out: dict[int, tuple[int, float | None, float | None, float | None]] = {}
+        for deployment, items in grouped.items():
+            ok = [i for i in items if i[0] < 400 and i[1] is None]
+            out[deployment] = (len(items), percentile([i[3] for i in ok if i[3] is not None], 0.95),
+                               percentile([i[2] for i in ok], 0.95), (len(items) - len(ok)) / len(items))
         return out
 
     def _oom_counts(self, since: float, revision: int | None) -> dict[int | None, int]:

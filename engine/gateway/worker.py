@@ -110,9 +110,9 @@ class RemoteKeys:
         self.required = required
 
     async def check(self, headers: list[tuple[bytes, bytes]]) -> Principal | None:
-        if not self.required:
-            return None
         token = bearer(headers)
+        if not self.required and not token:
+            return None
         answer = await self.link.ask(lambda i: wire.Check(i, token))
         if isinstance(answer, wire.Refused):
             raise KeyRefusedError(answer.status, answer.message, list(answer.headers))

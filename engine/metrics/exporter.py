@@ -219,5 +219,23 @@ class EngineCollector(Collector):
         yield from (energy, cpu, mem, rss)
 
 
+class BudgetCollector(Collector):
+    """Each team's and gateway key's token budget: what it allows and the share of it used now (the Alertmanager
+    rules' budget alerts read the share). ``budgets``: (scope, name, used, limit) of each; read at each scrape."""
+
+    def __init__(self, budgets: Callable[[], list[tuple[str, str, int, int]]]) -> None:
+        self.budgets = budgets
+
+    def collect(self) -> Iterator[Any]:
+        ratio = GaugeMetricFamily("llmops_budget_used_ratio", "Share of a token budget used this period",
+                                  labels=["scope", "name"])
+        limit = GaugeMetricFamily("llmops_budget_tokens", "Tokens a budget allows per period", labels=["scope", "name"])
+        for scope, name, used, allowed in self.budgets():
+            ratio.add_metric([scope, name], used / allowed if allowed else 0.0)
+            limit.add_metric([scope, name], allowed)
+        yield ratio
+        yield limit
+
+
 def render(registry: CollectorRegistry) -> bytes:
     return generate_latest(registry)

@@ -337,7 +337,7 @@ def test_audit_keys_a_revision_on_its_deployment_and_says_when_that_was_deleted(
 
 def test_access_page_creates_a_token_and_shows_it_once(console_env: EngineHandle) -> None:
     at = page("access", console_env.token)
-    assert len(at.dataframe) == 2  # users, tokens
+    assert len(at.dataframe) == 3  # users, teams, tokens
     next(t for t in at.text_input if t.label == "Name (what it is for)").set_value("page test")
     next(b for b in at.button if b.label == "Create" and "new_token" in b.form_id).click().run()
     assert not at.exception
@@ -350,13 +350,89 @@ def test_access_page_creates_a_token_and_shows_it_once(console_env: EngineHandle
     assert "page test" in [t.name for t in console_env.client.tokens()]
 
 
+def test_an_admin_makes_a_team_and_a_key_in_it_with_limits_and_changes_them_on_the_access_page(
+        console_env: EngineHandle) -> None:
+    at = page("access", console_env.token)
+    next(t for t in at.text_input if t.label == "Name" and t.key == "team_name").set_value("research")
+    number_in = {n.key: n for n in at.number_input}
+    number_in["nt_budget"].set_value(50_000)
+    number_in["nt_weight"].set_value(2.0)
+    next(b for b in at.button if b.label == "Create team").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    team = next(t for t in console_env.client.teams() if t.name == "research")
+    assert team.token_budget == 50_000 and team.budget_period == "day" and team.weight == 2.0
+    # a gateway key in the team, with tokens per minute of its own
+    next(t for t in at.text_input if t.label == "Name (what it is for)").set_value("etl key")
+    at.selectbox(key="t_role").set_value("prompter")
+    next(sb for sb in at.selectbox if sb.label == "Kind").set_value("gateway")
+    at.selectbox(key="t_team").set_value("research")
+    at.number_input(key="nk_tpm").set_value(9000)
+    next(b for b in at.button if b.label == "Create" and "new_token" in b.form_id).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    key = next(t for t in console_env.client.tokens() if t.name == "etl key")
+    assert key.team == "research" and key.tokens_per_minute == 9000 and key.kind == "gateway"
+    # its limits changed: the form opens with what it has, and saves what is changed
+    at.run()
+    at.selectbox(key="key_pick").set_value(next(t for t in at.selectbox(key="key_pick").options
+                                                if "etl key" in t))
+    at.run()
+    assert at.number_input(key=f"ek_{key.id}_tpm").value == 9000
+    at.number_input(key=f"ek_{key.id}_budget").set_value(1000)
+    next(b for b in at.button if b.label == "Save key").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    changed = next(t for t in console_env.client.tokens() if t.id == key.id)
+    assert changed.token_budget == 1000 and changed.tokens_per_minute == 9000 and changed.team == "research"
+    # a wrong change is refused, saying which field
+    at.number_input(key="nt_budget").set_value(0)
+    next(t for t in at.text_input if t.key == "team_name").set_value("RESEARCH")
+    next(b for b in at.button if b.label == "Create team").click().run()
+    assert any("**Name**" in e.value and "exists" in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_the_usage_page_shows_tokens_by_key_team_and_day_with_their_cost(console_env: EngineHandle) -> None:
+    from engine.gateway import Record
+
+    c = console_env.client
+    if "billing" not in {t.name for t in c.teams()}:
+        c.create_team("billing")
+    key = c.create_token("usage-page key", "prompter", "gateway", team="billing")
+    other = c.create_token("usage-page other", "prompter", "gateway")
+    c.update_deployment("demo", price_input_per_1k=1.0, price_output_per_1k=3.0)
+    services = console_env.services
+    team_id = next(t.id for t in c.teams() if t.name == "billing")
+    demo = next(d.id for d in c.deployments() if d.name == "demo")
+    import time as clock
+
+    for key_id, team, ins, outs in ((key.id, team_id, 1000, 2000), (key.id, team_id, 500, 0),
+                                    (other.id, None, 100, 100)):
+        services.ledger.record(Record(ts=clock.time(), revision_id=1, model="demo", endpoint="/v1/completions",
+                                      stream=False, status=200, latency_s=0.1, client="t", input_tokens=ins,
+                                      output_tokens=outs, key_id=key_id, team_id=team, deployment_id=demo))
+    services.ledger.flush()
+    at = page("usage", console_env.token)
+    rows = at.dataframe[0].value
+    mine = rows[rows["key"] == "usage-page key"].iloc[0]
+    assert mine["prompt tokens"] == 1500 and mine["completion tokens"] == 2000 and mine["requests"] == 2
+    assert mine["cost"] == pytest.approx(1.5 + 6.0)
+    assert len(at.get("plotly_chart")) == 2 and len(at.get("download_button")) == 2
+    at.segmented_control(key="usage_group").set_value("team").run()
+    assert not at.exception
+    rows = at.dataframe[0].value
+    assert rows[rows["team"] == "billing"].iloc[0]["tokens"] == 3500
+    at.segmented_control(key="usage_window").set_value("Today").run()
+    assert not at.exception and at.dataframe[0].value["requests"].iloc[-1] >= 3  # the total row
+    # the choice of grouping is kept when the person comes back to the page
+    again = page("usage", console_env.token)
+    assert again.segmented_control(key="usage_group").value in ("key", "team")
+
+
 def test_an_expired_sign_in_asks_to_sign_in_again(console_env: EngineHandle) -> None:
     at = page("overview", "llmops_revoked-or-expired")
     assert any("sign in again" in w.value for w in at.warning)
 
 
 @pytest.mark.parametrize("name", ["overview", "deployments", "gpu_health", "settings", "playground", "events",
-                                  "metrics", "benchmarks", "audit", "access"])
+                                  "metrics", "benchmarks", "audit", "access", "usage", "alerts"])
 def test_unreachable_engine_is_a_message_not_a_traceback(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMOPS_ENGINE_URL", "http://127.0.0.1:9")
     monkeypatch.setattr("engine.client._TRANSPORT", None)  # the network, where no engine listens
@@ -593,3 +669,31 @@ def test_an_operator_turns_scale_to_zero_on_and_the_overview_says_what_the_next_
         status = engine.client.status()
         assert status.state == "ready" and status.autoscale is not None and not status.autoscale.asleep
         assert [e.data["action"] for e in engine.client.events(kinds=["autoscale"])] == ["to_zero", "wake"]
+
+
+def test_the_alerts_page_lists_rules_sends_a_test_and_shows_what_fired(console_env: EngineHandle) -> None:
+    from tests.testkit.receiver import receiver
+
+    with receiver() as hook:
+        at = page("alerts", console_env.token)
+        next(t for t in at.text_input if t.key == "ch_name").set_value("pager")
+        next(t for t in at.text_input if t.key == "ch_url").set_value(hook.url)
+        next(b for b in at.button if b.label == "Add channel").click().run()
+        assert not at.exception, [e.value for e in at.exception]
+        channel = next(c for c in console_env.client.alert_channels() if c.name == "pager")
+        assert channel.url.endswith("/…") and "s3cr3t" not in channel.url
+        at.run()
+        next(b for b in at.button if b.label == "Send a test message").click().run()
+        assert any("answered 200" in s.value for s in at.success), [e.value for e in at.error]
+        assert hook.bodies and hook.bodies[-1]["text"].startswith(":bell: TEST")
+        # a rule switched off from the page
+        box = at.selectbox(key="rule_pick")
+        box.select_index(list(box.options).index("Crash loop")).run()
+        crash = next(r for r in console_env.client.alert_rules() if r.name == "Crash loop")
+        at.toggle(key=f"rule_on_{crash.id}").set_value(False)
+        next(b for b in at.button if b.label == "Save rule").click().run()
+        assert not at.exception
+        assert not next(r for r in console_env.client.alert_rules() if r.name == "Crash loop").enabled
+        console_env.client.update_alert_rule(crash.id, enabled=True)
+        shown = [list(d.value["rule"]) for d in at.dataframe if "watches" in d.value.columns]
+        assert shown and "Crash loop" in shown[0]

@@ -1,0 +1,102 @@
+"""Alerts that reach someone (issue 34, item 4), through the API of a real engine app on SQLite and PostgreSQL:
+channels (a real local webhook receiver at the other end), rules, the test button, what fired; a team's budget at
+80 % fired to the receiver and resolved once, with every edit audited and wrong input refused naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine.app import create_app
+from engine.config import AppConfig
+from tests.service.test_api import signed_in
+from tests.service.test_teams import complete, field_of, serve_from
+from tests.testkit.engine import ADMIN_PASSWORD
+from tests.testkit.receiver import receiver
+from tests.testkit.stub_upstream import stub_upstream
+from tests.testkit.wait import wait_until
+
+
+def engine_app(data_dir: Path) -> Any:
+    return create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD,
+                                gateway_keys="on", gateway_workers=0, alert_interval_s=0.2))
+
+
+def test_channels_and_rules_are_managed_audited_and_a_test_message_reaches_the_webhook(data_dir: Path) -> None:
+    with receiver() as hook, signed_in(engine_app(data_dir)) as api:
+        rules = api.get("/api/alerts/rules").json()
+        assert {r["kind"] for r in rules} >= {"crash_loop", "oom", "budget", "ttft_p95", "gpu_memory", "queue_wait"}
+        made = api.post("/api/alerts/channels", json={"name": "on-call", "kind": "slack", "url": hook.url})
+        assert made.status_code == 201, made.text
+        channel = made.json()
+        assert channel["url"] == hook.url.split("/hook")[0] + "/…"  # the secret path is never shown
+        tested = api.post(f"/api/alerts/channels/{channel['id']}/test")
+        assert tested.status_code == 200 and tested.json()["ok"] and tested.json()["status"] == 200
+        assert hook.bodies[-1]["text"].startswith(":bell: TEST") and hook.paths[-1] == "/hook/s3cr3t-path"
+        # wrong input is refused, naming the field, and makes nothing
+        assert field_of(api.post("/api/alerts/channels", json={"name": "x", "url": "ftp://h/p"})) == ["url"]
+        assert field_of(api.post("/api/alerts/channels", json={"name": "on-call", "url": hook.url})) == ["name"]
+        assert "channels" in field_of(api.post("/api/alerts/rules", json={"name": "r", "kind": "oom",
+                                                                         "channels": [999]}))
+        assert "threshold" in field_of(api.post("/api/alerts/rules", json={"name": "r", "kind": "ttft_p95",
+                                                                          "threshold": "NaN"}))
+        assert "kind" in field_of(api.post("/api/alerts/rules", json={"name": "r", "kind": "everything"}))
+        assert len(api.get("/api/alerts/channels").json()) == 1
+        # a rule of one deployment, to this channel; changed; deleted
+        rule = api.post("/api/alerts/rules", json={"name": "demo slow", "kind": "ttft_p95", "threshold": 1.5,
+                                                   "deployment": "demo", "channels": [channel["id"]]}).json()
+        assert rule["for_s"] == 120 and rule["level"] and rule["unit"] == "s"
+        patched = api.patch(f"/api/alerts/rules/{rule['id']}", json={"threshold": 3, "enabled": False})
+        assert patched.status_code == 200, patched.text
+        changed = patched.json()
+        assert changed["threshold"] == 3 and not changed["enabled"]
+        assert "threshold" in field_of(api.patch(f"/api/alerts/rules/{rule['id']}", json={"threshold": None}))
+        assert api.delete(f"/api/alerts/rules/{rule['id']}").status_code == 200
+        assert api.delete(f"/api/alerts/rules/{rule['id']}").status_code == 404
+        actions = [r["action"] for r in api.get("/api/audit", params={"action": "alerts"}).json()]
+        assert {"alerts.channels.create", "alerts.channels.test", "alerts.rules.create", "alerts.rules.update",
+                "alerts.rules.delete"} <= set(actions)
+        created = next(r for r in api.get("/api/audit", params={"action": "alerts.channels.create"}).json()
+                       if r["result"] == 201)
+        assert "s3cr3t" not in str(created)  # the audit keeps the host, not the secret
+
+
+def test_a_team_budget_at_80_percent_fires_once_to_the_webhook_and_resolves_once(data_dir: Path) -> None:
+    with stub_upstream() as (_, url), receiver() as hook, signed_in(engine_app(data_dir)) as api:
+        serve_from(api, url)
+        api.post("/api/alerts/channels", json={"name": "generic", "kind": "webhook", "url": hook.url})
+        api.post("/api/teams", json={"name": "research", "token_budget": 1000, "budget_period": "day"})
+        key = api.post("/api/tokens", json={"name": "k", "kind": "gateway", "role": "prompter",
+                                            "team": "research"}).json()["token"]
+        for _ in range(8):  # 8 x (8 prompt + 100 completion) = 864 of 1,000: past 80 %, not 100 %
+            assert complete(api, key, 100).status_code == 200
+        fired = wait_until(lambda: hook.received(rule="Budget 80 % used", status="firing"), 15,
+                           what="the budget's alert at the receiver")
+        assert fired[0]["subject"] == "team research" and fired[0]["value"] >= 0.8 and fired[0]["threshold"] == 0.8
+        assert hook.received(rule="Budget used up") == []
+        history = api.get("/api/alerts/fired", params={"state": "firing"}).json()
+        mine = next(h for h in history if h["rule"] == "Budget 80 % used")
+        assert mine["subject"] == "team research"
+        wait_until(lambda: any(d["ok"] for h in api.get("/api/alerts/fired").json() for d in h["deliveries"]), 10,
+                   what="the delivery recorded")
+        # it stays above: nothing more is sent; the budget raised, it resolves once
+        assert len(hook.received(rule="Budget 80 % used")) == 1
+        api.patch("/api/teams/research", json={"token_budget": 100_000})
+        wait_until(lambda: hook.received(rule="Budget 80 % used", status="resolved"), 15, what="the resolve")
+        assert len(hook.received(rule="Budget 80 % used")) == 2
+        resolved = next(h for h in api.get("/api/alerts/fired").json() if h["rule"] == "Budget 80 % used")
+        assert resolved["state"] == "resolved" and resolved["resolved_at"] >= resolved["fired_at"]
+        # /metrics says the share used, for Prometheus' own rules
+        assert 'llmops_budget_used_ratio{name="research",scope="team"}' in api.get("/metrics").text
+
+
+def test_a_viewer_sees_rules_and_what_fired_but_manages_nothing(data_dir: Path) -> None:
+    with signed_in(engine_app(data_dir)) as api:
+        viewer = api.app.state.services.auth.create_token("v", "viewer")[0]  # type: ignore[attr-defined]
+        as_viewer = {"authorization": f"Bearer {viewer}"}
+        assert api.get("/api/alerts/rules", headers=as_viewer).status_code == 200
+        assert api.get("/api/alerts/fired", headers=as_viewer).status_code == 200
+        assert api.get("/api/alerts/channels", headers=as_viewer).status_code == 403
+        assert api.post("/api/alerts/rules", headers=as_viewer, json={"name": "r", "kind": "oom"}).status_code == 403
+
+
