@@ -10,7 +10,7 @@ limits made through its API:
 - **overhead**: an open loop of short non-streamed completions at ``--rate`` requests/s, from ``--load-procs``
   processes on keep-alive connections, alternating ``--rounds`` times between a key with no limits and a key (in a
   team) with requests per minute, tokens per minute and a daily budget on itself and its team, all set high enough
-  never to refuse: the same engine, the same load, limits set or not. Reported: latency P50/P99/P99.9 of each, and
+  never to refuse: the same engine, the same load, limits set or not, in A B B A order. Reported: latency P50/P99/P99.9 of each, and
   what limits added to the P99.
 - **fairness**: the deployment held at capacity (``--fair-slots`` requests at once on the stub; vLLM's
   ``--fair-max-num-seqs``), streamed requests of key B at ``--fair-rate`` req/s alone, then beside key A at
@@ -249,8 +249,9 @@ def overhead(port: int, api: httpx.Client, a: argparse.Namespace) -> dict[str, A
     # warm both paths (keys read and cached, budgets read from the store)
     load(port, [("none", plain["token"], 50, body, False), ("limits", limited["token"], 50, body, False)], 2, 1)
     windows = []
-    for n in range(a.rounds):
-        for arm, key in (("none", plain["token"]), ("limits", limited["token"])):
+    arms = [("none", plain["token"]), ("limits", limited["token"])]
+    for n in range(a.rounds):  # A B, B A, A B…: a drift over the run (a growing store) favours neither arm
+        for arm, key in (arms if n % 2 == 0 else arms[::-1]):
             rows, failures = load(port, [(arm, key, a.rate, body, False)], a.seconds, a.load_procs)
             lat = [r[0] for r in rows[arm] if r[2] == 200]
             bad = sum(1 for r in rows[arm] if r[2] != 200) + failures

@@ -216,7 +216,7 @@ def test_only_what_a_running_instance_can_take_on_is_a_soft_change() -> None:
     assert not soft_change(inst, {**base, "max_num_seqs_ceiling": 128})  # a new ceiling: restart
     assert not soft_change(inst, {**base, "gpu_memory_utilization": 0.8})
     inst.settings = EngineSettings.model_construct(**{**base, "max_num_seqs": 64})
-    assert gateway_limit(inst) is None  # at the ceiling vLLM holds it itself
+    assert gateway_limit(inst) == inst.settings.max_num_seqs  # at the ceiling too: the rest wait fairly here
     plain = {**base, "max_num_seqs_ceiling": None}  # no headroom asked for: a change restarts, as before
     inst = Instance("a", child=None, revision=Revision(id=1, values=plain),  # type: ignore[arg-type]
                     settings=EngineSettings.model_construct(**plain), launched_seqs=16)
