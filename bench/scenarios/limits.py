@@ -10,8 +10,8 @@ limits made through its API:
 - **overhead**: an open loop of short non-streamed completions at ``--rate`` requests/s, from ``--load-procs``
   processes on keep-alive connections, alternating ``--rounds`` times between a key with no limits and a key (in a
   team) with requests per minute, tokens per minute and a daily budget on itself and its team, all set high enough
-  never to refuse: the same engine, the same load, limits set or not, in A B B A order. Reported: latency P50/P99/P99.9 of each, and
-  what limits added to the P99.
+  never to refuse: the same engine, the same load, limits set or not, in A B B A order. Reported: latency
+  P50/P99/P99.9 of each, and what limits added to the P99.
 - **fairness**: the deployment held at capacity (``--fair-slots`` requests at once on the stub; vLLM's
   ``--fair-max-num-seqs``), streamed requests of key B at ``--fair-rate`` req/s alone, then beside key A at
   ``--fair-ratio`` times its rate, with A and B in two teams (fair queues) and in one team (one flow: first come,
