@@ -12,7 +12,8 @@ from console.widgets import client, me, unreachable
 from engine.client import ROLES, ClientError
 
 st.title("Usage")
-drafts.keep("usage", ["usage_window", "usage_group"], {"usage_window": "30 days", "usage_group": "key"})
+drafts.keep("usage", ["usage_window", "usage_group"], {"usage_window": "30 days", "usage_group": "key"},
+            per_deployment=False)  # (kept across pages and reloads; not one deployment's)
 c1, c2 = st.columns([3, 2])
 choice = c1.segmented_control("Window (UTC days)", usage.WINDOWS, key="usage_window") or "30 days"
 group = c2.segmented_control("By", ["key", "team", "deployment", "day"], key="usage_group") or "key"
@@ -72,3 +73,5 @@ if ROLES.index(role) >= ROLES.index("operator"):
         st.progress(min(1.0, budget.used / budget.limit),
                     text=f"**{name}**: {usage.budget_text(budget)}; resets "
                     f"{datetime.fromtimestamp(budget.resets_at, UTC):%d %b %H:%M} UTC")
+
+drafts.settle()

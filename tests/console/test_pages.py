@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.client import EngineClient, Run
+from engine.client import EngineClient, Run, route_through
 from engine.db import BenchmarkRun
 from engine.vllm import free_port
 from tests.testkit.console import ADMIN_PASSWORD, InProcessEngine, in_process_engine
@@ -28,6 +28,9 @@ def engine_here(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessE
 
 @pytest.fixture
 def console_env(engine_here: InProcessEngine) -> Iterator[InProcessEngine]:
+    # (an engine of a test of its own, made after this one and gone, takes the route with it: the pages'
+    # clients reach this one again)
+    route_through(engine_here.transport)
     engine_here.client.wait_for({"ready"}, 60)
     wait_until(lambda: engine_here.client.serving().available, 30,  # the first scrape of /metrics after a start
                what="vLLM's first metrics scrape")
@@ -676,6 +679,7 @@ def test_the_alerts_page_lists_rules_sends_a_test_and_shows_what_fired(console_e
 
     with receiver() as hook:
         at = page("alerts", console_env.token)
+        assert not at.error, [e.value for e in at.error]
         next(t for t in at.text_input if t.key == "ch_name").set_value("pager")
         next(t for t in at.text_input if t.key == "ch_url").set_value(hook.url)
         next(b for b in at.button if b.label == "Add channel").click().run()
