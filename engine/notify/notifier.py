@@ -24,6 +24,7 @@ from engine.notify.rules import KINDS, WINDOW_S, Change, Tracker
 from engine.notify.store import AlertStore
 
 log = logging.getLogger("llmops.notify")
+SERVING_EVERY_S = 30.0  # how often the serving figures (TTFT, latency, errors) are read from the ledger
 MAX_SENDING = 256  # deliveries under way at once; past it, the oldest undelivered wait for the next look
 EVENT_KINDS = ("crash_loop", "rollback", "instance_failed", "instance_exited", "start_lost", "diagnosis", "ready",
                "woken", "alert_raised", "alert_cleared")
@@ -73,6 +74,8 @@ class Notifier:
         self._task: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()
         self.error: str | None = None  # the last look's failure (the console says it)
+        self._serving: dict[str, Serving] = {}
+        self._serving_at = float("-inf")
         self.looks = 0
 
     def start(self) -> None:
@@ -115,8 +118,14 @@ class Notifier:
         self.looks += 1
         events, names = await asyncio.to_thread(self._new_events)
         kinds = {r.kind for r in loaded.rules}
-        serving = await asyncio.to_thread(self.sources.serving, WINDOW_S) \
-            if kinds & {"ttft_p95", "latency_p95", "error_rate"} else {}
+        serving: dict[str, Serving] = {}
+        if kinds & {"ttft_p95", "latency_p95", "error_rate"}:
+            # the ledger's figures are read every SERVING_EVERY_S (a read holds the GIL the data path needs; the
+            # rules that use them hold for minutes), the same ones looked at in between
+            if now - self._serving_at >= SERVING_EVERY_S:
+                self._serving = await asyncio.to_thread(self.sources.serving, WINDOW_S)
+                self._serving_at = now
+            serving = self._serving
         budgets = await asyncio.to_thread(self.sources.budgets) if "budget" in kinds else []
         waits = self.sources.queue_waits() if "queue_wait" in kinds else {}
         changes: list[Change] = []

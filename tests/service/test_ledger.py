@@ -114,3 +114,24 @@ def test_the_gateway_records_the_max_tokens_a_request_asks_for() -> None:
     assert asked_max_tokens({"max_tokens": "9"}) == asked_max_tokens({"max_tokens": 9.0}) == 9  # as vLLM reads it
     assert [asked_max_tokens(x) for x in ({}, {"max_tokens": "nine"}, {"max_tokens": True}, {"max_tokens": -1},
                                            {"max_tokens": 2**40}, {"max_tokens": 9.5}, None, [1])] == [None] * 8
+
+
+def test_what_alert_rules_watch_per_deployment_is_read_from_a_sample_across_the_window(ledger: Ledger) -> None:
+    """Each deployment's TTFT and latency P95 and error rate over the window; past ``max_rows`` requests, every
+    n-th of them (chosen by the database), so that a busy window is never built whole in Python."""
+    now = time.time()
+    for i in range(400):
+        r = rec(now - 200 + i * 0.5, 1, latency=0.1 + (i % 100) / 100, ttft=0.01 * (i % 100),
+                status=500 if i % 10 == 0 else 200)
+        r.deployment_id = 1 if i % 2 else 2
+        ledger.record(r)
+    ledger.record(rec(now - 4000, 1, latency=99.0))  # outside the window
+    ledger.flush()
+    whole = ledger.by_deployment(300, max_rows=10_000)
+    assert set(whole) == {1, 2} and whole[1][0] == 200 and whole[2][0] == 200
+    assert whole[2][3] == pytest.approx(0.2)  # every 10th request (the even ones: deployment 2) failed
+    assert whole[1][3] == 0.0 and whole[1][2] is not None and whole[1][2] < 99.0
+    sampled = ledger.by_deployment(300, max_rows=100)
+    assert sum(n for n, *_ in sampled.values()) <= 100
+    assert sampled[2][3] == pytest.approx(whole[2][3], abs=0.1)
+    assert sampled[1][2] == pytest.approx(whole[1][2], abs=0.1)
