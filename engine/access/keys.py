@@ -13,7 +13,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from engine.access.auth import Auth, Principal, allows, digest
+from engine.access.auth import TOKEN_PREFIX, Auth, Principal, allows, digest
 from engine.access.ratelimit import RateLimiter
 from engine.db import RETRY_AFTER_S, UNAVAILABLE, unavailable_message
 from engine.errors import EngineError
@@ -75,6 +75,7 @@ class GatewayKeys:
 
     async def _read(self, token: str, key: str) -> Principal | None:
         now = time.monotonic()
+        changes = self.auth.changes  # before the read: a revocation during it is not cached as its answer
         try:
             principal = await asyncio.to_thread(self.auth.authenticate, token)  # SQLite: never on the event loop
         except UNAVAILABLE as exc:  # a key not in the cache cannot be checked while the database is down
@@ -82,7 +83,7 @@ class GatewayKeys:
                                   [(b"retry-after", str(RETRY_AFTER_S).encode())]) from exc
         if len(self._cache) >= self.max_cached:
             self._cache.clear()
-        self._cache[key] = _Entry(principal, now, self.auth.changes)
+        self._cache[key] = _Entry(principal, now, changes)
         return principal
 
     async def check(self, headers: list[tuple[bytes, bytes]]) -> Principal | None:
@@ -90,7 +91,7 @@ class GatewayKeys:
         still its key (its limits hold and its usage is its own); none, or one that is not valid: None."""
         token = bearer(headers)
         if not self.required:
-            if not token:
+            if not token or not token.startswith(TOKEN_PREFIX):  # (no read for what cannot be one of its keys)
                 return None
             try:
                 principal = await self._principal(token)

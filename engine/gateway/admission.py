@@ -12,9 +12,9 @@ not in front of the other's. With one flow it is first come, first served.
 Fair order alone still makes a light flow wait for a slot to free when a heavy one holds them all. So while more
 than one flow has sent in the last ACTIVE_S, a flow that holds its share of the slots (by weight, among those
 flows) or more leaves free what the others below their share held at their busiest in that time (at least one
-each, each up to its share, all together at most RESERVE_MAX of the slots): a light flow's request finds a slot
-free and goes at once. The heavy flow loses at most that, and only while another flow is about; alone it has every
-slot."""
+each, each up to its share, all together at most RESERVE_MAX of the slots, at least one): a light flow's request
+finds a slot free and goes at once. The heavy flow loses at most that, and only while another flow is about; alone
+it has every slot."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -32,7 +32,8 @@ from engine.gateway.routing import PrefixIndex, Routed, RoutingPolicy, instance_
 CAPACITY_QUEUE = 65_536  # requests that wait for a free slot (every instance at its max_num_seqs), as vLLM's queue
 FLOWS_KEPT = 4096  # flows whose virtual finish is remembered (one behind the system's virtual time needs none)
 ACTIVE_S = 30.0  # a flow that sent within this long is about: the others leave it room
-RESERVE_MAX = 1 / 4  # of the slots, the most a flow at its share leaves free for the others about
+RESERVE_MAX = 1 / 4  # of the slots (at least one), the most a flow at its share leaves free for the others about
+RECHECK_S = 1.0  # a slot left free for the others: looked at again this often (they may have gone quiet)
 
 Flow = tuple[str, float]  # (name, weight) of the flow a request waits in
 
@@ -44,6 +45,7 @@ class _Ticket:
     tag: float
     seq: int
     flow: str
+    weight: float
     keys: Sequence[int] | None
     future: asyncio.Future[Upstream]
     began: float
@@ -97,7 +99,9 @@ class Admission:
         self._finish: dict[str, float] = {}  # each flow's virtual finish (its last queued request's tag + 1/weight)
         self._held: dict[str, int] = {}  # slots each flow holds now
         self._peaks: dict[str, list[float]] = {}  # each flow's most slots held: [since, this ACTIVE_S, the one before]
-        self._seen: dict[str, tuple[float, float]] = {}  # each flow's last request (monotonic) and its weight
+        # each flow's last request (monotonic) and its weight, oldest first; with the weights of those about
+        self._seen: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._about_weight = 0.0
         self._recheck: asyncio.TimerHandle | None = None  # a dispatch when a flow stops being about
         self.admitted = 0  # requests ever let through (autoscaling's activity: one between two looks counts)
         self.waiting = 0
@@ -157,7 +161,7 @@ class Admission:
             if now - peak[0] >= ACTIVE_S:  # a new window: this one becomes the one before
                 peak[:] = [now, 0, peak[1]]
             peak[1] = max(peak[1], held)
-        if len(self._peaks) > FLOWS_KEPT:
+        if len(self._peaks) > 2 * FLOWS_KEPT:  # (rare: those older than two windows count for nothing)
             self._peaks = {f: p for f, p in self._peaks.items() if now - p[0] < 2 * ACTIVE_S}
         return best
 
@@ -168,10 +172,9 @@ class Admission:
         requests, in ``flow``'s place of the fair queue (None: one flow for all). ``claim``: a worker's (its
         engine's admission reads it; here it is unused)."""
         name, weight = flow if flow is not None else ("", 1.0)
+        weight = max(weight, 1e-3)
         now = time.monotonic()
-        if len(self._seen) >= FLOWS_KEPT:
-            self._seen = {f: seen for f, seen in self._seen.items() if now - seen[0] < ACTIVE_S}
-        self._seen[name] = (now, weight)
+        self._arrive(name, weight, now)
         if self._open and not self.waiting and self._may(name, now):  # nearly every request: no lock, no await
             return self._take(keys, name)
         if not self._open and self.refusal is not None:
@@ -184,12 +187,13 @@ class Admission:
             self.rejected += 1
             raise QueueFullError(f"{self.waiting} requests already wait for vLLM (queue_size)"
                                  if not self._open else f"{self.waiting} requests wait for a free slot")
-        tag = max(self._vtime, self._finish.get(name, 0.0))
-        if len(self._finish) >= FLOWS_KEPT:  # flows at or behind the virtual time start there anyway
-            self._finish = {f: t for f, t in self._finish.items() if t > self._vtime}
-        self._finish[name] = tag + 1.0 / max(weight, 1e-3)
+        # its virtual start: after its flow's last waiting request, else where its flow's last one let through
+        # ended (a request that gave up moves nothing: a burst that timed out does not push its flow back)
+        queue = self._queues.get(name)
+        last = next((t for t in reversed(queue) if not t.dead), None) if queue else None
+        tag = last.tag + 1.0 / weight if last is not None else max(self._vtime, self._finish.get(name, 0.0))
         # a wait for a free slot is load (autoscaling's queue wait); one for an instance to come is not
-        ticket = _Ticket(tag, next(self._wait_ids), name, keys, asyncio.get_running_loop().create_future(),
+        ticket = _Ticket(tag, next(self._wait_ids), name, weight, keys, asyncio.get_running_loop().create_future(),
                          time.monotonic(), bool(self._open))
         self._queues.setdefault(name, deque()).append(ticket)
         self.waiting += 1
@@ -258,20 +262,51 @@ class Admission:
         free = self._free()
         if free is None:
             return True
-        others = [(f, w) for f, (at, w) in self._seen.items() if f != flow and now - at < ACTIVE_S]
-        if not others:
+        self._forget_quiet(now)
+        mine = self._seen.get(flow)
+        own = mine[1] if mine is not None else 1.0
+        total = self._about_weight + (0.0 if mine is not None else own)
+        if total <= own + 1e-9:  # no other flow about
             return True
         slots = free + sum(u.outstanding for u in self._open)
-        own = self._seen.get(flow, (0.0, 1.0))[1]
-        total = own + sum(w for _, w in others)
         if self._held.get(flow, 0) < slots * own / total:
             return True  # below its share: any free slot
+        cap = max(1, int(slots * RESERVE_MAX))
+        if free - 1 >= cap:
+            return True
         reserve = 0.0
-        for other, weight in others:
+        for other, (_, weight) in reversed(self._seen.items()):  # (the most recent first; enough once at the cap)
+            if other == flow:
+                continue
             share, held = slots * weight / total, self._held.get(other, 0)
             if held < share:
                 reserve += min(share, max(self._peak(other, now), held + 1)) - held
-        return free - 1 >= min(reserve, max(1, int(slots * RESERVE_MAX)))
+                if reserve >= cap:
+                    break
+        return free - 1 >= min(reserve, cap)
+
+    def _arrive(self, flow: str, weight: float, now: float) -> None:
+        """``flow`` sent a request now: it is about (the most recent), with ``weight``."""
+        before = self._seen.pop(flow, None)
+        if before is not None:
+            self._about_weight -= before[1]
+        self._seen[flow] = (now, weight)
+        self._about_weight += weight
+        self._forget_quiet(now)
+        while len(self._seen) > FLOWS_KEPT:  # the least recent go first
+            _, (_, gone) = self._seen.popitem(last=False)
+            self._about_weight -= gone
+
+    def _forget_quiet(self, now: float) -> None:
+        """Flows quiet for ACTIVE_S are no longer about (oldest first: stops at the first one that is)."""
+        while self._seen:
+            flow, (at, weight) = next(iter(self._seen.items()))
+            if now - at < ACTIVE_S:
+                break
+            del self._seen[flow]
+            self._about_weight -= weight
+        if not self._seen:
+            self._about_weight = 0.0  # (no drift of the running sum)
 
     def _dispatch(self) -> None:
         """Let waiting requests through while an open upstream has room, in fair order; refuse them all when
@@ -300,9 +335,12 @@ class Admission:
                 break
             self._leave(best)
             self._vtime = max(self._vtime, best.tag)
+            if len(self._finish) >= FLOWS_KEPT:  # flows at or behind the virtual time start there anyway
+                self._finish = {f: t for f, t in self._finish.items() if t > self._vtime}
+            self._finish[best.flow] = max(self._finish.get(best.flow, 0.0), best.tag + 1.0 / best.weight)
             best.future.set_result(self._take(best.keys, best.flow))
-        if held_back and self._recheck is None:  # a slot left free for flows about: look again when they are not
-            self._recheck = asyncio.get_running_loop().call_later(ACTIVE_S / 4, self._look_again)
+        if held_back and self._recheck is None:  # a slot left free for flows about: look again in a moment
+            self._recheck = asyncio.get_running_loop().call_later(RECHECK_S, self._look_again)
 
     def _look_again(self) -> None:
         self._recheck = None
@@ -384,6 +422,7 @@ class Admission:
         async with self._cond:
             closed = [u for u in self._open if instance is None or u.instance == instance]
             self._open = [u for u in self._open if u not in closed]
+            self._dispatch()  # (nothing open and vLLM down on purpose: those waiting are refused at once)
             self._cond.notify_all()
             return closed
 

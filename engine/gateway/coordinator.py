@@ -189,7 +189,7 @@ class Coordinator:
                     "queue_timeout" if isinstance(exc, QueueTimeoutError) else "unavailable")
             conn.send(wire.Refused(ask.id, kind, 503, str(exc)))
             return
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled, or anything else: what its limits reserved goes back
             self._settle(grant, 0)
             raise
         permit = next(self._permits)

@@ -167,7 +167,10 @@ class DataPath:
         limits = self.limits
         prompt, tokens = asked_tokens(len(body), fields.max_tokens, fields.n, fields.best_of, fields.prompts,
                                       limits.bytes_per_token, limits.unasked_max_tokens) if fields else (0, 0)
-        claim = Claim(record.key_id, record.client, prompt, tokens, checked in USAGE_PATHS)
+        # without a key a request's flow is its peer's address (the x-llmops-client header is the client's own
+        # word: one that changed it on every request would jump the fair queue each time)
+        peer = scope["client"][0] if scope.get("client") else ""
+        claim = Claim(record.key_id, peer, prompt, tokens, checked in USAGE_PATHS)
         return Exchange(method=method, path=checked, query=forward_query(scope.get("query_string", b"")),
                         headers=[(k, v) for k, v in headers if k not in HOP_HEADERS and k != b"x-llmops-client"],
                         body=asked or body, stream=stream, hide_usage=asked is not None, record=record,

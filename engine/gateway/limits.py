@@ -181,7 +181,7 @@ class Grant:
     tokens: int = 0  # reserved
     prompt: int = 0  # of which its prompt (estimated)
     entries: list[tuple[_Window, int]] = field(default_factory=list)
-    budgets: list[_Budget] = field(default_factory=list)
+    budgets: list[tuple[_Budget, float]] = field(default_factory=list)  # and the start of the period it was in
     settled: bool = False
 
 
@@ -207,7 +207,7 @@ class KeyLimits:
         self._reading: dict[int, asyncio.Future[Policy]] = {}  # the one read of each key's limits under way
         self._windows: OrderedDict[tuple[str, int], _Window] = OrderedDict()
         self._budgets: OrderedDict[tuple[str, int, str], _Budget] = OrderedDict()
-        self._loading: dict[tuple[str, int, str], asyncio.Future[_Budget]] = {}
+        self._loading: dict[tuple[str, int, str], asyncio.Future[_Budget]] = {}  # the one read of each under way
         self._team_rates = RateLimiter()
         self.refused: dict[tuple[str, str], int] = {}  # (scope, limit): requests refused since start
 
@@ -267,7 +267,8 @@ class KeyLimits:
         try:
             policy = await asyncio.to_thread(self._read_policy, key_id)
         except UNAVAILABLE as exc:
-            if cached is not None:  # the database is down: the limits last read hold
+            if cached is not None:  # the database is down: the limits last read hold, and are read again in
+                self._policies[key_id] = (now, cached[1], cached[2])  # cache_s (not by every request meanwhile)
                 return cached[2]
             raise LimitsUnavailableError(unavailable_message(exc)) from exc
         if len(self._policies) >= MAX_SCOPES:
@@ -296,26 +297,24 @@ class KeyLimits:
             budget.roll(self.clock())
             return budget
         loading = self._loading.get(key)
-        if loading is None:
-            loading = asyncio.get_running_loop().create_future()
+        if loading is None:  # one read for all who ask meanwhile, in a task of its own (a caller that leaves
+            # while it runs leaves it running for the others)
+            loading = asyncio.ensure_future(self._load_budget(key))
             self._loading[key] = loading
-            try:
-                start, ends = period_bounds(period, self.clock())
-                used = await asyncio.to_thread(self._read_used, scope, scope_id, start)
-                budget = _Budget(period, start, ends, used)
-                self._budgets[key] = budget
-                while len(self._budgets) > MAX_SCOPES:
-                    self._budgets.popitem(last=False)
-                loading.set_result(budget)
-            except UNAVAILABLE as exc:
-                error = LimitsUnavailableError(unavailable_message(exc))
-                loading.set_exception(error)
-                loading.exception()  # (retrieved: others waiting get it too)
-                raise error from exc
-            finally:
-                self._loading.pop(key, None)
-            return budget
+            loading.add_done_callback(lambda _: self._loading.pop(key, None))
         return await asyncio.shield(loading)
+
+    async def _load_budget(self, key: tuple[str, int, str]) -> _Budget:
+        scope, scope_id, period = key
+        start, ends = period_bounds(period, self.clock())
+        try:
+            used = await asyncio.to_thread(self._read_used, scope, scope_id, start)
+        except UNAVAILABLE as exc:
+            raise LimitsUnavailableError(unavailable_message(exc)) from exc
+        budget = self._budgets.setdefault(key, _Budget(period, start, ends, used))
+        while len(self._budgets) > MAX_SCOPES:
+            self._budgets.popitem(last=False)
+        return budget
 
     def _window(self, scope: str, scope_id: int, now: float) -> _Window:
         key = (scope, scope_id)
@@ -390,7 +389,7 @@ class KeyLimits:
                 grant.entries.append((window, window.add(now, tokens)))
             for _, budget, _ in budgets:
                 budget.reserved += tokens
-                grant.budgets.append(budget)
+                grant.budgets.append((budget, budget.start))
         return grant
 
     def settle(self, grant: Grant | None, used: int | None) -> None:
@@ -403,10 +402,11 @@ class KeyLimits:
         for window, entry in grant.entries:
             window.settle(entry, spent)
         now = self.clock()
-        for budget in grant.budgets:
+        for budget, start in grant.budgets:
             budget.reserved -= grant.tokens
             budget.roll(now)
-            budget.used += spent
+            if budget.start == start:  # (one that began in the period before counts there, as the store has it)
+                budget.used += spent
 
     def budget_now(self, scope: str, scope_id: int, period: str) -> tuple[int, int, float]:
         """(used, reserved, when the period ends) of a key's or team's budget: as counted here when the gateway

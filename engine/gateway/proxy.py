@@ -60,8 +60,9 @@ class GenerateRequest(BaseModel):
 
 @dataclass(frozen=True)
 class Claim:
-    """What a request asks of its key's limits: its key (None: keys not required), its client, the tokens it may
-    use (``prompt`` of them its prompt's, estimated) and whether they count (completions and chat)."""
+    """What a request asks of its key's limits: its key (None: none sent), its peer's address (its flow without a
+    key), the tokens it may use (``prompt`` of them its prompt's, estimated) and whether they count (completions
+    and chat)."""
 
     key_id: int | None
     client: str

@@ -97,6 +97,9 @@ class Notifier:
             except SQLAlchemyError as exc:  # the store is down: the next look tries again
                 self.error = f"the alerts' store could not be read: {type(exc).__name__}"
                 log.warning("alerts: %s", exc)
+            except Exception as exc:  # a failure no one planned for ends this look, never the alerts for good
+                self.error = f"the last look at the alert rules failed: {type(exc).__name__}"
+                log.exception("alerts: a look at the rules failed")
             await asyncio.sleep(self.interval_s)
 
     def _resume(self) -> None:
@@ -116,6 +119,14 @@ class Notifier:
                                            self.store.changes)
             self.tracker.forget({r.id for r in loaded.rules if r.id is not None})
         self.looks += 1
+        cursor = self._cursor
+        try:
+            return await self._look(now, loaded)
+        except BaseException:  # nothing of this look happened: its events are read again, its alerts decided again
+            self._cursor = cursor
+            raise
+
+    async def _look(self, now: float, loaded: _Rules) -> list[Change]:
         events, names = await asyncio.to_thread(self._new_events)
         kinds = {r.kind for r in loaded.rules}
         serving: dict[str, Serving] = {}
@@ -132,9 +143,16 @@ class Notifier:
         for rule in loaded.rules:
             changes += self._evaluate(rule, now, events, names, serving, budgets, waits)
         by_id = {r.id: r for r in loaded.rules}
-        for change in changes:
-            rule = by_id[change.rule_id]
-            await self._tell(rule, change, now, loaded.channels)
+        for n, change in enumerate(changes):
+            try:
+                await self._tell(by_id[change.rule_id], change, now, loaded.channels)
+            except BaseException:  # not recorded nor sent: as if this one and those after it had not changed
+                for undone in changes[n:]:
+                    if undone.firing:
+                        self.tracker.states.pop((undone.rule_id, undone.subject), None)
+                    else:
+                        self.tracker.resume(undone.rule_id, undone.subject, undone.value, undone.message, now)
+                raise
         return changes
 
     def _new_events(self) -> tuple[list[Event], dict[int, str]]:
@@ -160,28 +178,34 @@ class Notifier:
             return rule.deployment is None or deployment == rule.deployment
 
         threshold = rule.threshold if rule.threshold is not None else info.default_threshold
-        if rule.kind in ("ttft_p95", "latency_p95", "error_rate") and threshold is not None:
-            attr = {"ttft_p95": "ttft_p95_s", "latency_p95": "latency_p95_s", "error_rate": "error_rate"}[rule.kind]
-            for deployment, figures in serving.items():
-                if mine(deployment):
-                    value = getattr(figures, attr)
-                    out.append(self.tracker.level(rid, f"deployment {deployment}", value, threshold, rule.for_s, now,
-                                                  f"{info.title}: {value:g} {info.unit} over the last "
-                                                  f"{WINDOW_S / 60:.0f} min (target {threshold:g})"
-                                                  if value is not None else ""))
-        elif rule.kind == "queue_wait" and threshold is not None:
-            for deployment, wait in waits.items():
-                if mine(deployment):
-                    out.append(self.tracker.level(rid, f"deployment {deployment}", wait, threshold, rule.for_s, now,
-                                                  f"requests waited {wait:.1f} s for a free slot (target "
-                                                  f"{threshold:g} s)"))
-        elif rule.kind == "budget" and threshold is not None:
-            for subject, used, limit in budgets:
-                share = used / limit if limit else 0.0
-                out.append(self.tracker.level(rid, subject, share, threshold, rule.for_s, now,
-                                              f"{subject} has used {used:,} of its {limit:,} tokens "
-                                              f"({100 * share:.0f} %; the rule's {100 * threshold:.0f} %)"))
-        elif info.gpu_alerts:
+        if info.level and threshold is not None:
+            figures: list[tuple[str, float | None, str]] = []  # (subject, value, message) of each seen now
+            if rule.kind in ("ttft_p95", "latency_p95", "error_rate"):
+                attr = {"ttft_p95": "ttft_p95_s", "latency_p95": "latency_p95_s",
+                        "error_rate": "error_rate"}[rule.kind]
+                for deployment, serving_now in serving.items():
+                    value = getattr(serving_now, attr)
+                    if mine(deployment):
+                        figures.append((f"deployment {deployment}", value,
+                                        f"{info.title}: {value:g} {info.unit} over the last {WINDOW_S / 60:.0f} "
+                                        f"min (target {threshold:g})" if value is not None else ""))
+            elif rule.kind == "queue_wait":
+                figures = [(f"deployment {d}", wait, f"requests waited {wait:.1f} s for a free slot (target "
+                            f"{threshold:g} s)") for d, wait in waits.items() if mine(d)]
+            elif rule.kind == "budget":
+                for subject, used, limit in budgets:
+                    share = used / limit if limit else 0.0
+                    figures.append((subject, share, f"{subject} has used {used:,} of its {limit:,} tokens "
+                                                    f"({100 * share:.0f} %; the rule's {100 * threshold:.0f} %)"))
+            for subject, value, message in figures:
+                out.append(self.tracker.level(rid, subject, value, threshold, rule.for_s, now, message))
+            seen = {subject for subject, _, _ in figures}
+            for (other, subject), state in list(self.tracker.states.items()):  # no longer seen (no traffic, a
+                if other == rid and state.firing and subject not in seen:   # budget gone): it is gone
+                    out.append(self.tracker.level(rid, subject, 0.0, threshold, rule.for_s, now,
+                                                  f"{subject} is no longer seen"))
+            return [c for c in out if c is not None]
+        if info.gpu_alerts:
             for ev in events:
                 data = ev.data or {}
                 if data.get("alert") not in info.gpu_alerts:

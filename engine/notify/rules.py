@@ -124,7 +124,7 @@ class Tracker:
         """Event alerts of a rule with no new event for ``quiet_s``: resolved."""
         out = []
         for (rid, subject), state in list(self.states.items()):
-            if rid == rule_id and state.firing and state.since is not None and now - state.since >= quiet_s:
+            if rid == rule_id and state.firing and state.since is not None and now - state.since > quiet_s:
                 del self.states[(rid, subject)]
                 out.append(Change(rid, subject, False, state.value, f"no new event for {quiet_s:.0f} s"))
         return out

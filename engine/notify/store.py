@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +40,7 @@ class AlertStore:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.changes = 0  # edits: the notifier reads rules and channels again
+        self._delivered = threading.Lock()
 
     # --- channels -------------------------------------------------------------------------------------------
 
@@ -172,7 +174,7 @@ class AlertStore:
             return row.id, row.fired_at
 
     def delivered(self, alert_id: int, outcome: dict[str, Any]) -> None:
-        with self.db.session() as s:
+        with self._delivered, self.db.session() as s:  # (one at a time: each adds to what the others wrote)
             row = s.get(AlertFired, alert_id)
             if row is not None:
                 row.deliveries = [*row.deliveries, outcome][-20:]

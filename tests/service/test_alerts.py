@@ -7,6 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+from sqlalchemy.exc import OperationalError
+
 from engine.app import create_app
 from engine.config import AppConfig
 from tests.service.test_api import signed_in
@@ -100,3 +103,44 @@ def test_a_viewer_sees_rules_and_what_fired_but_manages_nothing(data_dir: Path) 
         assert api.post("/api/alerts/rules", headers=as_viewer, json={"name": "r", "kind": "oom"}).status_code == 403
 
 
+
+
+def test_a_level_alert_whose_subject_is_gone_resolves_and_one_the_store_failed_to_record_fires_again(
+        db_target: Path | str) -> None:
+    """A budget at 85 % fires; its team deleted (the subject no longer seen), it resolves once. A fire the store
+    could not record is decided again at the next look (nothing sent meanwhile, nothing lost)."""
+    import asyncio
+
+    from engine.db import open_database
+    from engine.notify import AlertStore, Notifier, Sources
+    from tests.testkit.db import sql
+
+    db = open_database(db_target)
+    budgets: list[tuple[str, int, int]] = [("team gone-soon", 850, 1000)]
+    store = AlertStore(db)
+    notifier = Notifier(db, store, Sources(serving=lambda _: {}, queue_waits=dict, budgets=lambda: list(budgets),
+                                           deployment_names=dict), "http://engine")
+
+    async def looks() -> list[tuple[str, bool]]:
+        seen = []
+        broken = store.fired
+
+        def failing(*args: object) -> int:
+            raise OperationalError("INSERT", {}, Exception("disk I/O error"))
+
+        store.fired = failing  # type: ignore[method-assign, assignment]
+        with pytest.raises(OperationalError):  # the look fails as the store does
+            await notifier.look()
+        seen.append(("failed", False))
+        store.fired = broken  # type: ignore[method-assign]
+        for _ in range(3):
+            seen += [(c.subject, c.firing) for c in await notifier.look()]
+        budgets.clear()
+        seen += [(c.subject, c.firing) for c in await notifier.look()]
+        return seen
+
+    assert asyncio.run(looks()) == [("failed", False), ("team gone-soon", True), ("team gone-soon", False)]
+    rows = sql(db, "SELECT rule, subject, state FROM alert_fired")
+    assert rows == [("Budget 80 % used", "team gone-soon", "resolved")]
+    asyncio.run(notifier.close())
+    db.close()

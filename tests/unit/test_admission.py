@@ -347,3 +347,31 @@ def test_a_light_flow_finds_a_slot_free_at_once_while_a_heavy_one_has_every_othe
             task.cancel()
         await asyncio.gather(*heavy, return_exceptions=True)
     run(go())
+
+
+def test_a_burst_that_timed_out_does_not_push_its_flow_behind_the_others() -> None:
+    """Requests that gave up waiting never had a slot: they must not count in their flow's place (A's 20 timed-out
+    requests once put its next ones 20 turns behind B's)."""
+    async def go() -> list[str]:
+        gate = await _one_slot()
+        busy = await gate.acquire(time.monotonic() + 5)
+        gave_up = [asyncio.create_task(gate.acquire(time.monotonic() + 0.05, None, ("A", 1.0))) for _ in range(20)]
+        for task in gave_up:
+            with pytest.raises(QueueTimeoutError):
+                await task
+        served: list[str] = []
+
+        async def wait(flow: str) -> None:
+            up = await gate.acquire(time.monotonic() + 5, None, (flow, 1.0))
+            served.append(flow)
+            await gate.release(up, flow=flow)
+
+        tasks = []
+        for flow in ["B", "B", "B", "A", "A", "A"]:
+            tasks.append(asyncio.create_task(wait(flow)))
+            await asyncio.sleep(0)
+        await gate.release(busy)
+        await asyncio.gather(*tasks)
+        return served
+    order = asyncio.run(go())
+    assert order.index("A") <= 2, order  # A's first goes within B's first turns, not after all of B's

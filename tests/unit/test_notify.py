@@ -40,7 +40,7 @@ def test_an_event_fires_once_and_resolves_when_it_serves_again_or_after_quiet() 
     assert t.quiet(3, 600, 300) == []
     t.fire(3, "GPU 0", 300, "XID 79")  # a new one: the quiet starts again
     assert t.quiet(3, 600, 800) == []
-    assert [c.subject for c in t.quiet(3, 600, 900)] == ["GPU 0"]
+    assert [c.subject for c in t.quiet(3, 600, 901)] == ["GPU 0"]
 
 
 def test_an_alert_firing_when_the_engine_stopped_resolves_after_the_restart_without_firing_again() -> None:
