@@ -17,12 +17,13 @@ PAGES = [("Overview", "overview", "Requests running"), ("Deployments", "deployme
          ("Engine settings", "engine-settings", "Capacity preview"), ("Playground", "playground", "Saved prompts"),
          ("Metrics", "metrics", "KPIs per revision"), ("Benchmarks", "benchmarks", "Concurrency sweep"),
          ("Events & logs", "events", "vLLM's log"), ("Audit", "audit", "What happened next"),
-         ("Access", "access", "Tokens and gateway keys")]
+         ("Access", "access", "Tokens and gateway keys"), ("Usage", "usage", "Window (UTC days)"),
+         ("Alerts", "alerts", "What fired")]
 SEES = {  # what each role finds in the sidebar
-    "viewer": {"Overview", "Deployments", "GPU health", "Metrics", "Events & logs"},
-    "prompter": {"Overview", "Deployments", "GPU health", "Playground", "Metrics", "Events & logs"},
+    "viewer": {"Overview", "Deployments", "GPU health", "Metrics", "Usage", "Events & logs", "Alerts"},
+    "prompter": {"Overview", "Deployments", "GPU health", "Playground", "Metrics", "Usage", "Events & logs", "Alerts"},
     "operator": {"Overview", "Deployments", "GPU health", "Engine settings", "Playground", "Metrics", "Benchmarks",
-                 "Events & logs", "Audit"},
+                 "Usage", "Events & logs", "Alerts", "Audit"},
     "admin": {title for title, _, _ in PAGES},
 }
 
