@@ -21,7 +21,7 @@ def test_an_admin_adds_a_webhook_tests_it_and_sees_the_rules(page: Any, console_
         expect(page.get_by_role("combobox", name="Rule")).to_have_value("GPU memory high")  # the page's)
         form = page.get_by_test_id("stForm").filter(has_text="Add a channel")
         form.get_by_label("Name", exact=True).fill("journey pager")
-        form.get_by_label("Webhook address").fill(hook.url)
+        form.get_by_role("textbox", name="Webhook address").fill(hook.url)
         form.get_by_role("button", name="Add channel").click()
         page.get_by_text("Channel journey pager added").wait_for()
         wait_rendered(page, "Alerts")
