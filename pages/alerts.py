@@ -102,8 +102,9 @@ if operator:
                 st.toast(f"Channel {picked.name} removed")
                 st.rerun()
     if admin:
-        if st.session_state.pop("ch_clear", False):  # added: the webhook's address (its secret) leaves the page
-            st.session_state.update(ch_name="", ch_url="")
+        if added := st.session_state.pop("ch_clear", None):  # added: the webhook's address (its secret) leaves
+            st.session_state.update(ch_name="", ch_url="")  # the page
+            st.toast(added)
         with st.form("new_channel"):
             st.markdown("**Add a channel**")
             n1, n2 = st.columns([1, 1])
@@ -119,6 +120,5 @@ if operator:
                 except ApiError as exc:
                     st.error(f"The channel was not added: {exc}")
                 else:
-                    st.toast(f"Channel {ch_name} added")
-                    st.session_state["ch_clear"] = True
+                    st.session_state["ch_clear"] = f"Channel {ch_name} added"  # (said after the rerun)
                     st.rerun()
