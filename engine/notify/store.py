@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy import delete
 from sqlmodel import col, select
@@ -17,6 +17,7 @@ from engine.notify.channels import check_url
 from engine.notify.rules import KINDS
 from engine.schemas import check_name
 
+Row = TypeVar("Row", AlertChannel, AlertRule)
 HISTORY_KEPT_S = 90 * 86400  # what fired is kept this long
 
 
@@ -70,10 +71,20 @@ class AlertStore:
     def update_channel(self, channel_id: int, changes: dict[str, Any]) -> tuple[dict[str, Any], AlertChannel]:
         if "url" in changes:
             check_url(changes["url"])
+        return self._update(AlertChannel, "channel", channel_id, changes)
+
+    def delete_channel(self, channel_id: int) -> AlertChannel:
+        return self._delete(AlertChannel, "channel", channel_id)
+
+    def _update(self, table: type[Row], what: str, row_id: int, changes: dict[str, Any],
+                check: Callable[[Row], None] | None = None) -> tuple[dict[str, Any], Row]:
+        """Set ``changes`` on row ``row_id`` (``check``ed first): (its fields before, the row after)."""
         with self.db.session() as s:
-            row = s.get(AlertChannel, channel_id)
+            row = s.get(table, row_id)
             if row is None:
-                raise AlertStoreError(f"no channel {channel_id}", missing=True)
+                raise AlertStoreError(f"no {what} {row_id}", missing=True)
+            if check is not None:
+                check(row)
             before = {f: getattr(row, f) for f in changes}
             for field, value in changes.items():
                 setattr(row, field, value)
@@ -82,11 +93,11 @@ class AlertStore:
         self.changes += 1
         return before, row
 
-    def delete_channel(self, channel_id: int) -> AlertChannel:
+    def _delete(self, table: type[Row], what: str, row_id: int) -> Row:
         with self.db.session() as s:
-            row = s.get(AlertChannel, channel_id)
+            row = s.get(table, row_id)
             if row is None:
-                raise AlertStoreError(f"no channel {channel_id}", missing=True)
+                raise AlertStoreError(f"no {what} {row_id}", missing=True)
             s.delete(row)
         self.changes += 1
         return row
@@ -123,28 +134,15 @@ class AlertStore:
 
     def update_rule(self, rule_id: int, changes: dict[str, Any]) -> tuple[dict[str, Any], AlertRule]:
         self._check_channels(changes.get("channels"))
-        with self.db.session() as s:
-            row = s.get(AlertRule, rule_id)
-            if row is None:
-                raise AlertStoreError(f"no rule {rule_id}", missing=True)
+
+        def threshold_kept(row: AlertRule) -> None:
             if KINDS[row.kind].level and "threshold" in changes and changes["threshold"] is None:
                 raise AlertStoreError(f"threshold: a {row.kind} rule compares a figure with one", "threshold")
-            before = {f: getattr(row, f) for f in changes}
-            for field, value in changes.items():
-                setattr(row, field, value)
-            s.add(row)
-            s.flush()
-        self.changes += 1
-        return before, row
+
+        return self._update(AlertRule, "rule", rule_id, changes, threshold_kept)
 
     def delete_rule(self, rule_id: int) -> AlertRule:
-        with self.db.session() as s:
-            row = s.get(AlertRule, rule_id)
-            if row is None:
-                raise AlertStoreError(f"no rule {rule_id}", missing=True)
-            s.delete(row)
-        self.changes += 1
-        return row
+        return self._delete(AlertRule, "rule", rule_id)
 
     # --- what fired -----------------------------------------------------------------------------------------
 
