@@ -195,10 +195,11 @@ async def open_loop(port: int, arms: list[tuple[str, str, float, bytes, bool]], 
     return results
 
 
-def _load_proc(args: tuple[int, list[tuple[str, str, float, bytes, bool]], float]) -> dict[str, Any]:
+def _load_proc(args: tuple[int, list[tuple[str, str, float, bytes, bool]], float, int]) -> dict[str, Any]:
     import uvloop
 
-    return uvloop.run(open_loop(*args))
+    random.seed(args[3])  # the words of its prompts and its arrivals: fresh each run, and recorded
+    return uvloop.run(open_loop(*args[:3]))
 
 
 def load(port: int, arms: list[tuple[str, str, float, bytes, bool]], seconds: float, procs: int
@@ -206,7 +207,9 @@ def load(port: int, arms: list[tuple[str, str, float, bytes, bool]], seconds: fl
     """``open_loop`` spread over ``procs`` processes (each a share of every arm's rate)."""
     share = [(name, key, rate / procs, body, stream) for name, key, rate, body, stream in arms]
     with multiprocessing.get_context("spawn").Pool(procs) as pool:
-        parts = pool.map(_load_proc, [(port, share, seconds)] * procs)
+        base = random.randrange(1 << 30)
+        SEEDS.append(base)
+        parts = pool.map(_load_proc, [(port, share, seconds, base + i) for i in range(procs)])
     merged: dict[str, list[tuple[float, float | None, int]]] = {name: [] for name, *_ in arms}
     failures = 0
     for part in parts:
@@ -216,6 +219,9 @@ def load(port: int, arms: list[tuple[str, str, float, bytes, bool]], seconds: fl
             else:
                 merged[name].extend(rows)
     return merged, failures
+
+
+SEEDS: list[int] = []  # each load's seed (its processes take it and the next ones), as the report records them
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -441,6 +447,7 @@ def run(a: argparse.Namespace) -> int:
                     engine.stop()
             save()
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    report["seeds"] = SEEDS
     save()
     print(table(report))
     return 0
