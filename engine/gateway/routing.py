@@ -4,7 +4,11 @@ vLLM keeps the KV cache of the prompts it has served (prefix caching, in blocks 
 begins as an earlier one did from that cache — on the instance that served the earlier one; anywhere else it pays
 the prefill again. The gateway does not tokenize: it reads the prompt as sent (a completion's prompt text or token
 ids, a chat's messages) in blocks of ``BLOCK_BYTES`` and chains their hashes (the CRC-32 of the whole prefix so far,
-at C speed, with the block's position), so two prompts that share their first k blocks share their first k keys.
+at C speed, with the block's position), so two prompts that share their first k keys' blocks share those keys. A
+key stands for the prompt up to the end of a block on a fixed scale (``KEY_ENDS``): every block of the first
+``FINE_BLOCKS``, then ``KEYS_PER_OCTAVE`` keys each time the length doubles — a long prompt's shared prefix is
+found to within a quarter of its length, and its keys cost a few calls, not one per block (an 8 KB prompt: 19 keys,
+not 63).
 
 Each upstream keeps an index of the keys routed to it, least recently used first and bounded by what its KV cache
 holds (vLLM evicts that way too). Under the policy ``prefix`` a request goes:
@@ -37,6 +41,8 @@ RoutingPolicy = Literal["prefix", "least_outstanding"]
 ROUTING_POLICIES: tuple[RoutingPolicy, ...] = ("prefix", "least_outstanding")
 BLOCK_BYTES = 128  # about 32 tokens of text: two of vLLM's blocks of 16
 MAX_BLOCKS = 2048  # a prompt's first 256 KiB choose where it goes (deeper, two upstreams are told apart anyway)
+FINE_BLOCKS = 8  # a key at the end of each of the first 8 blocks (1 KiB)…
+KEYS_PER_OCTAVE = 4  # …then 4 each time the length doubles (at 10, 12, 14, 16, 20, 24, … blocks)
 HOME_BLOCKS = 4  # a new prompt's home is chosen by its first 512 bytes: prompts that share them go together
 LOAD_FACTOR = 1.25  # no upstream takes more than this times its share of the requests in flight…
 LOAD_SLACK = 2  # …plus this many: at light load one more request costs a batch next to nothing, a prefill much
@@ -49,14 +55,46 @@ _MASK = (1 << 64) - 1
 PREFIX_BYTES = BLOCK_BYTES * MAX_BLOCKS
 
 
+def _key_ends() -> tuple[int, ...]:
+    ends = list(range(1, FINE_BLOCKS + 1))
+    step = FINE_BLOCKS // KEYS_PER_OCTAVE
+    while ends[-1] < MAX_BLOCKS:
+        for _ in range(KEYS_PER_OCTAVE):
+            ends.append(min(MAX_BLOCKS, ends[-1] + step))
+        step *= 2
+    return tuple(dict.fromkeys(ends))
+
+
+KEY_ENDS = _key_ends()  # key i stands for the prompt's first KEY_ENDS[i] blocks
+# the blocks each key adds
+KEY_SPANS = tuple(end - before for end, before in zip(KEY_ENDS, (0, *KEY_ENDS[:-1]), strict=True))
+_ENDS_AT = [0] * (MAX_BLOCKS + 1)  # how many keys a prompt of n whole blocks has
+for _i, _end in enumerate(KEY_ENDS):
+    _ENDS_AT[_end] = _i + 1
+for _n in range(1, MAX_BLOCKS + 1):
+    _ENDS_AT[_n] = max(_ENDS_AT[_n], _ENDS_AT[_n - 1])
+
+
+def keys_in(blocks: int) -> int:
+    """How many keys a prompt of ``blocks`` whole blocks has."""
+    return _ENDS_AT[min(blocks, MAX_BLOCKS)]
+
+
+def blocks_of(keys: int) -> int:
+    """How many blocks the first ``keys`` keys stand for."""
+    return KEY_ENDS[keys - 1] if keys else 0
+
+
 def prefix_keys(prompt: bytes | memoryview) -> list[int]:
-    """The chained keys of ``prompt``'s whole blocks: key i stands for its first i+1 blocks."""
+    """The chained keys of ``prompt``'s whole blocks: key i stands for its first ``KEY_ENDS[i]`` blocks."""
     view = memoryview(prompt)
+    crc = zlib.crc32
     keys: list[int] = []
-    running = 0
-    for i in range(min(len(prompt) // BLOCK_BYTES, MAX_BLOCKS)):
-        running = zlib.crc32(view[i * BLOCK_BYTES:(i + 1) * BLOCK_BYTES], running)
-        keys.append(running | (i << 32))
+    running = start = 0
+    for end in KEY_ENDS[:keys_in(len(prompt) // BLOCK_BYTES)]:
+        running = crc(view[start * BLOCK_BYTES:end * BLOCK_BYTES], running)
+        keys.append(running | (end << 32))
+        start = end
     return keys
 
 
@@ -69,13 +107,14 @@ def _mix(value: int) -> int:
 
 
 class PrefixIndex:
-    """The prefixes routed to one upstream, least recently used first, at most ``capacity`` keys."""
+    """The prefixes routed to one upstream, least recently used first, keys of at most ``capacity`` blocks."""
 
-    __slots__ = ("capacity", "keys")
+    __slots__ = ("capacity", "keys", "size")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
-        self.keys: OrderedDict[int, None] = OrderedDict()
+        self.keys: OrderedDict[int, int] = OrderedDict()  # a key and the blocks it adds (KEY_SPANS)
+        self.size = 0  # the blocks held
 
     @classmethod
     def for_tokens(cls, tokens: int | None) -> PrefixIndex:
@@ -83,11 +122,11 @@ class PrefixIndex:
 
     @staticmethod
     def blocks(tokens: int | None) -> int:
-        """How many keys a KV cache of ``tokens`` holds."""
+        """How many blocks a KV cache of ``tokens`` holds."""
         return max(1, (tokens or DEFAULT_CACHE_TOKENS) * BYTES_PER_TOKEN // BLOCK_BYTES)
 
     def longest(self, keys: Sequence[int]) -> int:
-        """How many leading ``keys`` it holds (a binary search: a prefix is added with all its blocks)."""
+        """How many leading ``keys`` it holds (a binary search: a prefix is added with all its keys)."""
         held = self.keys
         if not keys or keys[0] not in held:
             return 0
@@ -107,18 +146,23 @@ class PrefixIndex:
         (as vLLM frees a request's blocks last to first, so that a prefix's tail is evicted before its head: what
         is held of a prompt is always its beginning)."""
         held = self.keys
-        for key in reversed(keys):
+        for i in range(len(keys) - 1, -1, -1):
+            key = keys[i]
             if key in held:
                 held.move_to_end(key)
             else:
-                held[key] = None
-        while len(held) > self.capacity:
-            held.popitem(last=False)
+                held[key] = span = KEY_SPANS[i]
+                self.size += span
+        self._evict()
+
+    def _evict(self) -> None:
+        held = self.keys
+        while self.size > self.capacity and held:
+            self.size -= held.popitem(last=False)[1]
 
     def resize(self, tokens: int | None) -> None:
         self.capacity = self.blocks(tokens)
-        while len(self.keys) > self.capacity:
-            self.keys.popitem(last=False)
+        self._evict()
 
 
 @dataclass
@@ -162,7 +206,7 @@ def pick(policy: RoutingPolicy, free: Sequence[Upstream], in_flight: int, opened
         chosen.routed.counts.load += 1
         if keys:
             chosen.routed.index.add(keys)
-            chosen.routed.counts.blocks += len(keys)
+            chosen.routed.counts.blocks += blocks_of(len(keys))
         return chosen
     bound = math.ceil(LOAD_FACTOR * (in_flight + 1) / max(1, opened)) + LOAD_SLACK
     best: Upstream | None = None
@@ -176,7 +220,7 @@ def pick(policy: RoutingPolicy, free: Sequence[Upstream], in_flight: int, opened
             best, best_len = upstream, found
     if best is not None:
         best.routed.counts.prefix += 1
-        best.routed.counts.matched_blocks += best_len
+        best.routed.counts.matched_blocks += blocks_of(best_len)
         chosen = best
     else:
         home_key = keys[min(HOME_BLOCKS, len(keys)) - 1]
@@ -188,7 +232,7 @@ def pick(policy: RoutingPolicy, free: Sequence[Upstream], in_flight: int, opened
             chosen = min(free, key=_outstanding)
             chosen.routed.counts.load += 1
     counts = chosen.routed.counts
-    counts.blocks += len(keys)
+    counts.blocks += blocks_of(len(keys))
     chosen.routed.index.add(keys)
     return chosen
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from engine.gateway import Admission
 from engine.gateway.admission import Upstream
-from engine.gateway.routing import BLOCK_BYTES, LOAD_FACTOR, LOAD_SLACK, PrefixIndex, prefix_keys
+from engine.gateway.routing import BLOCK_BYTES, LOAD_FACTOR, LOAD_SLACK, PrefixIndex, blocks_of, keys_in, prefix_keys
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:
@@ -45,13 +45,26 @@ async def take(gate: Admission, prompt: str) -> Upstream:
 def test_keys_are_chained_so_prompts_that_begin_alike_share_their_first_keys() -> None:
     base = system_prompt(1)
     a, b = keys_of(base + " question one"), keys_of(base + " a different question")
-    shared = len(base) // BLOCK_BYTES
+    shared = keys_in(len(base) // BLOCK_BYTES)
     assert a[:shared] == b[:shared] and len(a) >= shared
     assert keys_of(system_prompt(2))[0] != a[0]
     # the same block at another depth is another key (a prompt that repeats itself is not its own prefix)
     twice = keys_of("x" * BLOCK_BYTES * 2)
     assert twice[0] != twice[1]
     assert keys_of("short") == []  # shorter than a block: routed by load alone
+
+
+def test_a_long_prompt_has_few_keys_and_its_shared_prefix_is_found_to_within_a_quarter() -> None:
+    system = system_prompt(3, 60 * BLOCK_BYTES)  # a system prompt of 60 blocks (about 2,000 tokens)…
+    a, b = keys_of(system + system_prompt(4, 3 * BLOCK_BYTES)), keys_of(system + system_prompt(5, 3 * BLOCK_BYTES))
+    assert len(a) == len(b) <= 20  # …and a question: 63 blocks, a key per block only for the first eight
+    shared = next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+    assert 0.75 * 60 <= blocks_of(shared) <= 60
+    index = PrefixIndex(capacity=1000)
+    index.add(a)
+    assert index.size == blocks_of(len(a)) == 56 and index.longest(b) == shared
+    huge = keys_of(system_prompt(6, 400_000))  # past MAX_BLOCKS: its first 256 KiB
+    assert len(huge) == len(set(huge)) <= 40 and blocks_of(len(huge)) == 2048
 
 
 def test_prompts_sharing_a_prefix_reach_the_same_instance_while_it_has_room() -> None:
