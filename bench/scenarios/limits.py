@@ -128,13 +128,34 @@ class Conn:
 
 
 async def one(port: int, pool: list[Conn], key: str, body: bytes, stream: bool) -> tuple[float, float | None, int]:
-    """One request on a keep-alive connection: (latency, time to first event of a stream, status)."""
-    conn = pool.pop() if pool else Conn(*await asyncio.open_connection("127.0.0.1", port))
+    """One request on a keep-alive connection: (latency, time to first event of a stream, status). A pooled
+    connection the engine closed while it was idle (its keep-alive timeout) is not used; one it closed as the
+    request was written, before any answer, is tried once more on a fresh connection — as HTTP clients do."""
     head = (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
             b"authorization: Bearer " + key.encode() + b"\r\ncontent-length: " + str(len(body)).encode()
             + b"\r\n\r\n")
     t0 = time.perf_counter()
-    conn.writer.write(head + body)
+    while pool:
+        conn = pool.pop()
+        if conn.reader.at_eof() or conn.writer.is_closing():
+            conn.writer.close()
+            continue
+        try:
+            return await exchange(conn, pool, head + body, t0)
+        except asyncio.IncompleteReadError as exc:
+            conn.writer.close()
+            if exc.partial:
+                raise
+            break
+        except ConnectionResetError:
+            conn.writer.close()
+            break
+    conn = Conn(*await asyncio.open_connection("127.0.0.1", port))
+    return await exchange(conn, pool, head + body, t0)
+
+
+async def exchange(conn: Conn, pool: list[Conn], request: bytes, t0: float) -> tuple[float, float | None, int]:
+    conn.writer.write(request)
     raw = await conn.reader.readuntil(b"\r\n\r\n")
     status = int(raw.split(b" ", 2)[1])
     headers = raw.lower()
