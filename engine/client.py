@@ -16,6 +16,7 @@ from pydantic import BaseModel, TypeAdapter
 from engine.schemas import (
     ROLES,
     ActionOut,
+    AdapterOut,
     AuditOut,
     AuditTallyOut,
     BenchmarkRunOut,
@@ -36,6 +37,7 @@ from engine.schemas import (
     LogsOut,
     MeOut,
     ModelsListOut,
+    OkOut,
     Preset,
     PromptOut,
     RevisionOut,
@@ -428,6 +430,19 @@ class EngineClient:
 
     def models(self) -> ModelsListOut:
         return self._get(ModelsListOut, "GET", "/api/models")
+
+    def adapters(self, deployment: str | int) -> list[AdapterOut]:
+        """The LoRA adapters registered under a deployment, where each is loaded, its last day's requests."""
+        return self._list(AdapterOut, "GET", f"/api/deployments/{self._segment(deployment)}/adapters")
+
+    def register_adapter(self, deployment: str | int, name: str, path: str) -> AdapterOut:
+        """Check and register a LoRA adapter (a PEFT folder); loaded live on every instance that serves."""
+        return self._get(AdapterOut, "POST", f"/api/deployments/{self._segment(deployment)}/adapters",
+                         json={"name": name, "path": path})
+
+    def remove_adapter(self, deployment: str | int, name: str) -> OkOut:
+        return self._get(OkOut, "DELETE", f"/api/deployments/{self._segment(deployment)}/adapters/"
+                         f"{quote(name, safe='')}")
 
     def fleet(self) -> FleetOut:
         """Nodes → GPUs (or the host) → instances."""

@@ -136,3 +136,28 @@ class OutOfScopeError(GatewayError):
     def __init__(self, model: str) -> None:
         super().__init__(f"the model {model[:200]} does not exist for this key")
         self.model = model
+
+
+# --- LoRA adapters ------------------------------------------------------------------------------------------------
+
+
+class AdapterError(EngineError):
+    """A LoRA adapter was refused, or is not there; nothing changed."""
+
+
+class AdapterInvalidError(AdapterError):
+    """An adapter does not fit its deployment (its folder, its config, its weights against the base model): HTTP
+    422 naming ``field`` and the reason."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+class AdapterConflictError(AdapterError):
+    """The name is taken (by another adapter, a deployment or a served model name): HTTP 409."""
+
+
+class AdapterNotFoundError(AdapterError):
+    """No adapter of that name under the deployment: HTTP 404."""

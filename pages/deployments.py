@@ -1,6 +1,7 @@
 """Deployments: the models this engine serves, each under its own name (the ``model`` clients send): their state,
-replicas, placement and the memory they hold; create one from a model the engine finds; enable, disable, delete
-(saying first what a delete removes, and asking for the name); open one in the other pages."""
+replicas, placement and the memory they hold; their LoRA adapters (registered, loaded where, their requests); create
+one from a model the engine finds; enable, disable, delete (saying first what a delete removes, and asking for the
+name); open one in the other pages."""
 
 from __future__ import annotations
 
@@ -166,6 +167,77 @@ with st.expander("Prices (usage you can bill)"):
                 st.error(f"Prices not saved: {exc}", icon=":material/error:")
             else:
                 st.toast(f"Prices of {priced} saved")
+
+st.subheader("LoRA adapters")
+st.caption("Fine-tunes served beside a deployment's model: each is a model name on /v1 (listed with its base), "
+           "loaded live on every instance, kept by applies and restarts. A deployment serves adapters once its "
+           "settings have enable_lora (vLLM's LoRA slots are fixed at start: max_loras, max_lora_rank).")
+names = [r.name for r in rows]
+if names:
+    if st.session_state.get("lora_dep") not in names:
+        st.session_state["lora_dep"] = st.session_state.get(deployment.CHOSEN) if \
+            st.session_state.get(deployment.CHOSEN) in names else names[0]
+    of = st.selectbox("Deployment", names, key="lora_dep")
+    try:
+        listed = base.adapters(of)
+    except ClientError as exc:
+        unreachable(exc)
+    if listed:
+        st.dataframe([{"adapter": a.name, "rank": a.rank, "alpha": f"{a.alpha:g}",
+                       "target modules": ", ".join(a.target_modules),
+                       "loaded on": ", ".join(a.loaded_on) or ("not yet" if a.listed else "—"),
+                       "requests (24 h)": a.requests_24h, "tokens in / out (24 h)":
+                       f"{fmt.count(a.input_tokens_24h)} / {fmt.count(a.output_tokens_24h)}",
+                       "errors (24 h)": a.errors_24h, "folder": a.path,
+                       "registered": f"{a.created_at:%Y-%m-%d %H:%M} by {a.created_by}"} for a in listed],
+                     hide_index=True, width="stretch")
+        for a in listed:
+            if a.failure:
+                st.warning(f"**{a.name}** did not load on an instance: {a.failure} (tried again every few seconds)",
+                           icon=":material/warning:")
+        r1, r2 = st.columns([3, 1], vertical_alignment="bottom")
+        removing = r1.selectbox("Adapter to remove", [a.name for a in listed], key=f"lora_remove_{of}")
+        if r2.button("Remove", key=f"lora_remove_go_{of}", disabled=not operator, icon=":material/delete:",
+                     help="its name leaves /v1 at once; each instance unloads it (no restart)"):
+            try:
+                base.remove_adapter(of, str(removing))
+            except ClientError as exc:
+                st.error(f"Not removed: {exc}", icon=":material/error:")
+            else:
+                st.session_state["dep_flash"] = f"Removed adapter **{removing}** of {of}."
+                st.rerun()
+    else:
+        st.caption(f"No adapter is registered under **{of}**.")
+    if not operator:
+        st.caption(f"Registering an adapter needs the operator role; you are {who.name} ({who.role}).")
+    else:
+        if st.session_state.pop("lora_registered", False):  # a new form after a registration (before its widgets)
+            st.session_state["lora_name"] = st.session_state["lora_path"] = ""
+        with st.form("lora_register", border=True):
+            f1, f2 = st.columns([1, 2])
+            lora_name = f1.text_input("Name (the model clients send)", key="lora_name", max_chars=128,
+                                      placeholder="e.g. support-tuned")
+            lora_path = f2.text_input("Folder (PEFT: adapter_config.json and adapter_model.safetensors)",
+                                      key="lora_path", max_chars=4096,
+                                      placeholder="models/my-adapter, under a model root")
+            add = st.form_submit_button("Register", type="primary", icon=":material/add:")
+        if add:
+            try:
+                made_adapter = base.register_adapter(of, str(lora_name).strip(), str(lora_path).strip())
+            except InvalidRequestError as exc:
+                for field, reason in exc.fields:
+                    st.error(f"**{field}**: {reason}", icon=":material/block:")
+            except ApiError as exc:
+                st.error(f"Not registered: {exc.detail}", icon=":material/block:")
+            except ClientError as exc:
+                unreachable(exc)
+            else:
+                st.session_state["dep_flash"] = (
+                    f"Registered **{made_adapter.name}** (rank {made_adapter.rank}) under {of}: "
+                    + (f"loaded on {', '.join(made_adapter.loaded_on)}." if made_adapter.loaded_on else
+                       "its instances start with it."))
+                st.session_state["lora_registered"] = True
+                st.rerun()
 
 st.subheader("Create a deployment")
 if not operator:

@@ -1,7 +1,7 @@
 """Playground: try prompts on the served model (a multi-turn chat, or a completion), streamed, with what each run
 cost; ask for JSON through vLLM's structured outputs and see it checked; compare two parameter sets, or two
-deployments (one prompt, each answered by its own model), side by side, run at the same time; keep prompts the
-team shares."""
+models (one prompt, each answered by its own: two deployments, or a LoRA adapter and its base), side by side, run at
+the same time; keep prompts the team shares."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ DEFAULTS: dict[str, Any] = {"temperature": 0.7, "top_p": 1.0, "max_tokens": PLAY
 FIRST = {"pg_mode": "chat", "pg_messages": [], "pg_schema": DEFAULT_SCHEMA,
          **{f"pg_{tag}_{name}": value for tag in ("a", "b") for name, value in DEFAULTS.items()}}
 DRAFT = [*FIRST, "pg_template", "pg_system", "pg_prompt", "pg_format", "pg_compare", "pg_save_name", "pg_last",
-         "saved_choice", "pg_compare_deps", "pg_dep_a", "pg_dep_b"]
+         "saved_choice", "pg_compare_deps", "pg_dep_a", "pg_dep_b", "pg_model"]
 drafts.keep("playground", DRAFT, FIRST, per_deployment=False)  # it compares deployments
 
 here = deployment_header("a run sends its name as `model` through the gateway")
@@ -44,6 +44,26 @@ status = engine_status()
 restart_banner(status)
 model = here.shown  # the name clients send: the gateway routes a request by it to its deployment
 deployment_names = [r.name for r in here.rows] or [model]
+
+
+def listed_adapters(names: list[str]) -> dict[str, str]:
+    """Each LoRA adapter clients may call now (listed on /v1), with its deployment."""
+    out: dict[str, str] = {}
+    for name in names:
+        try:
+            out.update({a.name: name for a in client().adapters(name) if a.listed})
+        except ClientError:
+            continue  # a deployment that went meanwhile, or no adapters' route on an older engine
+    return out
+
+
+adapters = listed_adapters(deployment_names)
+# what a run may call: each deployment's model and its adapters (a fine-tune beside its base)
+choices = [n for d in deployment_names for n in (d, *sorted(a for a, of in adapters.items() if of == d))]
+
+
+def choice_label(name: str) -> str:
+    return f"{name} (LoRA adapter of {adapters[name]})" if name in adapters else name
 
 
 def load_prompt(p: PromptOut | None) -> None:
@@ -160,21 +180,30 @@ out_format = c1.selectbox("Output format", FORMATS, key="pg_format",
                           "the schema; the playground checks what comes back.")
 schema_text = c2.text_area("JSON schema", key="pg_schema", height=110) if out_format == "JSON schema" else None
 c1, c2 = st.columns(2)
-compare_deps = c2.toggle("Compare two deployments side by side", key="pg_compare_deps",
-                         disabled=len(deployment_names) < 2,
-                         help="one prompt, sent to both (model = each deployment's name), with the same parameters"
-                         if len(deployment_names) > 1 else "there is only one deployment: create another on the "
-                         "Deployments page")
-compare_deps = compare_deps and len(deployment_names) > 1
+compare_deps = c2.toggle("Compare two models side by side", key="pg_compare_deps",
+                         disabled=len(choices) < 2,
+                         help="one prompt, sent to both (model = a deployment's name, or one of its LoRA adapters), "
+                         "with the same parameters: a fine-tune beside its base, or two deployments"
+                         if len(choices) > 1 else "there is only one model: create another deployment on the "
+                         "Deployments page, or register a LoRA adapter there")
+compare_deps = compare_deps and len(choices) > 1
 compare = c1.toggle("Compare two parameter sets side by side", key="pg_compare", disabled=compare_deps) \
     and not compare_deps
+mine = [model, *sorted(a for a, of in adapters.items() if of == model)]
+if st.session_state.get("pg_model") not in mine:
+    st.session_state["pg_model"] = model
 if compare_deps:
-    for tag, fallback in (("a", model), ("b", next((n for n in deployment_names if n != model), model))):
-        if st.session_state.get(f"pg_dep_{tag}") not in deployment_names:
+    # a deployment with an adapter compares the adapter with its base first; else two deployments
+    second = next((n for n in mine if n != model), next((n for n in choices if n != model), model))
+    for tag, fallback in (("a", model), ("b", second)):
+        if st.session_state.get(f"pg_dep_{tag}") not in choices:
             st.session_state[f"pg_dep_{tag}"] = fallback
     d = st.columns(2)
-    d[0].selectbox("Deployment A", deployment_names, key="pg_dep_a")
-    d[1].selectbox("Deployment B", deployment_names, key="pg_dep_b")
+    d[0].selectbox("Model A", choices, key="pg_dep_a", format_func=choice_label)
+    d[1].selectbox("Model B", choices, key="pg_dep_b", format_func=choice_label)
+elif len(mine) > 1:
+    st.selectbox("Model", mine, key="pg_model", format_func=choice_label,
+                 help="the deployment's base model, or one of its LoRA adapters (sent as `model`)")
 
 
 def params_form(tag: str) -> None:
@@ -186,7 +215,7 @@ def params_form(tag: str) -> None:
 
 
 def label(tag: str, params: dict[str, Any], deployment: str | None = None) -> str:
-    return (f"**{tag}**" + (f" · deployment **{deployment}**" if deployment else "")
+    return (f"**{tag}**" + (f" · model **{choice_label(deployment)}**" if deployment else "")
             + f" · temperature {params['temperature']:g} · top_p {params['top_p']:g} · "
             f"max_tokens {params['max_tokens']}" + (f" · stop {params['stop']}" if params["stop"] else ""))
 
@@ -323,8 +352,9 @@ elif run_clicked:
     fmt_ = response_format()
     history = [{"role": t["role"], "content": t["content"]} for t in st.session_state["pg_messages"]] \
         if mode == "chat" else []
+    chosen_model = st.session_state.get("pg_model") or model
     targets = {"a": st.session_state["pg_dep_a"], "b": st.session_state["pg_dep_b"]} if compare_deps else \
-        {"a": model, "b": model}
+        {"a": chosen_model, "b": chosen_model}
     runs = {tag.upper(): Run(model=targets[tag], mode=mode, prompt=prompt, history=history,
                              system=st.session_state.get("pg_system", "") if mode == "chat" else "",
                              params={**params_of("a" if compare_deps else tag),

@@ -16,7 +16,7 @@ drafts.keep("usage", ["usage_window", "usage_group"], {"usage_window": "30 days"
             per_deployment=False)  # (kept across pages and reloads; not one deployment's)
 c1, c2 = st.columns([3, 2])
 choice = c1.segmented_control("Window (UTC days)", usage.WINDOWS, key="usage_window") or "30 days"
-group = c2.segmented_control("By", ["key", "team", "deployment", "day"], key="usage_group") or "key"
+group = c2.segmented_control("By", ["key", "team", "deployment", "model", "day"], key="usage_group") or "key"
 today = datetime.now(UTC).date()
 custom = None
 if choice == "Custom":

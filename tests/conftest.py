@@ -158,11 +158,13 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
     """The session's real engine (real vLLM), ready: shared by the system and browser tiers. Its vLLM runs eager
     (no torch.compile): each of the tiers' restarts is about 15 s shorter on two cores, and what they prove (plans,
     phases, the gateway, the console's journeys) does not depend on it; the engines of test_fleet, test_postgres_engine
-    and test_up start vLLM as the product's defaults do, compile included."""
+    and test_up start vLLM as the product's defaults do, compile included. It serves LoRA adapters (enable_lora)."""
     data_dir = tmp_path_factory.mktemp("engine")
     with running_engine(data_dir, {"LLMOPS_AUTOSTART": "false"}) as first:  # the revision written, nothing started
         rev = first.client.settings().revision
-        first.client.put_settings(rev, {"enforce_eager": True}, "tests: eager vLLM, shorter restarts")
+        # LoRA on from the start (two slots of rank 8): the adapters' journeys register one live, no restart
+        first.client.put_settings(rev, {"enforce_eager": True, "enable_lora": True, "max_loras": 2,
+                                        "max_lora_rank": 8}, "tests: eager vLLM, shorter restarts; LoRA")
     # as the product runs: autostart on (a new deployment starts at once), with a gateway worker on a data port
     with running_engine(data_dir, {"LLMOPS_GATEWAY_WORKERS": "1", "LLMOPS_GATEWAY_PORT": str(free_port())}) as handle:
         handle.client.wait_for({"ready"}, COLD_START_S)

@@ -35,6 +35,9 @@ SCENARIOS = {s.name: s for s in (
     Scenario("limits", "limits", "what keys' and teams' limits and usage add to a request at a fixed rate (a key "
              "with limits against one without, alternated), and a light key's first token beside a key at ten times "
              "its rate at capacity: fair queues against first come, first served", "engine + stub, or + vLLM"),
+    Scenario("lora", "lora", "LoRA adapters: registering one while it serves until its first answer, and vLLM's "
+             "serving benchmark with N adapters in one batch against the base model alone (alternated)",
+             "engine + vLLM"),
     Scenario("relay-ceiling", "relay_ceiling", "the gateway's data path with 0, 1, 2, ... worker processes "
              "against a stub upstream that streams as fast as it can: tokens/s and the gateway's CPU per 1,000",
              "gateway + stub"),

@@ -127,7 +127,8 @@ class Engine:
     def serve(self) -> None:
         a = self.args
         base = self.http.get("/api/settings").json()
-        values: dict[str, Any] = {"max_num_seqs": a.max_num_seqs, "served_model_name": "bench"}
+        values: dict[str, Any] = {"max_num_seqs": a.max_num_seqs, "served_model_name": "bench",
+                                  **(getattr(a, "values", None) or {})}  # a scenario's own settings
         if a.cap_vs_restart:  # headroom asked for: vLLM runs with --max-num-seqs as its ceiling
             values["max_num_seqs_ceiling"] = a.max_num_seqs
         if a.model:
@@ -456,7 +457,7 @@ def cache_over(before: str | None, after: str | None) -> CacheUse | None:
 
 
 def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace, workdir: Path,
-             tag: str, prompts: int | None = None) -> dict[str, Any]:
+             tag: str, prompts: int | None = None, extra: list[str] | None = None) -> dict[str, Any]:
     """One run of vLLM's benchmark against ``base_url``; ``engine`` is an Engine or a Beside (what is measured: its
     /metrics, its API server's CPU). ``prompts``: this many (default: --prompts-per-client, at least --min-prompts)."""
     out = workdir / f"{tag}.json"
@@ -469,7 +470,7 @@ def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
             *(["--random-range-ratio", str(a.range_ratio)] if a.range_ratio else []),
             "--seed", str(seed), "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(workdir),
-            "--result-filename", f"{tag}-detail.json"]
+            "--result-filename", f"{tag}-detail.json", *(extra or [])]
     metrics_before = scrape(engine)
     before = (_cpu(engine.proc.pid), _cpu(engine.vllm_pid), time.monotonic())
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}

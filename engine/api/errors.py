@@ -12,6 +12,9 @@ from fastapi.responses import JSONResponse, Response
 from engine.benchmarks import BenchmarkBusyError
 from engine.db import RETRY_AFTER_S, UNAVAILABLE, unavailable_message
 from engine.errors import (
+    AdapterConflictError,
+    AdapterInvalidError,
+    AdapterNotFoundError,
     InvalidSettingsError,
     OutOfScopeError,
     PreflightError,
@@ -75,6 +78,19 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OutOfScopeError)
     async def _out_of_scope(_: Request, exc: OutOfScopeError) -> Response:
         return Response(model_not_found(exc.model), status_code=404, media_type="application/json")
+
+    @app.exception_handler(AdapterInvalidError)
+    async def _adapter_invalid(_: Request, exc: AdapterInvalidError) -> JSONResponse:
+        return JSONResponse({"detail": [{"type": "adapter_invalid", "loc": ["body", exc.field], "msg": exc.reason}]},
+                            status_code=422)
+
+    @app.exception_handler(AdapterConflictError)
+    async def _adapter_conflict(_: Request, exc: AdapterConflictError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(AdapterNotFoundError)
+    async def _adapter_missing(_: Request, exc: AdapterNotFoundError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=404)
 
     @app.exception_handler(BenchmarkBusyError)
     async def _busy(_: Request, exc: BenchmarkBusyError) -> JSONResponse:

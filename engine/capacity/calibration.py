@@ -116,8 +116,10 @@ class CalibrationStore:
         self.host = socket.gethostname()
 
     def record(self, report: StartReport, settings: EngineSettings, batched_tokens: int, activation_estimate: int,
-               revision_id: int | None) -> CalibrationRow | None:
-        """Keep a successful GPU start's terms; CPU starts (explicit KV size) have nothing to calibrate."""
+               revision_id: int | None, lora: int = 0) -> CalibrationRow | None:
+        """Keep a successful GPU start's terms; CPU starts (explicit KV size) have nothing to calibrate. ``lora``:
+        the LoRA buffers vLLM loaded with the weights (capacity.model.lora_bytes), kept out of them so that one
+        calibration serves a revision with LoRA on or off."""
         if not report.complete or activation_estimate <= 0:
             return None
         assert report.requested_gib is not None and report.utilization
@@ -125,7 +127,7 @@ class CalibrationStore:
             host=self.host, model=settings.model, revision_id=revision_id,
             tensor_parallel_size=settings.tensor_parallel_size, dtype=settings.dtype,
             enforce_eager=settings.enforce_eager, batched_tokens=batched_tokens, max_num_seqs=settings.max_num_seqs,
-            weights=_bytes(report.weights_gib), activation=_bytes(report.activation_gib),
+            weights=max(0, _bytes(report.weights_gib) - lora), activation=_bytes(report.activation_gib),
             activation_estimate=activation_estimate, non_torch=_bytes(report.non_torch_gib),
             device_total=_bytes(report.requested_gib / report.utilization),
             kv_bytes=_bytes(report.kv_gib), kv_tokens=report.kv_tokens,

@@ -54,6 +54,7 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_layout",
     "load_shape",
+    "lora_bytes",
     "model_card",
     "model_limit",
     "predict",
@@ -208,6 +209,23 @@ def weight_bytes(shape: ModelShape, settings: EngineSettings) -> int:
     return params * per_weight + buffer_bytes(shape, per_weight)
 
 
+def lora_bytes(shape: ModelShape, settings: EngineSettings) -> int:
+    """The GPU memory vLLM's LoRA buffers take when ``enable_lora`` (0 otherwise): for each of ``max_loras`` slots,
+    A (rank x in) and B (out x rank) of every linear layer it wraps — q, k, v (one slice each), o, gate and up
+    (two), down — at ``max_lora_rank``, in the model's dtype, per tensor-parallel rank. vLLM allocates them with
+    the model (its "Model loading took" includes them), before the KV cache is sized from what is left."""
+    if not settings.enable_lora:
+        return 0
+    rank, hidden, inter = settings.max_lora_rank, shape.hidden, shape.intermediate
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    per_layer = rank * (3 * hidden + q + 2 * kv)  # q, k, v: A and B
+    per_layer += rank * (q + hidden)  # o
+    per_layer += rank * (2 * hidden + 2 * inter)  # gate and up
+    per_layer += rank * (inter + hidden)  # down
+    elements = per_layer * shape.layers * settings.max_loras
+    return elements * dtype_bytes(settings.dtype, shape) // settings.tensor_parallel_size
+
+
 def activation_width(shape: ModelShape) -> int:
     """Elements per token the profiling pass holds at its peak: the widest intermediate of a layer (the dense
     MLP's gate and up, the fused-MoE kernel's workspaces for the routed experts, or the attention projections)
@@ -259,7 +277,8 @@ def predict(shape: ModelShape, settings: EngineSettings, device: Device,
     lay = kv_layout(shape, settings, device.kind, device.name, batched)
     max_len = settings.max_model_len or model_limit(shape, settings)
     notes: list[str] = []
-    weights = weight_bytes(shape, settings)
+    lora = lora_bytes(shape, settings)
+    weights = weight_bytes(shape, settings) + lora
     usable_calibration = calibration is not None and calibration.tensor_parallel_size == \
         settings.tensor_parallel_size and calibration.dtype == settings.dtype
     if device.kind == "cpu":
@@ -269,7 +288,7 @@ def predict(shape: ModelShape, settings: EngineSettings, device: Device,
         total = device.total_bytes
         if usable_calibration:
             assert calibration is not None
-            weights = calibration.weights
+            weights = calibration.weights + lora  # (a calibration keeps the weights without LoRA's buffers)
             non_torch = calibration.non_torch
             total = calibration.device_total or total
             activation = int(estimate_activation(shape, settings, batched) * calibration.activation_factor)
@@ -278,6 +297,9 @@ def predict(shape: ModelShape, settings: EngineSettings, device: Device,
             activation = estimate_activation(shape, settings, batched)
             non_torch = int(0.25 * GIB) + (int(0.3 * GIB) if settings.tensor_parallel_size > 1 else 0)
             notes.append("uncalibrated: activation and non-torch memory estimated; the first start calibrates them")
+        if lora:
+            notes.append(f"LoRA: {lora / GIB:.2f} GiB of buffers for {settings.max_loras} adapters of rank "
+                         f"{settings.max_lora_rank}")
         budget = int(settings.gpu_memory_utilization * total)
         kv = budget - weights - activation - non_torch
     blocks = lay.blocks(kv)

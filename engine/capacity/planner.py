@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.capacity.calibration import CalibrationStore, StartReport
-from engine.capacity.model import GIB, Device, ModelShape, batched_tokens, estimate_activation, load_shape, predict
+from engine.capacity.model import (
+    GIB,
+    Device,
+    ModelShape,
+    batched_tokens,
+    estimate_activation,
+    load_shape,
+    lora_bytes,
+    predict,
+)
 from engine.capacity.plans import MARGIN_BYTES, PlanInputs, Running, StepTimes, cpu_need_bytes, plan_apply
 from engine.capacity.preflight import Cluster, Neighbour, PreflightResult, TrafficNeed, check, find_model_config
 from engine.revisions import DeploymentRef, EngineSettings
@@ -151,7 +160,8 @@ class Planner:
             return
         shape = load_shape(folder)
         tokens = logged_batched_tokens or batched_tokens(settings, shape, "cuda")
-        self.calibrations.record(report, settings, tokens, estimate_activation(shape, settings, tokens), revision_id)
+        self.calibrations.record(report, settings, tokens, estimate_activation(shape, settings, tokens), revision_id,
+                                 lora=lora_bytes(shape, settings))
 
     def compare(self, settings: EngineSettings, report: StartReport, predicted: dict[str, Any] | None
                 ) -> dict[str, Any] | None:

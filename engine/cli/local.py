@@ -101,17 +101,26 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0 if found == [newest] or not args.check else 1
 
 def cmd_demo_model(args: argparse.Namespace) -> int:
+    """The demo model, then its LoRA adapter beside it (models/demo-lora): each built when missing (or --rebuild),
+    so a data dir made before the adapter existed gains it without training the model again."""
     import logging
-
-    from engine.demo_model import build_demo_model
 
     config = config_from(args)
     out = Path(args.out) if args.out else config.demo_model_dir
-    if (out / "config.json").exists() and not args.rebuild:
-        print(f"demo model already at {out} (--rebuild to train it again)")
+    adapter = out.parent / "demo-lora"
+    model_there = (out / "config.json").exists() and not args.rebuild
+    adapter_there = (adapter / "adapter_config.json").exists() and not args.rebuild
+    if model_there and adapter_there:
+        print(f"demo model already at {out}, its adapter at {adapter} (--rebuild to train them again)")
         return 0
+    from engine.demo_model import build_demo_lora, build_demo_model  # torch: only when there is something to build
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    build_demo_model(out, log_path=config.logs_dir / "demo-model-build.log")
+    if model_there:
+        print(f"demo model already at {out}; building its adapter")
+    else:
+        build_demo_model(out, log_path=config.logs_dir / "demo-model-build.log")
+    build_demo_lora(out, adapter, log_path=config.logs_dir / "demo-lora-build.log")
     return 0
 
 

@@ -313,18 +313,40 @@ class AlertFired(SQLModel, table=True):
                                                                                     server_default="[]"))
 
 
+class LoraAdapter(SQLModel, table=True):
+    """A LoRA adapter registered under a deployment: a folder (PEFT layout) checked against its base model, served
+    by every instance of the deployment as model ``name`` on /v1."""
+
+    __tablename__ = "lora_adapter"
+
+    __table_args__ = {**NEVER_REUSED}
+    id: int | None = Field(default=None, primary_key=True)
+    deployment_id: int = Field(index=True)
+    name: str = Field(index=True, unique=True)  # a model name on /v1: unique across deployments
+    path: str  # the folder, resolved (inside the allowed model roots)
+    rank: int
+    alpha: float
+    target_modules: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    base_model: str = ""  # what its adapter_config.json names as its base
+    size_bytes: int = 0
+    created_at: float = Field(default_factory=time.time)
+    created_by: str = ""
+
+
 class UsageDay(SQLModel, table=True):
-    """Usage you can bill: requests and tokens per UTC day, key, team and deployment (0: none), summed from the
+    """Usage you can bill: requests and tokens per UTC day, key, team, deployment (0: none) and model, summed from the
     request ledger as it is written. Kept for ever (a row per day and key and deployment at most); budgets per day
     or month are read from it at start, so they survive restarts."""
 
     __tablename__ = "usage_day"
-    __table_args__ = (UniqueConstraint("day", "key_id", "team_id", "deployment_id", name="uq_usage_day"),)
+    __table_args__ = (UniqueConstraint("day", "key_id", "team_id", "deployment_id", "model", name="uq_usage_day"),)
     id: int | None = Field(default=None, primary_key=True)
     day: str = Field(index=True)  # YYYY-MM-DD, UTC
     key_id: int = 0
     team_id: int = 0
     deployment_id: int = 0
+    model: str = Field(default="", sa_column=Column(String, nullable=False, server_default=""))  # as requests named
+    # it: the deployment's served name, or one of its LoRA adapters
     requests: int = 0
     failed: int = 0  # answered 4xx/5xx or cut
     input_tokens: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, server_default="0"))

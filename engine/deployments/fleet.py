@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from engine.access import AuditLog
+from engine.adapters import AdapterStore
 from engine.aio import cancel_and_wait
 from engine.benchmarks import Benchmarks
 from engine.capacity import (
@@ -37,6 +38,7 @@ from engine.capacity import (
 from engine.clock import SYSTEM_CLOCK, Clock
 from engine.config import AppConfig
 from engine.db import DEFAULT_DEPLOYMENT, Database, Deployment
+from engine.deployments.adapters import Adapters
 from engine.deployments.store import DeploymentNotFoundError, DeploymentStore, is_id
 from engine.events import EventLog
 from engine.gateway import Admission
@@ -112,6 +114,9 @@ class Fleet:
         self.node_sinks: list[Callable[[Snapshot], None]] = []  # history, alerts (set by the composition root)
         self._telemetry: threading.Thread | None = None
         self._telemetry_stop = threading.Event()
+        self.adapters = Adapters(AdapterStore(db), lambda: list(self.runtimes.values()), config.data_dir.resolve(),
+                                 config.model_roots)
+        self.adapters.on_change.append(self._tell)
 
     # --- building a deployment's runtime --------------------------------------------------------------------
 
@@ -130,6 +135,8 @@ class Fleet:
         controller.others_running = lambda: sum(len(r.controller.instances) for r in list(self.runtimes.values())
                                                 if r.ref is not ref)
         controller.enabled = self.config.autostart and row.enabled
+        deployment_id = row.id
+        controller.launcher.lora_modules = lambda: self.adapters.modules(deployment_id)
         self.residency.attach(controller)
         writer = SettingsWriter(revisions, events, planner, self.config.data_dir.resolve(), self.config.model_roots,
                                 wake=controller.wake, flags=self.flags)
@@ -150,6 +157,7 @@ class Fleet:
         if (unconfined := await asyncio.to_thread(self.unconfined)) is not None:
             log.warning("%s", unconfined)
             await self.events.emit("vllm_unconfined", unconfined, severity="warning")
+        await self.adapters.start()  # before any instance starts: each starts with its deployment's adapters
         rows = await asyncio.to_thread(self.store.all)
         for row in rows:
             await self._add(row)
@@ -173,6 +181,7 @@ class Fleet:
     async def shutdown(self) -> None:
         self._telemetry_stop.set()
         await cancel_and_wait(self._task)
+        await self.adapters.close()
         for runtime in list(self.runtimes.values()):
             await self._stop(runtime)
 
@@ -228,8 +237,11 @@ class Fleet:
                 await self._add(row)
                 changed = True
         if changed:
-            for hook in self.on_change:
-                hook()
+            self._tell()
+
+    def _tell(self) -> None:
+        for hook in self.on_change:
+            hook()
 
     async def _add(self, row: Deployment) -> None:
         runtime = self._runtime(row)
@@ -244,6 +256,8 @@ class Fleet:
     async def _remove(self, runtime: Runtime) -> None:
         await self._stop(runtime)
         self.runtimes.pop(runtime.ref.id, None)
+        self.adapters.forget(runtime.ref.id)
+        await asyncio.to_thread(self.adapters.store.delete_deployment, runtime.ref.id)
         await self.events.emit("deployment_removed", f"deployment {runtime.name} was deleted: its instances stopped",
                                data={"deployment": runtime.name})
 
@@ -281,7 +295,8 @@ class Fleet:
         for runtime in runtimes:
             if model in runtime.controller.served_names():
                 return runtime
-        return None
+        owner = self.adapters.owner(model)  # a LoRA adapter: its deployment serves it
+        return self.runtimes.get(owner) if owner is not None else None
 
     def admission_for(self, model: str | None) -> Admission | None:
         """The gateway's question: whose admission takes a request for ``model`` (None: no such deployment)."""
@@ -302,6 +317,12 @@ class Fleet:
             out.append({"id": settings.served_model_name, "object": "model", "created": int(runtime.row.created_at),
                         "owned_by": "llmops", "root": root, "parent": None, "max_model_len": settings.max_model_len,
                         "permission": [], "deployment": runtime.name})
+            served = self.adapters.of(runtime.ref.id)
+            for name in sorted(served.listed):
+                row = served.rows.get(name)
+                out.append({"id": name, "object": "model", "created": int(row.created_at) if row else 0,
+                            "owned_by": "llmops", "root": name, "parent": settings.served_model_name,
+                            "max_model_len": settings.max_model_len, "permission": [], "deployment": runtime.name})
         return out
 
     def vllm_pids(self) -> dict[int, str | None]:

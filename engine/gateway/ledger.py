@@ -287,21 +287,25 @@ class Ledger:
         return result
 
 
+MODEL_CHARS = 256  # of a request's model name in usage_day (a name longer than any served one is cut)
+
+
 def _add_usage(s: Any, batch: Sequence[Record]) -> None:
-    """Add a batch of records to usage_day, in the ledger's own transaction (a row per day, key, team and
-    deployment: read, then added to or made; the ledger is its only writer)."""
-    sums: dict[tuple[str, int, int, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    """Add a batch of records to usage_day, in the ledger's own transaction (a row per day, key, team, deployment
+    and model — a deployment's name or one of its LoRA adapters: read, then added to or made; the ledger is its only
+    writer)."""
+    sums: dict[tuple[str, int, int, int, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for r in batch:
-        row = sums[(day_of(r.ts), r.key_id or 0, r.team_id or 0, r.deployment_id or 0)]
+        row = sums[(day_of(r.ts), r.key_id or 0, r.team_id or 0, r.deployment_id or 0, r.model[:MODEL_CHARS])]
         row[0] += 1
         row[1] += 1 if r.status >= 400 or r.error is not None else 0
         row[2] += r.input_tokens or 0
         row[3] += r.output_tokens or 0
-    for (day, key, team, deployment), (requests, failed, ins, outs) in sums.items():
+    for (day, key, team, deployment, model), (requests, failed, ins, outs) in sums.items():
         usage = s.exec(select(UsageDay).where(UsageDay.day == day, UsageDay.key_id == key, UsageDay.team_id == team,
-                                              UsageDay.deployment_id == deployment)).first()
+                                              UsageDay.deployment_id == deployment, UsageDay.model == model)).first()
         if usage is None:
-            usage = UsageDay(day=day, key_id=key, team_id=team, deployment_id=deployment)
+            usage = UsageDay(day=day, key_id=key, team_id=team, deployment_id=deployment, model=model)
         usage.requests += requests
         usage.failed += failed
         usage.input_tokens += ins

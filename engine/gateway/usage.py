@@ -47,7 +47,8 @@ class Usage:
         """Sums per group over the days ``since``..``until`` (YYYY-MM-DD, inclusive), largest first by tokens
         (days in order); ``keys``/``teams``: only these keys' usage, and these teams' (None: every one)."""
         column: Any = {"key": col(UsageDay.key_id), "team": col(UsageDay.team_id),
-                       "deployment": col(UsageDay.deployment_id), "day": col(UsageDay.day)}[group_by]
+                       "deployment": col(UsageDay.deployment_id), "model": col(UsageDay.model),
+                       "day": col(UsageDay.day)}[group_by]
         with self.db.session() as s:
             q = sa_select(column, col(UsageDay.deployment_id), func.sum(UsageDay.requests), func.sum(UsageDay.failed),
                        func.sum(UsageDay.input_tokens), func.sum(UsageDay.output_tokens)).where(
@@ -81,8 +82,8 @@ class Usage:
 
 def _label(group_by: str, value: object, names: dict[int, str],
            prices: dict[int | None, tuple[float | None, float | None, str]]) -> tuple[str, int | None]:
-    if group_by == "day":
-        return str(value), None
+    if group_by in ("day", "model"):  # a model: a deployment's served name, or a LoRA adapter's
+        return (str(value) or "(none)"), None
     ident = int(value) if isinstance(value, int) else 0
     if ident == 0:
         return ("(no key)" if group_by == "key" else "(no team)" if group_by == "team" else "(none)"), None

@@ -19,6 +19,7 @@ from engine.errors import InvalidSettingsError
 from engine.revisions.models import ModelPathError, allowed_roots, locate_model
 from engine.schemas import SettingsValues
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-rank choices
 SERVED_NAME = re.compile(r"[\w.:/-]{1,128}")  # fullmatch: "demo\n" is not "demo"
 
 # Further vLLM flags an operator may pass through ``extra_args``. Flags that the fields above own, and flags
@@ -99,6 +100,22 @@ class EngineSettings(SettingsValues):
         least = info.data.get("min_replicas")
         if value is not None and isinstance(least, int) and value < least:
             raise ValueError(f"must be at least min_replicas ({least})")
+        return value
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _lora_rank(cls, value: int) -> int:
+        if value not in LORA_RANKS:
+            raise ValueError(f"one of {', '.join(map(str, LORA_RANKS))} (the ranks vLLM serves)")
+        return value
+
+    @field_validator("max_cpu_loras")
+    @classmethod
+    def _cpu_loras(cls, value: int | None, info: ValidationInfo) -> int | None:
+        slots = info.data.get("max_loras")
+        if value is not None and isinstance(slots, int) and value < slots:
+            raise ValueError(f"must be at least max_loras ({slots}): vLLM keeps every adapter of a batch in host "
+                             "memory too")
         return value
 
     @field_validator("served_model_name")

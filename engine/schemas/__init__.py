@@ -75,6 +75,8 @@ from engine.schemas.common import (
     shown,
 )
 from engine.schemas.deployments import (
+    AdapterIn,
+    AdapterOut,
     AvailableModel,
     CreatedDeploymentOut,
     DeletionOut,
@@ -138,6 +140,8 @@ __all__ = [
     "ROLES",
     "SNIPPET_MAX_TOKENS",
     "ActionOut",
+    "AdapterIn",
+    "AdapterOut",
     "AlertKind",
     "AlertOut",
     "ApplyPlanOut",

@@ -10,7 +10,7 @@ from engine.schemas.common import Role, check_name
 
 TokenState = Literal["active", "expired", "revoked"]
 BudgetPeriod = Literal["day", "month"]
-UsageGroup = Literal["key", "team", "deployment", "day"]
+UsageGroup = Literal["key", "team", "deployment", "model", "day"]
 
 TeamName = Annotated[str, AfterValidator(check_name)]
 _WEIGHT = "its share of a deployment at capacity against the others waiting (fair queues): 2 gets twice the slots of 1"

@@ -145,3 +145,35 @@ class NodeOut(BaseModel):
 class FleetOut(BaseModel):
     placement: str = Field(description="'local' (child processes of the engine) or 'ray'")
     nodes: list[NodeOut]
+
+
+class AdapterIn(BaseModel):
+    """A LoRA adapter to register under a deployment: a folder in PEFT's layout (adapter_config.json and
+    adapter_model.safetensors) inside the folders models may come from."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128, description="The model name clients call it by on /v1.")
+    path: str = Field(min_length=1, max_length=4096, description="The adapter's folder (absolute, or under the "
+                      "data dir).")
+
+
+class AdapterOut(BaseModel):
+    name: str
+    deployment: str
+    base: str | None = Field(description="The model it adapts: the deployment's served model name.")
+    path: str
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    base_model: str = Field(description="The base its adapter_config.json names (as trained).")
+    size_bytes: int
+    created_at: datetime
+    created_by: str
+    listed: bool = Field(description="Called by its name on /v1 now (every instance that serves has it).")
+    loaded_on: list[str] = Field(description="The instances that said they have it, at the last look.")
+    failure: str | None = Field(None, description="Why its last load on an instance failed (tried again).")
+    requests_24h: int = 0
+    input_tokens_24h: int = 0
+    output_tokens_24h: int = 0
+    errors_24h: int = 0

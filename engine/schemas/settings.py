@@ -137,6 +137,23 @@ class SettingsValues(BaseModel):
         le=4096,
         description="CPU build of vLLM only: memory reserved for the KV cache, in GiB.",
     )
+    enable_lora: bool = Field(
+        False, description="Serve LoRA adapters (registered under the deployment's adapters): vLLM is started with "
+        "room for them and loads or unloads one live, without a restart. Its buffers of max_loras x "
+        "max_lora_rank take GPU memory from the KV cache (pre-flight counts them)."
+    )
+    max_loras: int = Field(
+        4, ge=1, le=64, description="LoRA adapters in one batch at once (vLLM's --max-loras): each slot holds "
+        "buffers of max_lora_rank for every layer, taken from the KV cache."
+    )
+    max_lora_rank: int = Field(
+        16, ge=1, le=512, description="The highest rank of an adapter it can serve (vLLM's --max-lora-rank: one of "
+        "1, 8, 16, 32, 64, 128, 256, 320, 512): an adapter of a higher rank is refused when it is registered."
+    )
+    max_cpu_loras: int | None = Field(
+        None, ge=1, le=1024, description="Adapters kept in host memory, ready to swap in (vLLM's --max-cpu-loras). "
+        "Empty: max_loras."
+    )
     extra_args: list[str] = Field(
         default_factory=list,
         max_length=32,

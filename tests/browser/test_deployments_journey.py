@@ -86,9 +86,9 @@ def test_operator_creates_a_second_deployment_opens_it_by_link_and_compares_the_
     expect(pg.get_by_test_id("stMetric").filter(has_text="Deployments")).to_contain_text("2 of 2 ready")
 
     open_page(pg, "Playground")
-    pg.get_by_text("Compare two deployments side by side").click()
-    box_a = pg.get_by_role("combobox", name="Deployment A")
-    box_b = pg.get_by_role("combobox", name="Deployment B")
+    pg.get_by_text("Compare two models side by side").click()
+    box_a = pg.get_by_role("combobox", name="Model A")
+    box_b = pg.get_by_role("combobox", name="Model B")
     box_a.wait_for()
     expect(box_a).to_have_value(B)  # the deployment chosen, and the other one
     expect(box_b).to_have_value(a)
@@ -100,14 +100,14 @@ def test_operator_creates_a_second_deployment_opens_it_by_link_and_compares_the_
     tokens.first.press("Tab")
     pg.get_by_role("button", name="Run").click()
     expect(pg.get_by_test_id("stMetricLabel").filter(has_text="Finish")).to_have_count(2)
-    expect(pg.get_by_text(re.compile(rf"^A · deployment {re.escape(B)} · temperature"))).not_to_have_count(0)
-    expect(pg.get_by_text(re.compile(rf"^B · deployment {re.escape(a)} · temperature"))).not_to_have_count(0)
+    expect(pg.get_by_text(re.compile(rf"^A · model {re.escape(B)} · temperature"))).not_to_have_count(0)
+    expect(pg.get_by_text(re.compile(rf"^B · model {re.escape(a)} · temperature"))).not_to_have_count(0)
     expect(pg.get_by_text(re.compile(rf"model {re.escape(B)}$"))).not_to_have_count(0)
     expect(pg.get_by_text(re.compile(rf"model {re.escape(a)}$"))).not_to_have_count(0)
     outputs = pg.get_by_test_id("stMetric").filter(has_text="Output tokens").get_by_test_id("stMetricValue")
     assert [v for v in outputs.all_inner_texts() if v not in ("n/a", "0")], outputs.all_inner_texts()
     no_error_on(pg)
-    pg.get_by_text(re.compile(rf"^A · deployment {re.escape(B)}")).last.scroll_into_view_if_needed()
+    pg.get_by_text(re.compile(rf"^A · model {re.escape(B)}")).last.scroll_into_view_if_needed()
     shot(pg, "journey-deployments-playground-compare")
 
     open_page(pg, "GPU health")  # the fleet: this host, no GPU (said so), both deployments' instances on it

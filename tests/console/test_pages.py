@@ -701,3 +701,46 @@ def test_the_alerts_page_lists_rules_sends_a_test_and_shows_what_fired(console_e
         console_env.client.update_alert_rule(crash.id, enabled=True)
         shown = [list(d.value["rule"]) for d in at.dataframe if "watches" in d.value.columns]
         assert shown and "Crash loop" in shown[0]
+
+
+def test_an_operator_registers_a_lora_adapter_and_compares_it_with_its_base_in_the_playground(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 35: a bad folder is refused naming the reason; a good one registered on the Deployments page is listed
+    with where it is loaded; the Playground offers it beside its base and runs both side by side."""
+    from tests.testkit.adapters import give_demo_weights, make_adapter
+
+    with in_process_engine(tmp_path_factory.mktemp("lora")) as engine:
+        engine.client.wait_for({"ready"}, 60)
+        data = engine.services.config.data_dir
+        give_demo_weights(data / "models" / "demo")
+        make_adapter(data / "models" / "tuned")
+        make_adapter(data / "models" / "too-big", rank=64)
+        rev = engine.client.put_settings(engine.client.settings().revision, {"enable_lora": True}, "LoRA on")
+        wait_until(lambda: engine.client.status().running_revision == rev.revision, 60, what="LoRA on")
+        at = page("deployments", engine.token)
+        assert "No adapter is registered under **demo**" in texts(at)
+        at.text_input(key="lora_name").set_value("big")
+        at.text_input(key="lora_path").set_value("models/too-big")
+        next(b for b in at.button if b.label == "Register").click().run()
+        assert any("**path**" in e.value and "max_lora_rank 16" in e.value for e in at.error), texts(at)
+        assert engine.client.adapters("demo") == []
+        at.text_input(key="lora_name").set_value("tuned")
+        at.text_input(key="lora_path").set_value("models/tuned")
+        next(b for b in at.button if b.label == "Register").click().run()
+        assert not at.exception
+        assert any("Registered **tuned** (rank 8) under demo: loaded on" in s.value for s in at.success), texts(at)
+        table = next(d.value for d in at.dataframe if "adapter" in d.value.columns)
+        assert list(table["adapter"]) == ["tuned"] and list(table["rank"]) == [8]
+        assert at.text_input(key="lora_name").value == ""  # the form is new for the next one
+
+        at = page("playground", engine.token)
+        assert at.selectbox(key="pg_model").options == ["demo", "tuned (LoRA adapter of demo)"]
+        at.toggle(key="pg_compare_deps").set_value(True).run()
+        assert at.selectbox(key="pg_dep_a").value == "demo" and at.selectbox(key="pg_dep_b").value == "tuned"
+        at.text_area(key="pg_prompt").set_value("Describe what this module does.")
+        at.number_input(key="pg_a_max_tokens").set_value(4)
+        next(b for b in at.button if b.label == "Run").click().run()
+        assert not at.exception
+        shown = texts(at)
+        assert "**A** · model **demo**" in shown and "**B** · model **tuned (LoRA adapter of demo)**" in shown, shown
+        assert "tuned" in engine.placement.live()[0].served.models  # the adapter itself answered B

@@ -168,6 +168,9 @@ def test_a_budget_refuses_with_429_naming_it_survives_a_restart_and_usage_is_bil
         table = list(csv.DictReader(io.StringIO(exported.text)))
         assert table[0]["deployment"] == "demo" and int(table[0]["output_tokens"]) == row["output_tokens"]
         assert table[-1]["deployment"] == "total"
+        # by the model the requests named (a deployment's, or a LoRA adapter's): these named none
+        by_model = api.get("/api/usage", params={"group_by": "model"}).json()
+        assert [(r["group"], r["requests"]) for r in by_model["rows"]] == [("(none)", len(answered) + 1)]
         listed = next(t for t in api.get("/api/tokens").json() if t["name"] == "capped")
         assert listed["budget"]["used"] == used and listed["budget"]["reserved"] == 0
         metrics = api.get("/metrics").text

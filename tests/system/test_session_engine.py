@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.schemas import BenchmarkRunOut, GatewayWorkerOut, StatusOut
 from engine.vllm import group_members
+from tests.system.test_adapters_system import ADAPTER, register_demo_adapter
 from tests.testkit.engine import COLD_START_S, ENGINE_ONLY_ENV, HF_TOKEN, EngineHandle
 from tests.testkit.load import PAUSE_BOUND_S, Load, longest_gap, summary
 from tests.testkit.wait import wait_until
@@ -167,7 +168,9 @@ def test_an_apply_under_streaming_load_never_pauses(engine: EngineHandle) -> Non
     change = {"max_num_seqs": 5, "max_num_seqs_ceiling": CEILING}
     plan = engine.client.capacity(change).plan
     assert plan is not None and plan.kind == "blue_green" and plan.pause_s == 0
+    register_demo_adapter(engine)  # and a LoRA adapter's clients: an apply keeps it (the new instance starts with it)
     load = Load(engine.url, clients=APPLY_CLIENTS, stream=True, pause_s=APPLY_PAUSE_S).start()
+    tuned = Load(engine.url, clients=1, stream=True, pause_s=APPLY_PAUSE_S, model=ADAPTER).start()
     load.wait_for(8, timeout=120)  # traffic flows before the change
     t0 = time.monotonic()
     rev = engine.client.put_settings(old.desired_revision or 0, change, "test: smaller batch, with headroom")
@@ -197,9 +200,12 @@ def test_an_apply_under_streaming_load_never_pauses(engine: EngineHandle) -> Non
     t1 = time.monotonic()
     after = load.count()
     load.wait_for(after + 8, timeout=120)  # and flows on the new instance
+    tuned.wait_for(tuned.count() + 2, timeout=120)
     outcomes = load.stop()
     counts = summary(outcomes)
     assert counts["ok"] == counts["total"], (counts, [o for o in outcomes if not o.ok][:3])
+    adapter_outcomes = tuned.stop()
+    assert all(o.ok for o in adapter_outcomes) and len(adapter_outcomes) >= 4, summary(adapter_outcomes)
     gap = longest_gap(outcomes, t0, t1)
     assert gap < PAUSE_BOUND_S, f"{gap:.2f} s with no completed request during the apply: that is a pause"
     assert status.apply is not None and status.apply.outcome == "applied" and status.apply.longest_gap_s in (None, 0)
@@ -213,6 +219,9 @@ def test_an_apply_under_streaming_load_never_pauses(engine: EngineHandle) -> Non
     assert "draining" not in status.reason and f"revision {rev.revision} serving" in status.reason, status.reason
     ready = httpx.get(f"{engine.url}/readyz", timeout=10).json()
     assert "draining" not in ready["reason"], ready
+    new = status.instances[0].name
+    wait_until(lambda: next(a for a in engine.client.adapters("demo") if a.name == ADAPTER).loaded_on == [new], 30,
+               what="the adapter on the new instance")
     assert f"'max_num_seqs': {CEILING}" in last_run_args(engine)  # vLLM runs with the ceiling
     assert group_members(old.pid) == [] and not psutil.pid_exists(old.pid)
     assert engine.client.revision(rev.revision).status == "applied"

@@ -60,6 +60,15 @@ def ensure_demo_model() -> Path:
     return DEMO
 
 
+def ensure_demo_lora() -> Path:
+    """The demo model's LoRA adapter (data/models/demo-lora), built beside the model when missing."""
+    adapter = DEMO.parent / "demo-lora"
+    if not (adapter / "adapter_config.json").exists():
+        subprocess.run([sys.executable, "-m", "engine.cli", "demo-model", "--data-dir", str(REPO / "data")],
+                       check=True, cwd=REPO)
+    return adapter
+
+
 def instance_headers(pid: int | None) -> dict[str, str]:
     """The header with the key the engine gave one of its vLLM servers (VLLM_API_KEY, in its environment only,
     readable by the same user on the same host): every path of the server asks for it (engine/vllm_guard.py)."""

@@ -54,6 +54,7 @@ class Script:
     stop_s: float = 0.4  # what a stop takes, as it reports it
     sleep_ok: bool = True  # /sleep answers 200
     wake_ok: bool = True  # /wake_up answers 200
+    lora_ok: bool = True  # /v1/load_lora_adapter loads (else 500, as vLLM when its worker refuses one)
 
 
 @dataclass
@@ -66,6 +67,8 @@ class Served:
     probes: int = 0
     headers: list[dict[str, str]] = field(default_factory=list)
     prompts: list[str] = field(default_factory=list)  # the prompts of those requests, in order
+    models: list[str] = field(default_factory=list)  # the model each asked for ("" when none)
+    lora_calls: list[tuple[str, str]] = field(default_factory=list)  # ("load" | "unload", adapter), in order
 
 
 class FakeVllm:
@@ -95,6 +98,17 @@ class FakeVllm:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._node = spec.node
+        args = list(spec.args)
+        self.served_name = args[args.index("--served-model-name") + 1] if "--served-model-name" in args else ""
+        # with LoRA on, a model it does not serve is vLLM's 404 (without, the fake answers any name it is sent)
+        self.lora_on = "--enable-lora" in args
+        self.loras: dict[str, str] = {}  # the LoRA adapters it serves: from --lora-modules, then loaded live
+        if "--lora-modules" in args:
+            for arg in args[args.index("--lora-modules") + 1:]:
+                if arg.startswith("--"):
+                    break
+                name, _, path = arg.partition("=")
+                self.loras[name] = path
 
     # --- Child ------------------------------------------------------------------------------------------------
 
@@ -249,6 +263,10 @@ class FakeVllm:
                 return await self._send(writer, 500, b'{"error": "wake failed"}')
             self.sleeping = False
             return await self._send(writer, 200, b"")
+        if path in ("/v1/models", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            if self.api_key and headers.get("authorization") != f"Bearer {self.api_key}":
+                return await self._send(writer, 401, b'{"error": "Unauthorized"}')
+            return await self._lora(path, body, writer)
         if path not in ("/v1/completions", "/v1/chat/completions"):
             return await self._send(writer, 404, b'{"error": "not found"}')
         if self.api_key and headers.get("authorization") != f"Bearer {self.api_key}":
@@ -256,11 +274,16 @@ class FakeVllm:
         if not self.ready or self.sleeping:
             return await self._send(writer, 503, b'{"error": "not ready"}')
         request: dict[str, Any] = json.loads(body or b"{}")
+        model = str(request.get("model") or "")
+        if self.lora_on and model and model != self.served_name and model not in self.loras:
+            return await self._send(writer, 404, json.dumps({"error": {
+                "message": f"The model `{model}` does not exist.", "type": "NotFoundError", "code": 404}}).encode())
         tokens = max(1, min(int(request.get("max_tokens") or self.script.tokens), self.script.tokens))
         if request.get("prompt") == "Hello" and request.get("max_tokens") == 1:
             self.served.probes += 1
         else:
             self.served.requests += 1
+            self.served.models.append(model)
             self.served.headers.append(headers)
             self.served.prompts.append(str(request.get("prompt", request.get("messages", ""))))
         chat = path.endswith("chat/completions")
@@ -291,6 +314,34 @@ class FakeVllm:
             raise
         self.served.completed += 1
         return True
+
+
+    async def _lora(self, path: str, body: bytes, writer: asyncio.StreamWriter) -> bool:
+        """GET /v1/models, and vLLM's runtime LoRA endpoints (VLLM_ALLOW_RUNTIME_LORA_UPDATING), as vLLM answers."""
+        if path == "/v1/models":
+            data = [{"id": self.served_name, "object": "model", "parent": None}] + [
+                {"id": name, "object": "model", "root": where, "parent": self.served_name}
+                for name, where in self.loras.items()]
+            return await self._send(writer, 200, json.dumps({"object": "list", "data": data}).encode())
+        request: dict[str, Any] = json.loads(body or b"{}")
+        name = str(request.get("lora_name") or "")
+        if path == "/v1/load_lora_adapter":
+            self.served.lora_calls.append(("load", name))
+            if name in self.loras:
+                return await self._send(writer, 400, json.dumps({"error": {
+                    "message": f"The lora adapter '{name}' has already been loaded.", "code": 400}}).encode())
+            if not self.script.lora_ok:
+                return await self._send(writer, 500, json.dumps({"error": {
+                    "message": "Call to add_lora method failed: Worker failed", "code": 500}}).encode())
+            self.loras[name] = str(request.get("lora_path") or "")
+            return await self._send(writer, 200, f"Success: LoRA adapter '{name}' added successfully.".encode(),
+                                    "text/plain")
+        self.served.lora_calls.append(("unload", name))
+        if self.loras.pop(name, None) is None:
+            return await self._send(writer, 404, json.dumps({"error": {
+                "message": f"The lora adapter '{name}' cannot be found.", "code": 404}}).encode())
+        return await self._send(writer, 200, f"Success: LoRA adapter '{name}' removed successfully.".encode(),
+                                "text/plain")
 
 
 def _usage(tokens: int) -> dict[str, int]:

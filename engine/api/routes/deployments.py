@@ -5,11 +5,13 @@ delete. Each deployment's own routes (settings, status, events, logs, serving, b
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import anyio.from_thread
+import anyio.to_thread
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 
@@ -21,6 +23,8 @@ from engine.deployments import DeploymentError, DeploymentExistsError, Deploymen
 from engine.errors import PreflightError
 from engine.revisions import DeploymentRef, EngineSettings, allowed_roots, hf_hub_cache, initial_settings, merge_values
 from engine.schemas import (
+    AdapterIn,
+    AdapterOut,
     AvailableModel,
     CreatedDeploymentOut,
     DeletionOut,
@@ -30,6 +34,7 @@ from engine.schemas import (
     DeploymentPatch,
     FleetOut,
     ModelsListOut,
+    OkOut,
 )
 
 router = APIRouter(tags=["deployments"])
@@ -271,3 +276,62 @@ def _add(found: dict[str, AvailableModel], value: str, source: str, folder: Path
         arch, params, positions = None, None, None
     found[value] = AvailableModel(value=value, source=source, architecture=arch, parameters=params,
                                   max_position_embeddings=positions, used_by=used.get(value, []))
+
+
+# --- LoRA adapters --------------------------------------------------------------------------------------------------
+
+ADAPTER_PATH = PathParam(min_length=1, max_length=128)
+DAY_S = 86_400.0
+
+
+def _adapters_out(fleet: Fleet, runtime: Runtime) -> list[AdapterOut]:
+    """Each adapter of the deployment: what it is, where it is loaded, and its last day's requests (the ledger)."""
+    served = fleet.adapters.of(runtime.ref.id)
+    rows = sorted(served.rows.values(), key=lambda r: r.name)
+    usage = fleet.adapters.store.usage(runtime.ref.id, [r.name for r in rows], time.time() - DAY_S)
+    base = runtime.controller.served_model()
+    out = []
+    for row in rows:
+        n, i, o, e = usage.get(row.name, (0, 0, 0, 0))
+        out.append(AdapterOut(
+            name=row.name, deployment=runtime.name, base=base, path=row.path, rank=row.rank, alpha=row.alpha,
+            target_modules=list(row.target_modules), base_model=row.base_model, size_bytes=row.size_bytes,
+            created_at=_when(row.created_at), created_by=row.created_by, listed=row.name in served.listed,
+            loaded_on=sorted(inst for inst, names in served.loaded.items() if row.name in names),
+            failure=served.failures.get(row.name), requests_24h=n, input_tokens_24h=i, output_tokens_24h=o,
+            errors_24h=e))
+    return out
+
+
+@router.get("/api/deployments/{name}/adapters", response_model=list[AdapterOut], dependencies=access("viewer"))
+def adapters(fleet: FleetDep, name: str = NAME_PATH) -> list[AdapterOut]:
+    return _adapters_out(fleet, _runtime(fleet, name))
+
+
+@router.post("/api/deployments/{name}/adapters", status_code=201, response_model=AdapterOut,
+             dependencies=access("operator", "adapters.register"))
+async def register_adapter(body: AdapterIn, request: Request, fleet: FleetDep, note: NoteDep,
+                           name: str = NAME_PATH) -> AdapterOut:
+    """Register a LoRA adapter: checked against the deployment's base model (its revision must have enable_lora,
+    the rank within max_lora_rank, the target modules and shapes the base model's), then loaded on every instance
+    that serves, without a restart; only then is it a model name on /v1. Refused: 422 naming the reason, nothing
+    changed."""
+    runtime = _runtime(fleet, name)
+    request.state.deployment = runtime.name
+    note.target = f"adapter {body.name[:128]} of deployment {runtime.name}"
+    row = await fleet.adapters.register(runtime, body.name, body.path, actor(request))
+    note.after = {"name": row.name, "path": row.path, "rank": row.rank, "target_modules": row.target_modules}
+    return next(a for a in await anyio.to_thread.run_sync(_adapters_out, fleet, runtime) if a.name == row.name)
+
+
+@router.delete("/api/deployments/{name}/adapters/{adapter}", response_model=OkOut,
+               dependencies=access("operator", "adapters.remove"))
+async def remove_adapter(request: Request, fleet: FleetDep, note: NoteDep, name: str = NAME_PATH,
+                         adapter: str = ADAPTER_PATH) -> OkOut:
+    """Remove an adapter: its name leaves /v1 at once, then each instance unloads it."""
+    runtime = _runtime(fleet, name)
+    request.state.deployment = runtime.name
+    note.target = f"adapter {adapter} of deployment {runtime.name}"
+    row = await fleet.adapters.remove(runtime, adapter)
+    note.before = {"name": row.name, "path": row.path, "rank": row.rank}
+    return OkOut(ok=True)
