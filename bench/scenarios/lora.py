@@ -88,6 +88,7 @@ def run(a: argparse.Namespace) -> None:
     folder = model.parent / "bench-loras"  # inside the engine's model roots (the model's parent)
     paths = write_adapters(model, folder, a.adapters, a.rank)
     a.values = {"enable_lora": True, "max_loras": a.adapters, "max_lora_rank": a.rank}
+    a.seed, a.prompts_per_client, a.min_prompts = None, 1, a.prompts  # run_once's: fresh prompts every run
     engine_args = argparse.Namespace(model=a.model, utilization=a.utilization, max_model_len=a.max_model_len,
                                      load_format=a.load_format, max_num_seqs=a.max_num_seqs, cap_vs_restart=False,
                                      engine_nice=None, out=a.out, values=a.values)
