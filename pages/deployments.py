@@ -215,7 +215,7 @@ if names:
             st.session_state["lora_name"] = st.session_state["lora_path"] = ""
         with st.form("lora_register", border=True):
             f1, f2 = st.columns([1, 2])
-            lora_name = f1.text_input("Name (the model clients send)", key="lora_name", max_chars=128,
+            lora_name = f1.text_input("Adapter name (the model clients send)", key="lora_name", max_chars=128,
                                       placeholder="e.g. support-tuned")
             lora_path = f2.text_input("Folder (PEFT: adapter_config.json and adapter_model.safetensors)",
                                       key="lora_path", max_chars=4096,

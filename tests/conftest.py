@@ -153,6 +153,15 @@ def data_dir(tmp_path: Path) -> Path:
     return make_data_dir(tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def _no_leftover_load() -> Iterator[None]:
+    """A test's streaming clients end with it, even when it failed before stopping them (tests/testkit/load.py)."""
+    yield
+    from tests.testkit.load import stop_leftovers
+
+    stop_leftovers()
+
+
 @pytest.fixture(scope="session")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineHandle]:
     """The session's real engine (real vLLM), ready: shared by the system and browser tiers. Its vLLM runs eager

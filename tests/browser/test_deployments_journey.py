@@ -43,7 +43,7 @@ def test_operator_creates_a_second_deployment_opens_it_by_link_and_compares_the_
     seqs = 3 if default.values.max_num_seqs != 3 else 2
 
     open_page(pg, "Deployments")
-    pg.get_by_role("textbox", name="Name (the model clients send)").fill(B)
+    pg.get_by_role("textbox", name="Name (the model clients send)", exact=True).fill(B)
     seqs_field = pg.get_by_role("spinbutton", name="max_num_seqs", exact=True)
     seqs_field.fill(str(seqs))
     seqs_field.press("Tab")

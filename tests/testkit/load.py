@@ -43,6 +43,22 @@ class Outcome:
         return self.status == 200 and (self.done or not self.stream) and not self.stream_error and not self.exception
 
 
+RUNNING: list[Load] = []  # loads started and not stopped: a test that failed midway leaves its clients here
+
+
+def stop_leftovers() -> int:
+    """Stop the clients a failed test left sending (they would keep the session's engine busy for every later
+    test: never idle, never scaled to zero); how many loads were left."""
+    left = list(RUNNING)
+    for load in left:
+        load._stop.set()
+    for load in left:
+        for t in load._threads:
+            t.join(60)
+    RUNNING[:] = [other for other in RUNNING if all(other is not load for load in left)]
+    return len(left)
+
+
 @dataclass
 class Load:
     url: str
@@ -61,6 +77,7 @@ class Load:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> Load:
+        RUNNING.append(self)
         for i in range(self.clients):
             t = threading.Thread(target=self._run, args=(i,), daemon=True, name=f"load-{i}")
             t.start()
@@ -69,6 +86,7 @@ class Load:
 
     def stop(self, join_timeout: float = 480.0) -> list[Outcome]:
         self._stop.set()
+        RUNNING[:] = [other for other in RUNNING if other is not self]
         deadline = time.monotonic() + join_timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
