@@ -108,8 +108,8 @@ class Adapters:
             for runtime in list(self.runtimes()):
                 try:
                     await self.sync(runtime)
-                except (httpx.HTTPError, AdapterLoadError) as exc:  # the next look tries again
-                    log.warning("adapters of %s: %s", runtime.name, exc)
+                except (httpx.HTTPError, AdapterLoadError, ValueError) as exc:  # (ValueError: an answer that is
+                    log.warning("adapters of %s: %s", runtime.name, exc)  # not JSON) the next look tries again
 
     # --- register, remove --------------------------------------------------------------------------------------
 
