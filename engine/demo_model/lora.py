@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.demo_model.train import EOS, PAD, stdlib_docstrings
+from engine.demo_model.train import EOS, PAD, stdlib_docstrings, warmup_cosine
 
 log = logging.getLogger("llmops.demo_model")
 
@@ -260,10 +260,7 @@ def _train(model: nn.Module, wrapped: dict[str, LoraLinear], inputs: torch.Tenso
 
 
 def _lr(step: int, spec: DemoLoraSpec) -> float:
-    if step <= spec.warmup_steps:
-        return spec.learning_rate * step / max(1, spec.warmup_steps)
-    progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
-    return spec.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return warmup_cosine(step, spec.learning_rate, spec.warmup_steps, spec.steps)
 
 
 def _write(out: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor], training: dict[str, Any]) -> None:

@@ -236,7 +236,12 @@ def _train(model, data, spec: DemoModelSpec) -> list[dict[str, float]]:  # type:
 
 
 def _lr(step: int, spec: DemoModelSpec) -> float:
-    if step <= spec.warmup_steps:
-        return spec.learning_rate * step / spec.warmup_steps
-    progress = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
-    return spec.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return warmup_cosine(step, spec.learning_rate, spec.warmup_steps, spec.steps)
+
+
+def warmup_cosine(step: int, peak: float, warmup: int, steps: int) -> float:
+    """A linear warm-up to ``peak``, then a cosine down to a tenth of it (the model's and its adapter's schedule)."""
+    if step <= warmup:
+        return peak * step / max(1, warmup)
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
