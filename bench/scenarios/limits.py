@@ -30,6 +30,7 @@ import json
 import multiprocessing
 import os
 import random
+import statistics
 import string
 import subprocess
 import sys
@@ -299,9 +300,16 @@ def overhead(port: int, api: httpx.Client, a: argparse.Namespace) -> dict[str, A
     for w in windows:
         del w["latencies"]
     added = (summary["limits"]["p99_s"] or 0) - (summary["none"]["p99_s"] or 0)
+    # each round's two windows side by side (limits minus none): a drift over the run moves both of a round alike
+    by_round = [(w1["p99_s"] or 0) - (w0["p99_s"] or 0)
+                for n in range(a.rounds)
+                for w0 in windows if w0["round"] == n and w0["arm"] == "none"
+                for w1 in windows if w1["round"] == n and w1["arm"] == "limits"]
     cost = claim_cost()
     print(f"claim and settle alone: P50 {cost['p50_us']:.1f} us, P99 {cost['p99_us']:.1f} us", flush=True)
-    return {"windows": windows, "summary": summary, "added_p99_s": added, "claim_and_settle": cost}
+    return {"windows": windows, "summary": summary, "added_p99_s": added, "added_p99_by_round_s": by_round,
+            "added_p99_median_of_rounds_s": statistics.median(by_round) if by_round else None,
+            "claim_and_settle": cost}
 
 
 def claim_cost(n: int = 50_000) -> dict[str, Any]:
@@ -386,6 +394,10 @@ def table(report: dict[str, Any]) -> str:
         c = o["claim_and_settle"]
         lines += ["", f"limits added {o['added_p99_s'] * 1000:+.2f} ms to the P99; claim and settle alone "
                   f"(a key and its team, every limit set): P50 {c['p50_us']:.1f} us, P99 {c['p99_us']:.1f} us", ""]
+        if o.get("added_p99_by_round_s"):
+            lines += [f"by round (limits minus none, each round's two windows side by side): "
+                      f"{', '.join(f'{x * 1000:+.2f}' for x in o['added_p99_by_round_s'])} ms; "
+                      f"median {o['added_p99_median_of_rounds_s'] * 1000:+.2f} ms", ""]
     for key in [k for k in report if k.startswith("fairness")]:
         f = report[key]
         lines.append(f"**{key}**")
