@@ -38,7 +38,9 @@ END = b"\r\n0\r\n\r\n"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="worker counts to measure, in turn")
+    p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="worker counts to measure, in turn; "
+                   "-1: a byte proxy instead of the gateway (the floor of a relay in Python: each read from the stub "
+                   "written on to the client from the socket's callback, nothing parsed, no task)")
     p.add_argument("--clients", type=int, default=64, help="streaming clients at once")
     p.add_argument("--tokens", type=int, default=256, help="tokens a request asks for (one event each)")
     p.add_argument("--stubs", type=int, default=1, help="stub upstream processes (the deployment's instances)")
@@ -139,7 +141,50 @@ def host_gateway(a: argparse.Namespace) -> None:
 
     workers = a.workers[0]
 
+    async def byte_proxy() -> None:
+        """The floor: two sockets spliced by their protocols' callbacks (a read of one is a write to the other)."""
+        host, port = a.upstream[0].removeprefix("http://").rsplit(":", 1)
+        loop = asyncio.get_running_loop()
+
+        class Side(asyncio.Protocol):
+            def __init__(self) -> None:
+                self.transport: asyncio.Transport | None = None
+                self.peer: Side | None = None
+                self.pending: list[bytes] = []
+
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                self.transport = transport  # type: ignore[assignment]
+
+            def data_received(self, data: bytes) -> None:
+                if self.peer is not None and self.peer.transport is not None:
+                    self.peer.transport.write(data)
+                else:
+                    self.pending.append(data)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if self.peer is not None and self.peer.transport is not None:
+                    self.peer.transport.close()
+
+        class Front(Side):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                super().connection_made(transport)
+                self.linking = loop.create_task(self.link())  # (held: a task nobody holds may be collected)
+
+            async def link(self) -> None:
+                _, back = await loop.create_connection(Side, host, int(port))
+                back.peer, self.peer = self, back
+                for data in self.pending:
+                    assert back.transport is not None
+                    back.transport.write(data)
+                self.pending = []
+
+        server = await loop.create_server(Front, "127.0.0.1", a.port)
+        await server.serve_forever()
+
     async def main() -> None:
+        if workers < 0:
+            await byte_proxy()
+            return
         admission = Admission(256, 30.0, deployment_id=1, deployment="stub")
         admission.routing = "least_outstanding"
         for i, url in enumerate(a.upstream):
@@ -228,7 +273,9 @@ def run(a: argparse.Namespace) -> int:
             finally:
                 os.killpg(host.pid, 15)
                 host.wait(30)
-            row = {"path": "engine's port" if workers == 0 else f"{workers} workers", "workers": workers, **figures,
+            path = ("engine's port" if workers == 0 else "byte proxy (the floor)" if workers < 0
+                    else f"{workers} workers")
+            row = {"path": path, "workers": workers, **figures,
                    "gateway_cores": cores,
                    "cpu_pct_per_1k_tok_s": 100 * cores / (figures["tokens_per_s"] / 1000)
                    if figures["tokens_per_s"] else None}
