@@ -19,7 +19,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.schemas import BenchmarkRunOut, GatewayWorkerOut, StatusOut
+from engine.schemas import BenchmarkRunOut, GatewayCounts, GatewayWorkerOut, StatusOut
 from engine.vllm import group_members
 from tests.system.test_adapters_system import ADAPTER, register_demo_adapter
 from tests.testkit.engine import COLD_START_S, ENGINE_ONLY_ENV, HF_TOKEN, EngineHandle
@@ -261,8 +261,13 @@ def test_max_num_seqs_within_its_ceiling_takes_effect_without_a_restart(engine: 
             # requests let in under the higher cap end as they would; none more are let in meanwhile
             wait_until(lambda: engine.client.status().gateway.in_flight <= seqs, 60, every=0.05,  # noqa: B023
                        what=f"the requests in flight down to {seqs}")
-            seen = [engine.client.status().gateway for _ in range(20)]
-            assert max(g.in_flight for g in seen) <= seqs and max(g.waiting for g in seen) > 0  # held to it
+            # held to it: never more in flight, and some wait (8 clients; looked at until one is seen waiting,
+            # as 20 looks in a row once found none between requests on CI)
+            seen: list[GatewayCounts] = []
+            deadline = time.monotonic() + 30
+            while not any(g.waiting for g in seen) and time.monotonic() < deadline:
+                seen.append(engine.client.status().gateway)
+            assert max(g.in_flight for g in seen) <= seqs and max(g.waiting for g in seen) > 0, seen[-3:]
         outcomes = load.stop()
         assert all(o.ok for o in outcomes), [o for o in outcomes if not o.ok][:3]
     finally:
@@ -347,10 +352,16 @@ def test_benchmark_sweep_is_stored_under_its_revision(engine: EngineHandle) -> N
         assert level.completed == 6 and level.failed == 0 and (level.output_throughput or 0) > 0
         assert (level.p95_e2el_ms or 0) >= (level.p50_e2el_ms or 0) > 0
         assert level.tokens_per_joule is None  # no GPU energy counter here, so no invented figure
-        # fresh prompts: vLLM looked up every prompt token in its prefix cache (its /metrics counters over the
-        # level) and found next to none there; no warning
+        # vLLM looked up every prompt token in its prefix cache (its /metrics counters over the level), and a level
+        # past 20 % of them found there says it measured the cache, no other way round
         assert level.prefix_cache_queries is not None and level.prefix_cache_queries >= 6 * 100
-        assert level.prefix_cache_hit_pct is not None and level.prefix_cache_hit_pct <= 20 and not level.warnings
+        assert level.prefix_cache_hit_pct is not None
+        assert bool(level.warnings) == (level.prefix_cache_hit_pct > 20), (level.prefix_cache_hit_pct, level.warnings)
+    # fresh prompts: next to none found in the cache. Random prompts of the demo model's 2,048-token vocabulary can
+    # still begin alike now and then (CI, 2026-12-06: one level of 6 prompts at 33 %, with its warning), so one
+    # level may; prompts sent again (one seed for both) would put both far past it
+    assert min(lv.prefix_cache_hit_pct or 0 for lv in done.results) <= 20, [lv.prefix_cache_hit_pct
+                                                                           for lv in done.results]
     seeds = [lv.seed for lv in done.results]
     assert None not in seeds and len(set(seeds)) == 2  # each level its own prompts (they were both seed 0)
     listed = engine.client.benchmarks(revision=status.running_revision)
