@@ -264,10 +264,13 @@ def test_max_num_seqs_within_its_ceiling_takes_effect_without_a_restart(engine: 
             # held to it: never more in flight, and some wait (8 clients; looked at until one is seen waiting,
             # as 20 looks in a row once found none between requests on CI)
             seen: list[GatewayCounts] = []
-            deadline = time.monotonic() + 30
-            while not any(g.waiting for g in seen) and time.monotonic() < deadline:
+
+            def one_waits(seen: list[GatewayCounts] = seen) -> bool:  # (called in this turn of the loop)
                 seen.append(engine.client.status().gateway)
-            assert max(g.in_flight for g in seen) <= seqs and max(g.waiting for g in seen) > 0, seen[-3:]
+                return seen[-1].waiting > 0
+
+            wait_until(one_waits, 30, every=0.05, what=f"a request waiting for one of the {seqs} slots")
+            assert max(g.in_flight for g in seen) <= seqs, seen
         outcomes = load.stop()
         assert all(o.ok for o in outcomes), [o for o in outcomes if not o.ok][:3]
     finally:
