@@ -21,15 +21,18 @@ DEMO_LORA := $(DATA_DIR)/models/demo-lora/adapter_config.json
 run: $(STAMP) $(DEMO) $(DEMO_LORA)
 	$(BIN)/llmops up --data-dir $(DATA_DIR)
 
-# Every tier this machine can run, cheapest first (tests/conftest.py): unit, service (SQLite and PostgreSQL),
-# serving, console, then system and browser with the real vLLM, and gpu where NVML finds one. The run ends with the
-# time each tier took.
+# Every tier this machine can run (tests/conftest.py): unit, service (SQLite and PostgreSQL), serving, console, then
+# system and browser with the real vLLM, and gpu where NVML finds one. The run ends with the time each tier took.
+# Two workers without a GPU: one runs the session engine's journeys (system and browser, in a row), the other the
+# tiers below beside them, where the real vLLM's starts leave about a core idle. On a GPU host one worker: its real
+# vLLM servers share the one GPU and must not start side by side. TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= $(if $(HAS_GPU),0,2)
 test: $(STAMP) $(DEMO) $(DEMO_LORA) lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS)
 
 # The tiers without a real vLLM (about five minutes on two cores): what to run after each change.
 fast: $(STAMP)
-	$(BIN)/pytest tests/unit tests/service tests/serving tests/console
+	$(BIN)/pytest -n $(TEST_WORKERS) tests/unit tests/service tests/serving tests/console
 
 setup: $(STAMP) $(DEMO) $(DEMO_LORA)
 

@@ -59,6 +59,8 @@ def follow(drawn: tuple[tuple[str, str, bool, int], ...]) -> None:
     except ClientError:
         return  # the page said so when it was drawn; the next poll tries again
     if now != drawn:
+        if flash:  # the page redraws itself, not at anyone's action: what the last action said stays said
+            st.session_state["dep_flash"] = flash
         st.rerun(scope="app")
 
 

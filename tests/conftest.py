@@ -46,8 +46,48 @@ def tier_of(path: Path) -> str | None:
     return part if part in TIERS else None
 
 
+# The modules of the tiers with a real vLLM whose tests start engines of their own rather than the session's.
+OWN_ENGINES = frozenset({"tests/system/test_fleet.py", "tests/system/test_postgres_engine.py",
+                         "tests/system/test_up.py"})
+
+
+def xdist_scope(nodeid: str) -> str:
+    """What one worker of ``pytest -n N`` (make test's two) runs in a row, from a test's id: every test of the
+    session's real engine, one scope (the engine starts once, and its journeys follow each other as written); a
+    module of OWN_ENGINES, one scope (its module-scoped cluster starts once); any other test, itself. A module that
+    starts its own engine but is not listed runs with the session's, as before: correct, only less parallel."""
+    path = nodeid.split("::", 1)[0]
+    if tier_of(TESTS.parent / path) not in ("system", "browser", "gpu"):
+        return nodeid
+    return path if path in OWN_ENGINES else "engine"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's load-by-scope scheduling, the largest scope first, with the scopes of ``xdist_scope`` (xdist's own
+    ``xdist_group`` marks do not reach its scheduler under pytest 9.2: the worker suffixes a field the id no longer
+    reads)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierScheduling(LoadScopeScheduling):  # type: ignore[misc]  # (xdist has no types)
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return TierScheduling(config, log)
+
+
+def _own_id(item: pytest.Item) -> None:
+    """schemathesis names each API operation's item (``test_x[GET /path]``) after pytest has made the item's id from
+    the function's name; under pytest 9.2 the id no longer follows the name, and every operation's item shared its
+    function's id: xdist, which schedules by id, ran one of each function's 90. The id of its own name again."""
+    node_id = getattr(item, "_id", None)
+    if node_id is None or item.parent is None or item.nodeid.endswith("::" + item.name):
+        return
+    item._id = item.parent.id.child(item.name)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        _own_id(item)
         tier = tier_of(item.path)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))

@@ -13,6 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from engine.client import EngineClient, Run, route_through
 from engine.db import BenchmarkRun
+from engine.schemas import DeploymentOut
 from engine.vllm import free_port
 from tests.testkit.console import ADMIN_PASSWORD, InProcessEngine, in_process_engine
 from tests.testkit.wait import wait_until
@@ -573,6 +574,36 @@ def test_deployments_page_creates_disables_and_deletes_after_confirmation(consol
     assert name not in {d.name for d in c.deployments()}
     assert not any(n.startswith(name) for n in at.dataframe[0].value["name"])
 
+
+
+def test_what_an_action_said_stays_when_the_page_redraws_itself_at_once(console_env: EngineHandle,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page redraws itself when a deployment changes under it; a change just after an action (a deployment
+    enabled starts at once) redrew it before anyone read "Enabled …", which went (a console test under load)."""
+    c = console_env.client
+    name = "pages-flash"
+    row = c.create_deployment(name, {"model": c.settings().values.model, "max_num_seqs": 2}, enabled=False)
+    try:
+        at = page("deployments", console_env.token)
+        real = EngineClient.deployments
+        calls = 0
+
+        def moving(self: EngineClient) -> list[DeploymentOut]:
+            nonlocal calls
+            calls += 1
+            rows = real(self)
+            if calls in (2, 3):  # the page's looks after its first in the run after the click: it has moved on
+                rows = [r.model_copy(update={"serving": r.serving + 1}) if r.name == name else r for r in rows]
+            return rows
+
+        monkeypatch.setattr(EngineClient, "deployments", moving)
+        at.button(key=f"dep_enable_{row.id}").click().run()
+        assert not at.exception
+        assert calls > 3  # the page did redraw itself: looked again after its three looks
+        assert f"Enabled **{name}**" in "\n".join(s.value for s in at.success)
+    finally:
+        monkeypatch.undo()
+        c.delete_deployment(name, confirm=name)
 
 
 def test_the_overview_sends_clients_to_the_gateway_workers_when_the_engine_has_them(

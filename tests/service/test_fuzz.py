@@ -23,7 +23,9 @@ from tests.testkit.db import row_counts
 from tests.testkit.engine import ADMIN_PASSWORD
 from tests.testkit.postgres import bindir_or_skip, fresh_database, shared_server
 
-DATA = Path(__file__).resolve().parent.parent / "artifacts" / "fuzz-data"
+# a folder per xdist worker (make test's two): each collects this module and makes its own apps
+DATA = (Path(__file__).resolve().parent.parent / "artifacts" / "fuzz-data"
+        / os.environ.get("PYTEST_XDIST_WORKER", "main"))
 COUNTED = ("revision", "user", "api_token", "saved_prompt", "benchmark_run")
 
 
