@@ -40,7 +40,9 @@ END = b"\r\n0\r\n\r\n"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2], help="worker counts to measure, in turn; "
                    "-1: a byte proxy instead of the gateway (the floor of a relay in Python: each read from the stub "
-                   "written on to the client from the socket's callback, nothing parsed, no task)")
+                   "written on to the client from the socket's callback, nothing parsed, no task); -2: the engine's "
+                   "port with the stream relayed per event (a task wake-up and an ASGI send each), as before "
+                   "2026-12-06")
     p.add_argument("--clients", type=int, default=64, help="streaming clients at once")
     p.add_argument("--tokens", type=int, default=256, help="tokens a request asks for (one event each)")
     p.add_argument("--stubs", type=int, default=1, help="stub upstream processes (the deployment's instances)")
@@ -182,7 +184,7 @@ def host_gateway(a: argparse.Namespace) -> None:
         await server.serve_forever()
 
     async def main() -> None:
-        if workers < 0:
+        if workers == -1:
             await byte_proxy()
             return
         admission = Admission(256, 30.0, deployment_id=1, deployment="stub")
@@ -190,7 +192,11 @@ def host_gateway(a: argparse.Namespace) -> None:
         for i, url in enumerate(a.upstream):
             await admission.open(url, revision=1, instance=f"s{i}")
         keys = GatewayKeys(None, RateLimiter(), False)  # type: ignore[arg-type]  # no key asked: never consulted
-        if workers == 0:
+        if workers <= 0:
+            if workers == -2:
+                from engine.gateway import proxy
+
+                proxy.RELAY_FROM_CALLBACK = False
             path = DataPath(Gateway(lambda _: admission, 600.0, NoLedger()), keys, BodyLimits(1 << 20, 30.0, 64))
             server = uvicorn.Server(uvicorn.Config(path, host="127.0.0.1", port=a.port, log_level="warning",
                                                    lifespan="off", http=edge_protocol(HeadLimits())))
@@ -273,8 +279,8 @@ def run(a: argparse.Namespace) -> int:
             finally:
                 os.killpg(host.pid, 15)
                 host.wait(30)
-            path = ("engine's port" if workers == 0 else "byte proxy (the floor)" if workers < 0
-                    else f"{workers} workers")
+            path = ("engine's port" if workers == 0 else "byte proxy (the floor)" if workers == -1
+                    else "engine's port, relayed per event (before)" if workers == -2 else f"{workers} workers")
             row = {"path": path, "workers": workers, **figures,
                    "gateway_cores": cores,
                    "cpu_pct_per_1k_tok_s": 100 * cores / (figures["tokens_per_s"] / 1000)

@@ -28,6 +28,7 @@ from urllib.parse import parse_qsl, urlencode
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Message, Receive, Send
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from engine.bodies import V1Body
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
@@ -214,6 +215,12 @@ def short_error(status: int, start: bytes, size: int | None) -> bytes:
     told = f"{size:,} bytes" if size is not None else f"over {ERROR_BODY_LIMIT:,} bytes"
     note = f" [vLLM's error answer was {told}; cut to the start of its message]"
     return _error(status, message[:ERROR_MESSAGE_KEEP] + "…" + note, _KINDS.get(status, "upstream_error"))
+
+
+# Streams under uvicorn's HTTP/1.1 cycle relayed from vLLM's socket callback (``_direct``). False: one task
+# wake-up and one ASGI send per event, as before 2026-12-06; only `python -m bench relay-ceiling --workers -2` sets
+# it, to measure both in one run.
+RELAY_FROM_CALLBACK = True
 
 
 class StreamMeter:
@@ -477,23 +484,20 @@ class Gateway:
 
     async def _relay(self, conn: Connection, head: Head, meter: StreamMeter, headers: list[tuple[bytes, bytes]],
                      client_receive: Receive, send: Send, rec: Record, t0: float) -> None:
-        """Pass a stream on as it comes: one read, one send per event. A client that hangs up ends the upstream
-        request too (its connection is closed, and vLLM aborts the request)."""
+        """Pass a stream on as it comes. A client that hangs up ends the upstream request too (its connection is
+        closed, and vLLM aborts the request). Under uvicorn's own HTTP/1.1 cycle (the engine's and the workers'
+        servers) each read of vLLM's socket is written to the client's from the socket's callback (``_direct``);
+        under any other ASGI server, one read and one send per event."""
         gone = asyncio.ensure_future(_disconnected(client_receive))
         try:
             await send({"type": "http.response.start", "status": head.status, "headers": headers})
-            first = True
+            cycle = getattr(send, "__self__", None)
             try:
-                while data := await conn.read():
-                    if first:
-                        rec.ttft_s = time.monotonic() - t0
-                        first = False
-                    out = meter.feed(data)
-                    if out:
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
-                    if gone.done():
-                        meter.error = "the client disconnected"
+                if RELAY_FROM_CALLBACK and isinstance(cycle, RequestResponseCycle) and cycle.chunked_encoding:
+                    if not await _direct(conn, cycle, meter, gone, rec, t0):
                         return
+                elif not await _by_events(conn, send, meter, gone, rec, t0):
+                    return
             except UpstreamError as exc:  # vLLM died, timed out or garbled its answer mid-stream
                 meter.error = f"vLLM failed during the stream: {exc}"
                 await send({"type": "http.response.body", "more_body": True,
@@ -501,6 +505,62 @@ class Gateway:
             await send({"type": "http.response.body", "body": meter.rest(), "more_body": False})
         finally:
             gone.cancel()
+
+
+async def _by_events(conn: Connection, send: Send, meter: StreamMeter, gone: asyncio.Future[None], rec: Record,
+                     t0: float) -> bool:
+    """One read, one ASGI send per event; False if the client left."""
+    first = True
+    while data := await conn.read():
+        if first:
+            rec.ttft_s = time.monotonic() - t0
+            first = False
+        out = meter.feed(data)
+        if out:
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+        if gone.done():
+            meter.error = "the client disconnected"
+            return False
+    return True
+
+
+async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMeter, gone: asyncio.Future[None],
+                  rec: Record, t0: float) -> bool:
+    """The stream written to the client's transport from vLLM's socket callback, in the chunked framing uvicorn
+    began with the head (it writes the last chunk): no task wake-up, no ASGI message per event. When the client's
+    transport is over its high-water mark, reading from vLLM pauses until it drains. False if the client left."""
+    transport, flow = cycle.transport, cycle.flow
+    first = True
+
+    def sink(data: bytes) -> bool:
+        nonlocal first
+        if first:
+            rec.ttft_s = time.monotonic() - t0
+            first = False
+        out = meter.feed(data)
+        if out and not cycle.disconnected:
+            transport.write(b"%x\r\n%b\r\n" % (len(out), out))
+        return not flow.write_paused
+
+    def wake(_: asyncio.Future[None]) -> None:
+        conn.wake()
+
+    gone.add_done_callback(wake)
+    conn.relay_to(sink)
+    try:
+        while True:
+            ended = await conn.relay_wait()
+            if gone.done() or cycle.disconnected:
+                meter.error = "the client disconnected"
+                return False
+            if ended:
+                return True
+            if conn.relay_full:
+                await flow.drain()
+                conn.relay_resume()
+    finally:
+        conn.relay_to(None)
+        gone.remove_done_callback(wake)  # the connection goes back to the pool: another request's from now on
 
 
 async def _release(upstream: Upstream, used: int | None, flow: str | None) -> None:

@@ -17,6 +17,7 @@ import asyncio
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, cast
 from urllib.parse import urlsplit
@@ -75,6 +76,9 @@ class Connection(asyncio.Protocol):
         self._last_data = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._paused = False
+        # relay_to's: the body goes to the sink from the socket's callback; full while its client cannot take more
+        self._sink: Callable[[bytes], bool] | None = None
+        self._sink_full = False
         # Asked once: asyncio.get_running_loop() costs a getpid() call per use on Python 3.11, once per event
         # when asked in read() (3 % of the loop's samples under 64 streams, py-spy).
         self._loop = asyncio.get_running_loop()
@@ -108,6 +112,17 @@ class Connection(asyncio.Protocol):
         except UpstreamError as exc:
             self._fail(exc)
             self._close()
+        sink = self._sink
+        if sink is not None:
+            if self._body:
+                body = self._body
+                data = body[0] if len(body) == 1 else b"".join(body)
+                body.clear()
+                self._body_size = 0
+                if not sink(data):
+                    self._hold()
+            if not (self._sink_full or self._error is not None or self._state == "done"):
+                return  # the relay sleeps until something other than data happens
         self._wake()
         if self._body_size > PAUSE_AT and not self._paused and self.transport is not None:
             self._paused = True
@@ -231,6 +246,8 @@ class Connection(asyncio.Protocol):
         self._timer = None
         if self._state in ("idle", "done"):
             return
+        if self._paused:  # reading is paused for a client that cannot keep up: the wait is the client's, not vLLM's
+            self._last_data = time.monotonic()
         idle = time.monotonic() - self._last_data
         if idle >= self.read_timeout_s:
             self._fail(UpstreamTimeoutError(f"vLLM sent nothing for {self.read_timeout_s:g} s",
@@ -290,6 +307,54 @@ class Connection(asyncio.Protocol):
 
     def _ended(self) -> bool:
         return self._state == "done"
+
+    # --- a stream relayed from the socket's callback -------------------------------------------------------------
+
+    def relay_to(self, sink: Callable[[bytes], bool] | None) -> None:
+        """While ``sink`` is set, the body goes to it from the socket's callback as each read arrives, with no
+        wake-up of the task that relays (a turn of the loop per event less); ``sink`` returns False when its
+        client can take no more, and reading from vLLM pauses until ``relay_resume``. ``relay_wait`` waits for
+        what is not data. None ends it."""
+        self._sink = sink
+        if sink is None:
+            self._sink_full = False
+            return
+        if self._body:
+            data = b"".join(self._body)
+            self._body.clear()
+            self._body_size = 0
+            if not sink(data):
+                self._hold()
+
+    def _hold(self) -> None:
+        self._sink_full = True
+        if not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    @property
+    def relay_full(self) -> bool:
+        """The sink's client could take no more: reading is paused."""
+        return self._sink_full
+
+    def relay_resume(self) -> None:
+        self._sink_full = False
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+
+    async def relay_wait(self) -> bool:
+        """Until the body ended (True), the sink is full or ``wake`` was called (False); UpstreamError if the
+        answer broke."""
+        if self._error is None and not self._ended() and not self._sink_full:
+            await self._until(False)
+        if self._error is not None:
+            raise self._error
+        return self._ended()
+
+    def wake(self) -> None:
+        """Ends a ``relay_wait`` (its caller has something else to look at: a client that left)."""
+        self._wake()
 
     def finish(self) -> None:
         """The caller is done with this response: back to the pool if it was read to its end, else closed."""

@@ -1,0 +1,215 @@
+"""A stream through the data path under a real uvicorn with the edge protocol, as the engine and its workers serve
+it: each read of vLLM's socket is written to the client's from the socket's callback (engine/gateway/proxy.py,
+``_direct``). What a client sees must not change: every event in order, vLLM's usage chunk hidden when it did not
+ask, a client that reads slowly holding back vLLM rather than the gateway's memory, a client that hangs up ending
+vLLM's request. The upstream is scripted (named as such: a socket that writes what the test says, not vLLM)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from starlette.types import Receive, Scope, Send
+
+from engine.access import GatewayKeys, RateLimiter
+from engine.edge import HeadLimits, edge_protocol
+from engine.gateway import Admission, BodyLimits, DataPath, Gateway
+from engine.gateway import proxy as proxy_module
+from tests.testkit.served import serving
+from tests.testkit.wait import wait_until
+from tests.unit.test_datapath import FakeAuth
+
+REQUEST = b'{"stream": true, "prompt": "x"}'
+
+
+class ScriptedUpstream:
+    """One connection, one chunked answer of ``events`` ``pace_s`` apart (a thread with a blocking socket). It
+    notes what it wrote, since when its writes block (the reader stopped reading), and whether the reader closed."""
+
+    def __init__(self, events: list[bytes], pace_s: float = 0.0) -> None:
+        self.events = events
+        self.pace_s = pace_s
+        self.written = 0
+        self.blocked_since: float | None = None
+        self.closed_by_peer = threading.Event()
+        self.finished = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(65536)
+            raw_head, _, body = head.partition(b"\r\n\r\n")
+            length = next(int(line.split(b":")[1]) for line in raw_head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            while len(body) < length:
+                body += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            conn.settimeout(0.2)
+            pause = threading.Event()
+            try:
+                for event in [*self.events, b"data: [DONE]\n\n"]:
+                    self._write(conn, b"%x\r\n%b\r\n" % (len(event), event))
+                    if self.pace_s:
+                        pause.wait(self.pace_s)
+                self._write(conn, b"0\r\n\r\n")
+                self.finished.set()
+            except (BrokenPipeError, ConnectionResetError):
+                self.closed_by_peer.set()
+
+    def _write(self, conn: socket.socket, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                sent = conn.send(view)
+            except TimeoutError:
+                if self.blocked_since is None:
+                    self.blocked_since = time.monotonic()
+                continue
+            self.blocked_since = None
+            self.written += sent
+            view = view[sent:]
+
+
+class Recorded:
+    """The request ledger, as far as the gateway writes to it."""
+
+    def __init__(self) -> None:
+        self.records: list[Any] = []
+
+    def record(self, rec: Any) -> None:
+        self.records.append(rec)
+
+    def sample_prompt(self) -> bool:
+        return False
+
+
+class OpenedPath:
+    """The data path with its admission opened on uvicorn's own loop (at the first request)."""
+
+    def __init__(self, url: str, upstream_timeout_s: float = 5.0) -> None:
+        self.url = url
+        self.admission = Admission(4, 1)
+        keys = GatewayKeys(FakeAuth(), RateLimiter(), False)  # type: ignore[arg-type]
+        self.path = DataPath(Gateway(lambda _: self.admission, upstream_timeout_s), keys,
+                             BodyLimits(1 << 20, 2.0, 64))
+        self.ledger = Recorded()
+        self.path.gateway.ledger = self.ledger
+        self.opened = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        if not self.opened:
+            await self.admission.open(self.url, 1)
+            self.opened = True
+        await self.path(scope, receive, send)
+
+
+@contextmanager
+def gateway(upstream: ScriptedUpstream, upstream_timeout_s: float = 5.0) -> Iterator[tuple[int, OpenedPath]]:
+    app = OpenedPath(upstream.url, upstream_timeout_s)
+    with serving(app, edge_protocol(HeadLimits())) as port:
+        yield port, app
+
+
+def ask(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n%b" % (len(REQUEST), REQUEST))
+    return sock
+
+
+def read_stream(sock: socket.socket) -> tuple[bytes, bytes]:
+    """The head and the de-chunked body of a chunked answer, read to its last chunk."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += sock.recv(65536)
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower(), head
+    body = bytearray()
+    while True:
+        while b"\r\n" not in rest:
+            rest += sock.recv(1 << 20)
+        line, _, rest = rest.partition(b"\r\n")
+        size = int(line, 16)
+        while len(rest) < size + 2:
+            rest += sock.recv(1 << 20)
+        assert rest[size:size + 2] == b"\r\n"
+        if size == 0:
+            return head, bytes(body)
+        body += rest[:size]
+        rest = rest[size + 2:]
+
+
+def token(i: int, pad: int = 0) -> bytes:
+    return b"data: " + json.dumps({"choices": [{"text": f"t{i}", "index": 0}], "pad": "x" * pad}).encode() + b"\n\n"
+
+
+@pytest.fixture
+def only_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream must take the direct path: the per-event one fails the test if it is used."""
+    def per_event(*args: object) -> bool:
+        raise AssertionError("the stream was relayed per event, not from the socket's callback")
+
+    monkeypatch.setattr(proxy_module, "_by_events", per_event)
+
+
+@pytest.mark.usefixtures("only_direct")
+def test_every_event_arrives_in_order_and_the_usage_it_did_not_ask_for_is_hidden_but_metered() -> None:
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":40,"total_tokens":43}}\n\n'
+    events = [token(i) for i in range(40)] + [usage]
+    upstream = ScriptedUpstream(events, pace_s=0.001)
+    with gateway(upstream) as (port, app), ask(port) as sock:
+        head, body = read_stream(sock)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert body == b"".join(token(i) for i in range(40)) + b"data: [DONE]\n\n"  # no usage: not asked for
+        wait_until(lambda: app.ledger.records and app.admission.in_flight == 0, 10, what="the request settled")
+        rec = app.ledger.records[0]
+        assert (rec.input_tokens, rec.output_tokens, rec.error) == (3, 40, None)
+        assert rec.ttft_s is not None and rec.ttft_s > 0
+
+
+@pytest.mark.usefixtures("only_direct")
+def test_a_client_that_stops_reading_holds_back_vllm_past_the_read_timeout_and_still_gets_every_byte() -> None:
+    # 2,048 events of 16 KiB (32 MiB): more than the sockets' and the transport's buffers hold together
+    events = [token(i, pad=16_000) for i in range(2048)]
+    upstream = ScriptedUpstream(events)
+    with gateway(upstream, upstream_timeout_s=1.0) as (port, app), ask(port) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        # the client reads nothing: the gateway stops reading from vLLM, whose writes block
+        wait_until(lambda: upstream.blocked_since is not None, 20, what="the upstream's writes blocking")
+        assert upstream.written < sum(map(len, events)) * 0.75
+        # longer than the gateway's read timeout (1 s): the wait is the client's, not vLLM's, and is not timed out
+        wait_until(lambda: upstream.blocked_since is not None and time.monotonic() - upstream.blocked_since > 1.5,
+                   20, every=0.1, what="the upstream blocked past the read timeout")
+        _, body = read_stream(sock)
+        assert body == b"".join(events) + b"data: [DONE]\n\n"
+        assert upstream.finished.is_set()
+        wait_until(lambda: app.ledger.records, 10, what="the request recorded")
+        assert app.ledger.records[0].error is None
+
+
+@pytest.mark.usefixtures("only_direct")
+def test_a_client_that_hangs_up_mid_stream_ends_vllms_request_and_frees_the_slot() -> None:
+    upstream = ScriptedUpstream([token(i) for i in range(10_000)], pace_s=0.005)
+    with gateway(upstream) as (port, app):
+        with ask(port) as sock:
+            got = b""
+            while got.count(b"data: {") < 5:
+                got += sock.recv(65536)
+        assert upstream.closed_by_peer.wait(10), "vLLM's request went on after the client hung up"
+        wait_until(lambda: app.ledger.records and app.admission.in_flight == 0, 10, what="the slot freed")
+        rec = app.ledger.records[0]
+        assert rec.error == "the client disconnected" and rec.output_tokens is not None and rec.output_tokens >= 5
