@@ -528,7 +528,8 @@ async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMe
                   rec: Record, t0: float) -> bool:
     """The stream written to the client's transport from vLLM's socket callback, in the chunked framing uvicorn
     began with the head (it writes the last chunk): no task wake-up, no ASGI message per event. When the client's
-    transport is over its high-water mark, reading from vLLM pauses until it drains. False if the client left."""
+    transport is over its high-water mark, reading from vLLM pauses until it drains; a client that takes nothing for
+    upstream_timeout_s is cut off. False if the client left or was cut off."""
     transport, flow = cycle.transport, cycle.flow
     first = True
 
@@ -556,7 +557,14 @@ async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMe
             if ended:
                 return True
             if conn.relay_full:
-                await flow.drain()
+                try:
+                    async with asyncio.timeout(conn.read_timeout_s):
+                        await flow.drain()
+                except TimeoutError:  # a client that takes nothing holds a slot and a sequence of vLLM's: ended
+                    meter.error = (f"the client took nothing for {conn.read_timeout_s:g} s (upstream_timeout_s): "
+                                   "its stream was ended")
+                    transport.abort()  # (close() would wait to send what it holds, to a client that reads nothing)
+                    return False
                 conn.relay_resume()
     finally:
         conn.relay_to(None)

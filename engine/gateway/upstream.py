@@ -246,7 +246,7 @@ class Connection(asyncio.Protocol):
         self._timer = None
         if self._state in ("idle", "done"):
             return
-        if self._paused:  # reading is paused for a client that cannot keep up: the wait is the client's, not vLLM's
+        if self._paused and self._sink is not None:  # paused for a client that takes nothing: the relay bounds that
             self._last_data = time.monotonic()
         idle = time.monotonic() - self._last_data
         if idle >= self.read_timeout_s:
