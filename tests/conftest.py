@@ -113,7 +113,7 @@ _TIER_TIMES: dict[str, list[float]] = {}  # tier → [seconds of its tests' setu
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    tier = tier_of(TESTS.parent / report.location[0])
+    tier = tier_of(TESTS.parent / report.nodeid.split("::", 1)[0])  # (schemathesis's items are located in its own code)
     if tier is not None:
         spans = _TIER_TIMES.setdefault(tier, [0.0, 0.0])
         spans[0] += report.duration
@@ -125,6 +125,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     if not times:
         return
     terminalreporter.section("time per tier")
+    workers = getattr(config.option, "numprocesses", None)
+    if workers:
+        terminalreporter.write_line(f"(the tests' own times: on {workers} workers side by side they add up to more "
+                                    "than the run's)")
     for tier in TIERS:
         if tier in times:
             seconds, count = times[tier]
