@@ -22,7 +22,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode
 
 import msgspec
@@ -492,17 +492,26 @@ class Gateway:
         try:
             await send({"type": "http.response.start", "status": head.status, "headers": headers})
             cycle = getattr(send, "__self__", None)
+            direct = RELAY_FROM_CALLBACK and isinstance(cycle, RequestResponseCycle) and bool(cycle.chunked_encoding)
             try:
-                if RELAY_FROM_CALLBACK and isinstance(cycle, RequestResponseCycle) and cycle.chunked_encoding:
-                    if not await _direct(conn, cycle, meter, gone, rec, t0):
+                if direct:
+                    if not await _direct(conn, cast(RequestResponseCycle, cycle), meter, gone, rec, t0):
                         return
                 elif not await _by_events(conn, send, meter, gone, rec, t0):
                     return
+                tail = meter.rest()
             except UpstreamError as exc:  # vLLM died, timed out or garbled its answer mid-stream
                 meter.error = f"vLLM failed during the stream: {exc}"
-                await send({"type": "http.response.body", "more_body": True,
-                            "body": b"data: " + _error(502, meter.error, "upstream_error") + b"\n\n"})
-            await send({"type": "http.response.body", "body": meter.rest(), "more_body": False})
+                tail = b"data: " + _error(502, meter.error, "upstream_error") + b"\n\n" + meter.rest()
+            if not direct:
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
+                return
+            try:  # the last bytes wait for a client that takes them, as long as the stream's did and no longer
+                async with asyncio.timeout(conn.read_timeout_s):
+                    await send({"type": "http.response.body", "body": tail, "more_body": False})
+            except TimeoutError:
+                meter.error = _stalled(conn.read_timeout_s)
+                cast(RequestResponseCycle, cycle).transport.abort()
         finally:
             gone.cancel()
 
@@ -550,7 +559,7 @@ async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMe
     conn.relay_to(sink)
     try:
         while True:
-            ended = await conn.relay_wait()
+            ended = False if gone.done() or cycle.disconnected else await conn.relay_wait()
             if gone.done() or cycle.disconnected:
                 meter.error = "the client disconnected"
                 return False
@@ -561,14 +570,17 @@ async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMe
                     async with asyncio.timeout(conn.read_timeout_s):
                         await flow.drain()
                 except TimeoutError:  # a client that takes nothing holds a slot and a sequence of vLLM's: ended
-                    meter.error = (f"the client took nothing for {conn.read_timeout_s:g} s (upstream_timeout_s): "
-                                   "its stream was ended")
+                    meter.error = _stalled(conn.read_timeout_s)
                     transport.abort()  # (close() would wait to send what it holds, to a client that reads nothing)
                     return False
                 conn.relay_resume()
     finally:
         conn.relay_to(None)
         gone.remove_done_callback(wake)  # the connection goes back to the pool: another request's from now on
+
+
+def _stalled(timeout_s: float) -> str:
+    return f"the client took nothing for {timeout_s:g} s (upstream_timeout_s): its stream was ended"
 
 
 async def _release(upstream: Upstream, used: int | None, flow: str | None) -> None:

@@ -316,15 +316,20 @@ class Connection(asyncio.Protocol):
         client can take no more, and reading from vLLM pauses until ``relay_resume``. ``relay_wait`` waits for
         what is not data. None ends it."""
         self._sink = sink
-        if sink is None:
-            self._sink_full = False
-            return
-        if self._body:
+        self._sink_full = False
+        if sink is not None and self._body:
             data = b"".join(self._body)
             self._body.clear()
             self._body_size = 0
             if not sink(data):
                 self._hold()
+                return
+        self._resume()  # a pause of read()'s buffer, or of the sink's last read (an answer ended while it was full)
+
+    def _resume(self) -> None:
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
 
     def _hold(self) -> None:
         self._sink_full = True
@@ -339,9 +344,7 @@ class Connection(asyncio.Protocol):
 
     def relay_resume(self) -> None:
         self._sink_full = False
-        if self._paused and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
+        self._resume()
 
     async def relay_wait(self) -> bool:
         """Until the body ended (True), the sink is full or ``wake`` was called (False); UpstreamError if the
@@ -361,6 +364,7 @@ class Connection(asyncio.Protocol):
         self._cancel_timer()
         head = self._head
         if self._state == "done" and not self.closed and head is not None and head.keep_alive and not self._buf:
+            self._resume()  # (an idle connection reads: bytes nobody asked for, or vLLM closing it)
             self._state = "idle"
             self.idle_since = time.monotonic()
             self.pool.put_back(self)

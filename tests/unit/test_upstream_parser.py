@@ -74,3 +74,66 @@ def test_a_chunk_without_its_crlf_is_an_error_on_either_path() -> None:
     for reads in ([HEAD + b"3\r\nabcXY0\r\n\r\n"], [HEAD, b"3\r\nabcXY0\r\n\r\n"]):
         _, error = received(reads)
         assert isinstance(error, UpstreamError) and "CRLF" in str(error)
+
+
+class Transport(Sink):
+    """A socket's transport that says whether reading is paused."""
+
+    def __init__(self) -> None:
+        self.paused = False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+def test_an_answer_that_ends_while_its_client_is_full_goes_back_to_the_pool_reading() -> None:
+    """Its last read came while the sink's client could take no more: reading paused, the answer done. Pooled so, the
+    next request on the connection never read its answer (a review found it: a 504 after upstream_timeout_s)."""
+
+    async def run() -> None:
+        pool = Pool("127.0.0.1", 1)
+        conn = Connection(pool, 30.0)
+        transport = Transport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.send(b"POST / HTTP/1.1\r\n\r\n", b"")
+        got: list[bytes] = []
+
+        def full_after_each(data: bytes) -> bool:  # a client that is full after every read
+            got.append(data)
+            return False
+
+        conn.relay_to(full_after_each)
+        conn.data_received(STREAM)
+        assert transport.paused and conn.relay_full
+        assert await conn.relay_wait()  # ended
+        conn.relay_to(None)
+        conn.finish()
+        assert b"".join(got) == b"".join(EVENTS)
+        assert pool.idle == [conn] and not transport.paused
+
+    asyncio.run(run())
+
+
+def test_a_body_buffered_past_the_pause_mark_is_read_on_once_a_sink_takes_it() -> None:
+    async def run() -> None:
+        conn = Connection(Pool("127.0.0.1", 1), 30.0)
+        transport = Transport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.send(b"POST / HTTP/1.1\r\n\r\n", b"")
+        big = b"data: " + b"x" * (5 << 20) + b"\n\n"
+        conn.data_received(HEAD + b"%x\r\n" % len(big) + big + b"\r\n")
+        assert transport.paused  # read()'s buffer is past PAUSE_AT
+        got: list[bytes] = []
+
+        def takes_all(data: bytes) -> bool:
+            got.append(data)
+            return True
+
+        conn.relay_to(takes_all)
+        assert got == [big] and not transport.paused
+        conn._cancel_timer()
+
+    asyncio.run(run())
