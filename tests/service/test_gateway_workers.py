@@ -19,8 +19,9 @@ import httpx
 import pytest
 
 from engine.access import GatewayKeys, Principal, RateLimiter
-from engine.gateway import Admission, Coordinator, KeyLimits, Policy, Record, WorkerPool, WorkerSpec
+from engine.gateway import Admission, Coordinator, KeyLimits, Policy, WorkerPool, WorkerSpec
 from engine.gateway.limits import Bounds
+from tests.testkit.ledger import Records
 from tests.testkit.served import read_until_closed
 from tests.testkit.stub_upstream import stub_upstream
 from tests.testkit.wait import eventually
@@ -39,17 +40,6 @@ class Keys:
         return {"good": Principal("k", "prompter", "gateway", 1),
                 "limited": Principal("l", "prompter", "gateway", 2, rate_limit_per_min=3),
                 "only-b": Principal("b", "prompter", "gateway", 3, deployments=("b",))}.get(token)
-
-
-class Records:
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-
-    def record(self, rec: Record) -> None:
-        self.records.append(rec)
-
-    def sample_prompt(self) -> bool:
-        return False
 
 
 def spec(keys_required: bool = False, max_bytes: int = 1 << 20) -> WorkerSpec:

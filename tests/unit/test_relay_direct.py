@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import pytest
 from starlette.types import Receive, Scope, Send
@@ -21,6 +20,7 @@ from engine.access import GatewayKeys, RateLimiter
 from engine.edge import HeadLimits, edge_protocol
 from engine.gateway import Admission, BodyLimits, DataPath, Gateway
 from engine.gateway import proxy as proxy_module
+from tests.testkit.ledger import Records
 from tests.testkit.served import serving
 from tests.testkit.wait import wait_until
 from tests.unit.test_datapath import FakeAuth
@@ -82,19 +82,6 @@ class ScriptedUpstream:
             view = view[sent:]
 
 
-class Recorded:
-    """The request ledger, as far as the gateway writes to it."""
-
-    def __init__(self) -> None:
-        self.records: list[Any] = []
-
-    def record(self, rec: Any) -> None:
-        self.records.append(rec)
-
-    def sample_prompt(self) -> bool:
-        return False
-
-
 class OpenedPath:
     """The data path with its admission opened on uvicorn's own loop (at the first request)."""
 
@@ -104,7 +91,7 @@ class OpenedPath:
         keys = GatewayKeys(FakeAuth(), RateLimiter(), False)  # type: ignore[arg-type]
         self.path = DataPath(Gateway(lambda _: self.admission, upstream_timeout_s), keys,
                              BodyLimits(1 << 20, 2.0, 64))
-        self.ledger = Recorded()
+        self.ledger = Records()
         self.path.gateway.ledger = self.ledger
         self.opened = False
 
