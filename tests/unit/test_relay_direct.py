@@ -32,8 +32,9 @@ class ScriptedUpstream:
     """One connection, one chunked answer of ``events`` ``pace_s`` apart (a thread with a blocking socket). It
     notes what it wrote, since when its writes block (the reader stopped reading), and whether the reader closed."""
 
-    def __init__(self, events: list[bytes], pace_s: float = 0.0) -> None:
+    def __init__(self, events: list[bytes], pace_s: float = 0.0, reads: list[bytes] | None = None) -> None:
         self.events = events
+        self.reads = reads  # instead of events: the body's raw bytes, framing and all, one write each
         self.pace_s = pace_s
         self.written = 0
         self.blocked_since: float | None = None
@@ -59,11 +60,11 @@ class ScriptedUpstream:
             conn.settimeout(0.2)
             pause = threading.Event()
             try:
-                for event in [*self.events, b"data: [DONE]\n\n"]:
-                    self._write(conn, b"%x\r\n%b\r\n" % (len(event), event))
+                chunks = [b"%x\r\n%b\r\n" % (len(e), e) for e in [*self.events, b"data: [DONE]\n\n"]]
+                for data in self.reads if self.reads is not None else [*chunks, b"0\r\n\r\n"]:
+                    self._write(conn, data)
                     if self.pace_s:
                         pause.wait(self.pace_s)
-                self._write(conn, b"0\r\n\r\n")
                 self.finished.set()
             except (BrokenPipeError, ConnectionResetError):
                 self.closed_by_peer.set()
@@ -166,6 +167,29 @@ def test_every_event_arrives_in_order_and_the_usage_it_did_not_ask_for_is_hidden
         rec = app.ledger.records[0]
         assert (rec.input_tokens, rec.output_tokens, rec.error) == (3, 40, None)
         assert rec.ttft_s is not None and rec.ttft_s > 0
+
+
+@pytest.mark.usefixtures("only_direct")
+def test_reads_of_any_shape_reach_the_client_as_events_in_order_the_usage_hidden_the_tokens_counted() -> None:
+    """vLLM's reads, one chunk each, go on in vLLM's own framing; reads of other shapes (two chunks, an event cut
+    across two chunks or two reads, a chunk with an extension, upper-case and zero-padded sizes) are parsed and
+    re-framed, and the usage chunk is taken out of a read of several events. The client sees the same events."""
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}\n\n'
+    ev = [token(i) for i in range(9)]
+
+    def chunk(data: bytes, size: bytes | None = None) -> bytes:
+        return (size or b"%x" % len(data)) + b"\r\n" + data + b"\r\n"
+
+    reads = [chunk(ev[0]), chunk(ev[1]) + chunk(ev[2]), chunk(ev[3][:9]), chunk(ev[3][9:]), chunk(ev[4])[:5],
+             chunk(ev[4])[5:], chunk(ev[5], b"%X" % len(ev[5])), chunk(ev[6], b"00%x" % len(ev[6])),
+             chunk(ev[7], b"%x;note=1" % len(ev[7])), chunk(ev[8] + usage), chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"]
+    upstream = ScriptedUpstream([], pace_s=0.005, reads=reads)
+    with gateway(upstream) as (port, app), ask(port) as sock:
+        _, body = read_stream(sock)
+        assert body == b"".join(ev) + b"data: [DONE]\n\n"
+        wait_until(lambda: app.ledger.records and app.admission.in_flight == 0, 10, what="the request settled")
+        rec = app.ledger.records[0]
+        assert (rec.input_tokens, rec.output_tokens, rec.error) == (3, 9, None)
 
 
 @pytest.mark.usefixtures("only_direct")

@@ -137,3 +137,80 @@ def test_a_body_buffered_past_the_pause_mark_is_read_on_once_a_sink_takes_it() -
         conn._cancel_timer()
 
     asyncio.run(run())
+
+
+def relayed(reads: list[bytes], takes_whole: bool = True, wait: bool = True) -> tuple[list[bytes], list[bytes], bool]:
+    """What a relay's ``whole`` (chunks, framing and all) and its ``sink`` got for ``reads``, in the order they got it
+    (a tag each: b"W" or b"S" first), and whether the body ended (waited for, with ``wait``)."""
+
+    async def run() -> tuple[list[bytes], list[bytes], bool]:
+        conn = Connection(Pool("127.0.0.1", 1), 30.0)
+        conn.connection_made(Sink())  # type: ignore[arg-type]
+        conn.send(b"POST / HTTP/1.1\r\n\r\n", b"")
+        order: list[bytes] = []
+        framed: list[bytes] = []
+
+        def whole(chunk: bytes) -> bool | None:
+            if not takes_whole:
+                return None
+            framed.append(chunk)
+            order.append(b"W" + _unframe(chunk))
+            return True
+
+        def sink(data: bytes) -> bool:
+            order.append(b"S" + data)
+            return True
+
+        conn.data_received(reads[0])
+        await conn.head()
+        conn.relay_to(sink, whole)
+        for data in reads[1:]:
+            conn.data_received(data)
+        ended = await conn.relay_wait() if wait else conn._state == "done"
+        conn.relay_to(None)
+        conn._cancel_timer()
+        return order, framed, ended
+
+    return asyncio.run(run())
+
+
+def _unframe(chunk: bytes) -> bytes:
+    size, _, rest = chunk.partition(b"\r\n")
+    assert rest.endswith(b"\r\n") and len(rest) == int(size, 16) + 2, chunk
+    return rest[:-2]
+
+
+def test_a_relayed_stream_cut_at_any_byte_reaches_the_client_whole_and_in_order() -> None:
+    """Reads that are one whole chunk go to ``whole`` as they came (vLLM's framing passed on); anything else (a chunk
+    cut by the read, two in one read, the last chunk) to the sink, parsed; together, every event once, in order."""
+    body = STREAM[len(HEAD):]
+    order, framed, ended = relayed([HEAD, body])
+    assert ended and b"".join(part[1:] for part in order) == b"".join(EVENTS)
+    assert framed == []  # one read with every chunk: parsed
+    chunks = [b"%x\r\n" % len(e) + e + b"\r\n" for e in EVENTS]
+    order, framed, ended = relayed([HEAD, *chunks, b"0\r\n\r\n"])
+    assert ended and framed == chunks  # each read one chunk: all passed on as they came
+    for cut in range(len(body)):
+        order, framed, ended = relayed([HEAD, body[:cut], body[cut:]])
+        assert ended and b"".join(part[1:] for part in order) == b"".join(EVENTS), cut
+    one_by_one = [HEAD, *chunks[:3], chunks[3] + chunks[4], chunks[5][:7], chunks[5][7:], *chunks[6:], b"0\r\n\r\n"]
+    order, framed, ended = relayed(one_by_one)
+    assert ended and b"".join(part[1:] for part in order) == b"".join(EVENTS)
+    assert [p[:1] for p in order] == [b"W"] * 3 + [b"S"] + [b"S", b"S"] + [b"W"] * 6
+    order, framed, ended = relayed(one_by_one, takes_whole=False)  # declined: the sink gets them, parsed
+    assert ended and framed == [] and b"".join(part[1:] for part in order) == b"".join(EVENTS)
+
+
+@pytest.mark.parametrize("read", [b"3\r\nabc\r\n", b"03\r\nabc\r\n", b"A\r\n0123456789\r\n"])
+def test_a_read_of_one_plain_whole_chunk_is_passed_on_as_it_came(read: bytes) -> None:
+    order, framed, ended = relayed([HEAD, read], wait=False)
+    assert framed == [read] and [p[:1] for p in order] == [b"W"] and not ended
+
+
+@pytest.mark.parametrize("read", [b"0\r\n\r\n", b"3;x=1\r\nabc\r\n", b"3\r\nab", b"3\r\nabc\r\n3\r\n", b"3\r\nabcXY",
+                                  b"3\r\nabc\n\n"])
+def test_a_read_that_is_not_one_plain_whole_chunk_is_parsed_not_passed_on(read: bytes) -> None:
+    """The last chunk, one with an extension, a cut chunk, a chunk and a part, a chunk without its CRLF: none goes to
+    ``whole``; the parser takes each as before (its errors: the tests above)."""
+    order, framed, _ = relayed([HEAD, read], wait=False)
+    assert framed == [] and all(p[:1] == b"S" for p in order)
