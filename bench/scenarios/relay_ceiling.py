@@ -12,7 +12,8 @@ load of ``--clients`` streaming completions of ``--tokens`` tokens each, from ``
 keep-alive sockets, events counted, nothing parsed), runs ``--seconds`` after ``--warmup``. Reported: tokens/s and
 requests/s through the gateway, the gateway's CPU (its process and its workers, in cores) and its CPU per 1,000
 tokens/s; and the same load straight to the stubs first, which says what the stubs and the load can do at all.
-Writes relay-ceiling.json and relay-ceiling.md under ``--out``."""
+``--workers -3`` runs the engine itself instead (ledger, metrics, limits): the difference from ``0`` at a few
+tokens a request is what a request costs past the relay. Writes relay-ceiling.json and relay-ceiling.md under ``--out``."""
 
 from __future__ import annotations
 
@@ -22,9 +23,13 @@ import functools
 import json
 import multiprocessing
 import os
+import random
+import string
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -42,12 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "-1: a byte proxy instead of the gateway (the floor of a relay in Python: each read from the stub "
                    "written on to the client from the socket's callback, nothing parsed, no task); -2: the engine's "
                    "port with the stream relayed per event (a task wake-up and an ASGI send each), as before "
-                   "2026-12-06")
+                   "2026-12-06; -3: the engine itself (its app as `llmops engine` builds it: ledger, metrics, "
+                   "limits; keys off) on its own port, its default deployment's instances the stubs")
     p.add_argument("--clients", type=int, default=64, help="streaming clients at once")
     p.add_argument("--tokens", type=int, default=256, help="tokens a request asks for (one event each)")
     p.add_argument("--stubs", type=int, default=1, help="stub upstream processes (the deployment's instances)")
     p.add_argument("--token-s", type=float, default=0.0, help="the stubs' time between a stream's tokens (0: as fast "
                    "as they can, events batched in few reads; vLLM's decode steps send one event a read)")
+    p.add_argument("--prompt-words", type=int, default=1, help="words in each client's prompt (random, drawn "
+                   "afresh each run; 150 is about the 200 tokens of the GPU profile's prompts)")
     p.add_argument("--load-procs", type=int, default=1, help="processes the clients are spread over")
     p.add_argument("--seconds", type=float, default=20.0, help="measured window per run")
     p.add_argument("--warmup", type=float, default=3.0, help="load before the window")
@@ -87,16 +95,24 @@ class _Stream(asyncio.Protocol):
             self.done.set_result(None)
 
 
-async def _load(port: int, clients: int, tokens: int, warmup: float, seconds: float) -> tuple[int, int, int]:
+def _request(tokens: int, words: int) -> bytes:
+    """A streamed completion of ``tokens`` with a prompt of ``words`` random words (no model named: the default
+    deployment's, where an engine answers)."""
+    prompt = " ".join("".join(random.choices(string.ascii_lowercase, k=6)) for _ in range(words))
+    body = json.dumps({"prompt": prompt, "max_tokens": tokens, "stream": True}).encode()
+    return (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+async def _load(port: int, clients: int, tokens: int, warmup: float, seconds: float, words: int = 1
+                ) -> tuple[int, int, int]:
     """Tokens and requests counted in the window (after ``warmup``), and connections lost."""
-    body = json.dumps({"model": "stub", "prompt": "hello", "max_tokens": tokens, "stream": True}).encode()
-    request = (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-               b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     loop = asyncio.get_running_loop()
     tally = [0, 0, 0]
     stop_at = time.monotonic() + warmup + seconds
     dones = []
     for _ in range(clients):
+        request = _request(tokens, words)
         done: asyncio.Future[None] = loop.create_future()
         await loop.create_connection(functools.partial(_Stream, request, tally, stop_at, done), "127.0.0.1", port)
         dones.append(done)
@@ -108,7 +124,7 @@ async def _load(port: int, clients: int, tokens: int, warmup: float, seconds: fl
     return end[0] - start[0], end[1] - start[1], tally[2]
 
 
-def _load_proc(args: tuple[int, int, int, float, float]) -> tuple[int, int, int]:
+def _load_proc(args: tuple[int, int, int, float, float, int]) -> tuple[int, int, int]:
     import uvloop
 
     return uvloop.run(_load(*args))
@@ -117,7 +133,7 @@ def _load_proc(args: tuple[int, int, int, float, float]) -> tuple[int, int, int]
 def load(port: int, a: argparse.Namespace) -> dict[str, float]:
     per = [a.clients // a.load_procs + (1 if i < a.clients % a.load_procs else 0) for i in range(a.load_procs)]
     with multiprocessing.get_context("spawn").Pool(a.load_procs) as pool:
-        results = pool.map(_load_proc, [(port, n, a.tokens, a.warmup, a.seconds) for n in per])
+        results = pool.map(_load_proc, [(port, n, a.tokens, a.warmup, a.seconds, a.prompt_words) for n in per])
     tokens, requests, lost = (sum(r[i] for r in results) for i in range(3))
     return {"tokens_per_s": tokens / a.seconds, "requests_per_s": requests / a.seconds, "connections_lost": lost}
 
@@ -183,9 +199,31 @@ def host_gateway(a: argparse.Namespace) -> None:
         server = await loop.create_server(Front, "127.0.0.1", a.port)
         await server.serve_forever()
 
+    async def engine() -> None:
+        """The engine itself over the stubs: what a request costs with its ledger, metrics and limits."""
+        from engine.app import create_app, server_config
+        from engine.config import AppConfig
+
+        os.environ.setdefault("LLMOPS_ADMIN_PASSWORD", "relay-ceiling-bench")
+        with tempfile.TemporaryDirectory(prefix="relay-ceiling-") as data:
+            config = AppConfig(data_dir=Path(data), autostart=False, gateway_keys="off", gateway_workers=0,
+                               port=a.port)
+            app = create_app(config)
+            server = uvicorn.Server(server_config(app, config))
+            serving = asyncio.ensure_future(server.serve())
+            while not server.started:
+                await asyncio.sleep(0.05)
+            admission = app.state.services.fleet.admission_for(None)
+            for i, url in enumerate(a.upstream):
+                await admission.open(url, revision=1, instance=f"s{i}")
+            await serving
+
     async def main() -> None:
         if workers == -1:
             await byte_proxy()
+            return
+        if workers == -3:
+            await engine()
             return
         admission = Admission(256, 30.0, deployment_id=1, deployment="stub")
         admission.routing = "least_outstanding"
@@ -220,7 +258,7 @@ def host_gateway(a: argparse.Namespace) -> None:
 
 def _ready(port: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    body = {"model": "stub", "prompt": "x", "max_tokens": 1}
+    body = {"prompt": "x", "max_tokens": 1}
     while True:
         try:
             if httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=5).status_code == 200:
@@ -280,7 +318,8 @@ def run(a: argparse.Namespace) -> int:
                 os.killpg(host.pid, 15)
                 host.wait(30)
             path = ("engine's port" if workers == 0 else "byte proxy (the floor)" if workers == -1
-                    else "engine's port, relayed per event (before)" if workers == -2 else f"{workers} workers")
+                    else "engine's port, relayed per event (before)" if workers == -2
+                    else "the engine itself (ledger, metrics, limits)" if workers == -3 else f"{workers} workers")
             row = {"path": path, "workers": workers, **figures,
                    "gateway_cores": cores,
                    "cpu_pct_per_1k_tok_s": 100 * cores / (figures["tokens_per_s"] / 1000)
