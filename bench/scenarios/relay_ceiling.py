@@ -13,7 +13,8 @@ keep-alive sockets, events counted, nothing parsed), runs ``--seconds`` after ``
 requests/s through the gateway, the gateway's CPU (its process and its workers, in cores) and its CPU per 1,000
 tokens/s; and the same load straight to the stubs first, which says what the stubs and the load can do at all.
 ``--workers -3`` runs the engine itself instead (ledger, metrics, limits): the difference from ``0`` at a few
-tokens a request is what a request costs past the relay. Writes relay-ceiling.json and relay-ceiling.md under ``--out``."""
+tokens a request is what a request costs past the relay. Writes relay-ceiling.json and relay-ceiling.md under
+``--out``."""
 
 from __future__ import annotations
 
