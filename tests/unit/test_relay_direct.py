@@ -170,10 +170,20 @@ def test_every_event_arrives_in_order_and_the_usage_it_did_not_ask_for_is_hidden
 
 
 @pytest.mark.usefixtures("only_direct")
-def test_reads_of_any_shape_reach_the_client_as_events_in_order_the_usage_hidden_the_tokens_counted() -> None:
+def test_reads_of_any_shape_reach_the_client_as_events_in_order_the_usage_hidden_the_tokens_counted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's reads, one chunk each, go on in vLLM's own framing; reads of other shapes (two chunks, an event cut
     across two chunks or two reads, a chunk with an extension, upper-case and zero-padded sizes) are parsed and
     re-framed, and the usage chunk is taken out of a read of several events. The client sees the same events."""
+    passed: list[bytes] = []
+    passes = proxy_module.StreamMeter.passes
+
+    def counted(meter: proxy_module.StreamMeter, framed: bytes) -> bool:
+        if ok := passes(meter, framed):
+            passed.append(framed)
+        return ok
+
+    monkeypatch.setattr(proxy_module.StreamMeter, "passes", counted)
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}\n\n'
     ev = [token(i) for i in range(9)]
 
@@ -183,13 +193,17 @@ def test_reads_of_any_shape_reach_the_client_as_events_in_order_the_usage_hidden
     reads = [chunk(ev[0]), chunk(ev[1]) + chunk(ev[2]), chunk(ev[3][:9]), chunk(ev[3][9:]), chunk(ev[4])[:5],
              chunk(ev[4])[5:], chunk(ev[5], b"%X" % len(ev[5])), chunk(ev[6], b"00%x" % len(ev[6])),
              chunk(ev[7], b"%x;note=1" % len(ev[7])), chunk(ev[8] + usage), chunk(b"data: [DONE]\n\n"), b"0\r\n\r\n"]
-    upstream = ScriptedUpstream([], pace_s=0.005, reads=reads)
+    upstream = ScriptedUpstream([], pace_s=0.02, reads=reads)
     with gateway(upstream) as (port, app), ask(port) as sock:
         _, body = read_stream(sock)
         assert body == b"".join(ev) + b"data: [DONE]\n\n"
         wait_until(lambda: app.ledger.records and app.admission.in_flight == 0, 10, what="the request settled")
         rec = app.ledger.records[0]
         assert (rec.input_tokens, rec.output_tokens, rec.error) == (3, 9, None)
+    # reads of one plain chunk after the first went on as they came, upper-case and zero-padded sizes too (a read
+    # that the socket merged with its neighbour under load is parsed instead: a subset, not all three)
+    plain = [chunk(ev[5], b"%X" % len(ev[5])), chunk(ev[6], b"00%x" % len(ev[6])), chunk(b"data: [DONE]\n\n")]
+    assert passed and all(read in plain for read in passed), passed
 
 
 @pytest.mark.usefixtures("only_direct")
