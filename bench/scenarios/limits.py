@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from bench.base import REPO
+from bench.base import REPO, serve_engine_over
 from engine.vllm import free_port
 
 
@@ -79,10 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def host_engine(a: argparse.Namespace) -> None:
     """The engine (its app, as `llmops engine` builds it) with its default deployment's one instance the stub."""
-    import uvicorn
     import uvloop
 
-    from engine.app import create_app, server_config
+    from engine.app import create_app
     from engine.config import AppConfig
 
     config = AppConfig(data_dir=Path(a.data_dir), autostart=False, gateway_keys="on", gateway_workers=0,
@@ -104,14 +103,8 @@ def host_engine(a: argparse.Namespace) -> None:
     gc.callbacks.append(gc_timed)
 
     async def main() -> None:
-        server = uvicorn.Server(server_config(app, config))
-        serving = asyncio.ensure_future(server.serve())
-        while not server.started:
-            await asyncio.sleep(0.05)
-        admission = app.state.services.fleet.admission_for(None)
-        await admission.open(a.upstream_url, revision=1, limit=a.slots or None)
-        (Path(a.data_dir) / "opened").write_text("1")
-        await serving
+        await serve_engine_over(app, config, [a.upstream_url], limit=a.slots or None,
+                                opened=Path(a.data_dir) / "opened")
 
     uvloop.run(main())
 

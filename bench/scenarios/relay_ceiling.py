@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.base import REPO
+from bench.base import REPO, serve_engine_over
 from engine.vllm import free_port
 
 MARK = b"data: {"
@@ -202,22 +202,14 @@ def host_gateway(a: argparse.Namespace) -> None:
 
     async def engine() -> None:
         """The engine itself over the stubs: what a request costs with its ledger, metrics and limits."""
-        from engine.app import create_app, server_config
+        from engine.app import create_app
         from engine.config import AppConfig
 
         os.environ.setdefault("LLMOPS_ADMIN_PASSWORD", "relay-ceiling-bench")
         with tempfile.TemporaryDirectory(prefix="relay-ceiling-") as data:
             config = AppConfig(data_dir=Path(data), autostart=False, gateway_keys="off", gateway_workers=0,
                                port=a.port)
-            app = create_app(config)
-            server = uvicorn.Server(server_config(app, config))
-            serving = asyncio.ensure_future(server.serve())
-            while not server.started:
-                await asyncio.sleep(0.05)
-            admission = app.state.services.fleet.admission_for(None)
-            for i, url in enumerate(a.upstream):
-                await admission.open(url, revision=1, instance=f"s{i}")
-            await serving
+            await serve_engine_over(create_app(config), config, a.upstream)
 
     async def main() -> None:
         if workers == -1:
@@ -332,7 +324,8 @@ def run(a: argparse.Namespace) -> int:
         for stub in stubs:
             stub.terminate()
             stub.wait(10)
-    out = {"clients": a.clients, "tokens": a.tokens, "token_s": a.token_s, "stubs": a.stubs, "load_procs": a.load_procs,
+    out = {"clients": a.clients, "tokens": a.tokens, "prompt_words": a.prompt_words, "token_s": a.token_s,
+           "stubs": a.stubs, "load_procs": a.load_procs,
            "seconds": a.seconds, "cores": len(os.sched_getaffinity(0)), "results": results}
     (a.out / "relay-ceiling.json").write_text(json.dumps(out, indent=2))
     lines = [f"{a.clients} streaming clients, {a.tokens} tokens a request "
