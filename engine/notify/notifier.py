@@ -112,11 +112,11 @@ class Notifier:
     async def look(self) -> list[Change]:
         now = self.clock()
         loaded = self._loaded
-        if loaded.changes != self.store.changes or self.looks % 12 == 0:  # (edits by another process: a minute)
+        edits = self.store.changes  # noted before the read: an edit made during it is read again next look
+        if loaded.changes != edits or self.looks % 12 == 0:  # (edits by another process: a minute)
             rules, channels = await asyncio.to_thread(lambda: (list(self.store.rules()), self.store.channels()))
             self._loaded = loaded = _Rules([r for r in rules if r.enabled], {c.id: c for c in channels
-                                                                             if c.id is not None},
-                                           self.store.changes)
+                                                                             if c.id is not None}, edits)
             self.tracker.forget({r.id for r in loaded.rules if r.id is not None})
         self.looks += 1
         cursor = self._cursor

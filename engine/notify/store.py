@@ -42,6 +42,12 @@ class AlertStore:
         self.db = db
         self.changes = 0  # edits: the notifier reads rules and channels again
         self._delivered = threading.Lock()
+        self._edits = threading.Lock()
+
+    def _edited(self) -> None:
+        """An edit committed (by one of the API's threads): counted once each, none lost to another's."""
+        with self._edits:
+            self.changes += 1
 
     # --- channels -------------------------------------------------------------------------------------------
 
@@ -65,7 +71,7 @@ class AlertStore:
             row = AlertChannel(name=name, kind=kind, url=url, enabled=enabled, created_by=created_by)
             s.add(row)
             s.flush()
-        self.changes += 1
+        self._edited()
         return row
 
     def update_channel(self, channel_id: int, changes: dict[str, Any]) -> tuple[dict[str, Any], AlertChannel]:
@@ -90,7 +96,7 @@ class AlertStore:
                 setattr(row, field, value)
             s.add(row)
             s.flush()
-        self.changes += 1
+        self._edited()
         return before, row
 
     def _delete(self, table: type[Row], what: str, row_id: int) -> Row:
@@ -99,7 +105,7 @@ class AlertStore:
             if row is None:
                 raise AlertStoreError(f"no {what} {row_id}", missing=True)
             s.delete(row)
-        self.changes += 1
+        self._edited()
         return row
 
     # --- rules ----------------------------------------------------------------------------------------------
@@ -129,7 +135,7 @@ class AlertStore:
             row = AlertRule(**values, created_by=created_by)
             s.add(row)
             s.flush()
-        self.changes += 1
+        self._edited()
         return row
 
     def update_rule(self, rule_id: int, changes: dict[str, Any]) -> tuple[dict[str, Any], AlertRule]:

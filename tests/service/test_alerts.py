@@ -144,3 +144,38 @@ def test_a_level_alert_whose_subject_is_gone_resolves_and_one_the_store_failed_t
     assert rows == [("Budget 80 % used", "team gone-soon", "resolved")]
     asyncio.run(notifier.close())
     db.close()
+
+
+def test_a_channel_added_while_the_notifier_reads_its_rules_gets_the_next_alert(db_target: Path | str) -> None:
+    """A channel created between the notifier's read of the channels and its note of the store's edits: the next
+    look reads them again, so the budget that fires then reaches it (it used to fire to no one, for ever)."""
+    import asyncio
+
+    from engine.db import open_database
+    from engine.notify import AlertStore, Notifier, Sources
+
+    db = open_database(db_target)
+    budgets: list[tuple[str, int, int]] = []
+    store = AlertStore(db)
+    notifier = Notifier(db, store, Sources(serving=lambda _: {}, queue_waits=dict, budgets=lambda: list(budgets),
+                                           deployment_names=dict), "http://engine")
+    with receiver() as hook:
+        read = store.channels
+
+        def read_then_someone_adds_one() -> Any:
+            before = read()
+            store.channels = read  # type: ignore[method-assign]
+            store.create_channel("late", "webhook", hook.url, True, "admin")
+            return before
+
+        store.channels = read_then_someone_adds_one  # type: ignore[method-assign]
+
+        async def looks() -> None:
+            await notifier.look()  # reads the rules as the channel is added
+            budgets.append(("team research", 900, 1000))
+            assert [c.subject for c in await notifier.look()] == ["team research"]
+            await notifier.close()  # (waits for what is being sent)
+
+        asyncio.run(looks())
+        assert [b["subject"] for b in hook.received(rule="Budget 80 % used", status="firing")] == ["team research"]
+    db.close()
