@@ -10,7 +10,7 @@ import streamlit as st
 
 from console import fmt
 from console.deployment import scope  # an apply is watched per deployment
-from console.widgets import client
+from console.widgets import client, own_rerun
 from engine.schemas import ApplyPlanOut, ApplyProgress, EventOut, StartupView, StatusOut
 
 PROGRESS_KINDS = ["settings_changed", "apply_plan", "drained", "stopped", "starting", "ready", "failed", "diagnosis",
@@ -164,7 +164,7 @@ def progress(shown: tuple[int | None, str] | None = None) -> None:
     now = client().status()
     if not applying:
         busy = now.state in ("starting", "draining", "stopping") or any(i.role != "serving" for i in now.instances)
-        if shown is not None and not busy and (now.running_revision, str(now.state)) != shown:
+        if shown is not None and not busy and (now.running_revision, str(now.state)) != shown and own_rerun():
             st.rerun(scope="app")
         if busy and (now.startup is not None or now.instances):
             st.subheader(f"vLLM is {now.state}" if now.state != "ready" else "vLLM is changing instances")

@@ -9,6 +9,7 @@ from urllib.parse import urlencode, urlsplit
 
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from console import deployment, drafts, fmt
 from console.session import safe_next
@@ -27,6 +28,16 @@ def base_client() -> EngineClient:
         c = EngineClient(os.environ.get("LLMOPS_ENGINE_URL"), timeout=10.0, token=st.session_state.get("token"))
         st.session_state["_client"] = c
     return c
+
+
+def own_rerun() -> bool:
+    """Whether a fragment is running on its own (its timer), not inline in a run of the whole page. Only then may
+    it draw the whole page again (``st.rerun(scope="app")``) because what it sees differs from what the page was
+    drawn with: inline, the page was drawn a moment ago, and a rerun there would drop the click that run carries
+    (a "Disable now" or "Cancel" pressed as a deployment changed state did nothing). Its next timed run sees the
+    difference as well."""
+    ctx = get_script_run_ctx()
+    return ctx is not None and bool(ctx.fragment_ids_this_run)
 
 
 def chosen() -> deployment.Choice:

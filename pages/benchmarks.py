@@ -7,7 +7,7 @@ import streamlit as st
 
 from console import charts, fmt
 from console.restart import plan_box
-from console.widgets import client, deployment_header, engine_status, restart_banner, unreachable
+from console.widgets import client, deployment_header, engine_status, own_rerun, restart_banner, unreachable
 from engine.client import ApiError, ClientError
 from engine.schemas import BenchmarkRunOut
 
@@ -45,7 +45,7 @@ with tab_run:
 def progress() -> None:
     live = next((r for r in client().benchmarks() if r.status == "running"), None)
     if live is None:
-        if st.session_state.pop("bm_watching", None) is not None:
+        if own_rerun() and st.session_state.pop("bm_watching", None) is not None:
             st.rerun(scope="app")  # a run just ended: the whole page shows its results
         return
     st.session_state["bm_watching"] = live.id

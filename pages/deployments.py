@@ -11,7 +11,7 @@ from typing import Any
 import streamlit as st
 
 from console import deployment, fmt
-from console.widgets import base_client, deployment_label, engine_status, me, open_link, unreachable
+from console.widgets import base_client, deployment_label, engine_status, me, open_link, own_rerun, unreachable
 from engine.client import ApiError, ClientError, InvalidRequestError
 from engine.schemas import ROLES, DeploymentOut
 
@@ -54,6 +54,8 @@ def drawn_as(listed: list[DeploymentOut]) -> tuple[tuple[str, str, bool, int], .
 def follow(drawn: tuple[tuple[str, str, bool, int], ...]) -> None:
     """The page as drawn against the engine's list now: a deployment that became ready, stopped, or went is
     drawn again without a reload (a new one showed "starting" until someone reloaded, issue 31)."""
+    if not own_rerun():
+        return
     try:
         now = drawn_as(base.deployments())
     except ClientError:
