@@ -6,12 +6,11 @@ gateway stopped sending to a lost node) are `python -m bench fleet`'s."""
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import os
 import random
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,11 +75,9 @@ def routes_by_prefix_and_spreads_a_hot_one(engine: EngineHandle) -> None:
     systems = [" ".join(rng.choice(WORDS) for _ in range(150)) for _ in range(4)]
     before = routing(engine)
 
-    def ask(prompt: str, max_tokens: int = 2, together: threading.Barrier | None = None) -> None:
-        if together is not None:
-            together.wait(60)
+    def ask(prompt: str) -> None:
         resp = httpx.post(f"{engine.url}/v1/completions", timeout=120,
-                          json={"model": "demo", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True})
+                          json={"model": "demo", "prompt": prompt, "max_tokens": 2, "ignore_eos": True})
         assert resp.status_code == 200, resp.text
 
     for n in range(5):
@@ -91,11 +88,20 @@ def routes_by_prefix_and_spreads_a_hot_one(engine: EngineHandle) -> None:
     assert sum(p for p, _ in gained.values()) == 16 and sum(h for _, h in gained.values()) == 4, gained
     assert all(p + h > 0 for p, h in gained.values()), gained  # the system prompts' homes are on both replicas
     hot = systems[0]  # 16 at once: the bound (1.25 x its share + 2) is reached from the 9th while 8 are in flight
-    # (sent together, each 128 tokens long whatever the model says: under load, 16 threads started one by one sent
-    # requests that each ended before the next came, and all went home)
-    together = threading.Barrier(16)
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda k: ask(f"{hot}\nHot question {k}?", 128, together), range(16)))
+
+    async def at_once(clients: int) -> None:
+        """One client, its connections opened first, sending them all within milliseconds, each 256 tokens long
+        whatever the model says. (16 threads each making its own client under load sent requests that each ended
+        before the next came, and all went home: a client's set-up is tens of milliseconds of CPU, the GIL's.)"""
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        async with httpx.AsyncClient(base_url=engine.url, timeout=120, limits=limits) as http:
+            await asyncio.gather(*(http.get("/v1/models") for _ in range(clients)))  # not routed
+            answers = await asyncio.gather(*(http.post("/v1/completions", json={
+                "model": "demo", "prompt": f"{hot}\nHot question {k}?", "max_tokens": 256, "ignore_eos": True})
+                for k in range(clients)))
+        assert all(a.status_code == 200 for a in answers), [a.text for a in answers if a.status_code != 200]
+
+    asyncio.run(at_once(16))
     spread = routing(engine)
     served = {name: r.prefix + r.home + r.load - (after[name].prefix + after[name].home + after[name].load)
               for name, r in spread.items()}
