@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import streamlit as st
+from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+from streamlit.runtime.state.common import is_keyed_element_id, user_key_from_element_id
 
 MAX_SESSIONS = 200
 MAX_SESSION_CHARS = 2_000_000
@@ -97,6 +99,16 @@ def session_key(token: str | None = None) -> str | None:
     return hashlib.sha256(value.encode()).hexdigest() if isinstance(value, str) and value else None
 
 
+def _sent_by_browser() -> set[str]:
+    """The keys of the widgets whose values came with this run's request (at the top of a page: nothing of this
+    run is drawn yet, so the widget states are the browser's)."""
+    ctx = get_script_run_ctx()
+    if ctx is None:
+        return set()
+    return {key for w in ctx.session_state.get_widget_states()
+            if is_keyed_element_id(w.id) and (key := user_key_from_element_id(w.id)) is not None}
+
+
 def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None, *,
          per_deployment: bool = True) -> None:
     """At the top of a page, before its widgets: put back the fields Streamlit dropped (a page switch, a reload)
@@ -126,6 +138,16 @@ def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None,
             st.session_state.pop(key, None)
     for key, value in (defaults or {}).items():
         st.session_state.setdefault(key, value)
+    # A field the browser sent no value of this run is one it does not show with its value: the delta that drew it
+    # may never have reached the browser. A run that starts drops what the last one had queued and not yet sent
+    # (Streamlit's AppSession clears the browser queue on SCRIPT_STARTED), so a run cut short by the next click, or
+    # one that ended just before it, can leave fields undrawn although they are in Session State; drawn again
+    # without being told their value, they show their own first value (a number_input its min, a toggle off) and
+    # the browser sends that back with the next click. Set through Session State, the widget carries the value.
+    sent = _sent_by_browser()
+    for key in keys:
+        if key not in sent and key in st.session_state:
+            st.session_state[key] = st.session_state[key]
     if session is not None:
         STORE.put(session, page, {k: st.session_state[k] for k in keys if k in st.session_state})
 

@@ -253,6 +253,32 @@ def test_events_and_log_tail(console_env: EngineHandle) -> None:
     assert again.selectbox(key="log_level").value == "error"
 
 
+def test_log_filters_the_browser_never_got_are_drawn_with_their_values(console_env: EngineHandle) -> None:
+    """A run that starts drops what the last one had queued for the browser and not yet sent: fields it drew may
+    never reach the browser (seen on a busy host: a click right after a reload). The next run, whose request
+    carries no value for them, must still tell the browser their values, or it shows each widget's own first value
+    (Last lines 20, Hide polling off) and sends that back with the next click: the log then showed 20 lines with
+    the /health polling in it."""
+    from streamlit.proto.WidgetStates_pb2 import WidgetStates
+
+    at = page("events", console_env.token)
+    at.selectbox(key="log_level").set_value("error").run()
+    at.number_input(key="log_tail").set_value(1000).run()
+    at._run(widget_state=WidgetStates())  # the request of a browser that never got the fields' deltas
+    assert not at.exception
+
+    def shown(key: str, kind: str) -> Any:
+        """What a browser that did not have the widget shows: the value it is told, else the widget's own."""
+        widget = getattr(at, kind)(key=key)
+        return widget.proto.value if widget.proto.set_value else widget.proto.default
+
+    assert shown("log_tail", "number_input") == 1000
+    assert shown("log_hide_polling", "toggle") is True
+    assert shown("log_follow", "toggle") is True
+    assert at.selectbox(key="log_level").proto.set_value  # and "failures only", not the first option
+    assert at.selectbox(key="log_level").value == "error"
+
+
 def test_metrics_page_shows_history_and_kpis(console_env: EngineHandle) -> None:
     answer = console_env.http.post("/v1/completions", json={"model": "demo", "prompt": "Return", "max_tokens": 4})
     assert answer.status_code == 200
