@@ -221,11 +221,15 @@ def label(tag: str, params: dict[str, Any], deployment: str | None = None) -> st
 
 
 if compare:
-    cols = st.columns(2)
-    for col, tag in zip(cols, ("a", "b"), strict=True):
-        with col.container(border=True):
-            st.markdown(label(tag.upper(), params_of(tag)))
-            params_form(tag)
+    # A grid, not st.columns: the browser keeps a block's children when the next run puts a block of the same type
+    # at its place, until that run ends. Two columns there would keep the single form's columns, its max_tokens
+    # field (A's) among them, beside A and B's new fields while the page is drawn: a value typed into the field
+    # where B's was about to be went to A. A grid is a block of another type: nothing of the other layout stays.
+    with st.grid(2, wrap=False, border=True):
+        for tag in ("a", "b"):
+            with st.container():
+                st.markdown(label(tag.upper(), params_of(tag)))
+                params_form(tag)
 else:
     params_form("a")
 
