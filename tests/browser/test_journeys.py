@@ -292,13 +292,14 @@ def test_product_team_chats_asks_for_json_saves_loads_and_compares(browser: Any,
     pg.get_by_text(re.compile(r"^B · .*max_tokens 48")).first.wait_for()
 
     def draft_kept(after: str) -> None:
-        shot(pg, f"journey-product-team-draft-{after}")
         expect(prompt, f"the prompt, {after}").to_have_value("A draft I am still writing")
         expect(tokens.first).to_have_value("64")
         expect(tokens.nth(1)).to_have_value("48")
         expect(pg.get_by_role("combobox", name="Output format")).to_have_value("JSON object")
         expect(compare).to_be_checked()
         expect(pg.get_by_test_id("stChatMessage")).to_have_count(4)  # and the conversation
+        tokens.nth(1).scroll_into_view_if_needed()  # the page scrolls inside its own frame: A and B in view
+        shot(pg, f"journey-product-team-draft-{after}")
 
     open_page(pg, "Overview")  # another page, and back
     open_page(pg, "Playground")
