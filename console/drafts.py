@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import streamlit as st
-from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.runtime.state.common import is_keyed_element_id, user_key_from_element_id
 
 MAX_SESSIONS = 200
