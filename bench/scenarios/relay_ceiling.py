@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "as they can, events batched in few reads; vLLM's decode steps send one event a read)")
     p.add_argument("--prompt-words", type=int, default=1, help="words in each client's prompt (random, drawn "
                    "afresh each run; 150 is about the 200 tokens of the GPU profile's prompts)")
+    p.add_argument("--seed", type=int, default=None, help="the prompts' seed (default: a fresh one each run, "
+                   "recorded in relay-ceiling.json); each load of the run and each of its processes draws its own "
+                   "prompts from it")
     p.add_argument("--load-procs", type=int, default=1, help="processes the clients are spread over")
     p.add_argument("--seconds", type=float, default=20.0, help="measured window per run")
     p.add_argument("--warmup", type=float, default=3.0, help="load before the window")
@@ -96,24 +99,25 @@ class _Stream(asyncio.Protocol):
             self.done.set_result(None)
 
 
-def _request(tokens: int, words: int) -> bytes:
+def _request(tokens: int, words: int, rng: random.Random) -> bytes:
     """A streamed completion of ``tokens`` with a prompt of ``words`` random words (no model named: the default
     deployment's, where an engine answers)."""
-    prompt = " ".join("".join(random.choices(string.ascii_lowercase, k=6)) for _ in range(words))
+    prompt = " ".join("".join(rng.choices(string.ascii_lowercase, k=6)) for _ in range(words))
     body = json.dumps({"prompt": prompt, "max_tokens": tokens, "stream": True}).encode()
     return (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
             b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-async def _load(port: int, clients: int, tokens: int, warmup: float, seconds: float, words: int = 1
-                ) -> tuple[int, int, int]:
+async def _load(port: int, clients: int, tokens: int, warmup: float, seconds: float, words: int = 1,
+                seed: str = "") -> tuple[int, int, int]:
     """Tokens and requests counted in the window (after ``warmup``), and connections lost."""
+    rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     tally = [0, 0, 0]
     stop_at = time.monotonic() + warmup + seconds
     dones = []
     for _ in range(clients):
-        request = _request(tokens, words)
+        request = _request(tokens, words, rng)
         done: asyncio.Future[None] = loop.create_future()
         await loop.create_connection(functools.partial(_Stream, request, tally, stop_at, done), "127.0.0.1", port)
         dones.append(done)
@@ -125,16 +129,18 @@ async def _load(port: int, clients: int, tokens: int, warmup: float, seconds: fl
     return end[0] - start[0], end[1] - start[1], tally[2]
 
 
-def _load_proc(args: tuple[int, int, int, float, float, int]) -> tuple[int, int, int]:
+def _load_proc(args: tuple[int, int, int, float, float, int, str]) -> tuple[int, int, int]:
     import uvloop
 
     return uvloop.run(_load(*args))
 
 
-def load(port: int, a: argparse.Namespace) -> dict[str, float]:
+def load(port: int, a: argparse.Namespace, part: str) -> dict[str, float]:
+    """The load, its prompts drawn from ``a.seed`` for this ``part`` of the run (each process its own)."""
     per = [a.clients // a.load_procs + (1 if i < a.clients % a.load_procs else 0) for i in range(a.load_procs)]
     with multiprocessing.get_context("spawn").Pool(a.load_procs) as pool:
-        results = pool.map(_load_proc, [(port, n, a.tokens, a.warmup, a.seconds, a.prompt_words) for n in per])
+        results = pool.map(_load_proc, [(port, n, a.tokens, a.warmup, a.seconds, a.prompt_words,
+                                         f"{a.seed}/{part}/{i}") for i, n in enumerate(per)])
     tokens, requests, lost = (sum(r[i] for r in results) for i in range(3))
     return {"tokens_per_s": tokens / a.seconds, "requests_per_s": requests / a.seconds, "connections_lost": lost}
 
@@ -279,6 +285,8 @@ def run(a: argparse.Namespace) -> int:
     if a.host_gateway:
         host_gateway(a)
         return 0
+    if a.seed is None:
+        a.seed = random.SystemRandom().randrange(1 << 32)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, os.environ.get(
         "PYTHONPATH", "").split(os.pathsep))])}  # (vLLM's and the engine's packages may be staged elsewhere)
     stubs, ports = [], []
@@ -291,7 +299,7 @@ def run(a: argparse.Namespace) -> int:
     try:
         for port in ports:
             _ready(port)
-        direct = load(ports[0], a) if a.stubs == 1 else None
+        direct = load(ports[0], a, "direct") if a.stubs == 1 else None
         if direct is not None:
             results.append({"path": "direct to the stub", "workers": None, **direct})
             print(f"direct: {direct['tokens_per_s']:,.0f} tok/s", flush=True)
@@ -305,7 +313,7 @@ def run(a: argparse.Namespace) -> int:
                 _ready(port)
                 proc = psutil.Process(host.pid)
                 cpu0, t0 = _cpu(proc), time.monotonic()
-                figures = load(port, a)
+                figures = load(port, a, f"workers {workers}")
                 cores = (_cpu(proc) - cpu0) / (time.monotonic() - t0)
             finally:
                 os.killpg(host.pid, 15)
@@ -324,13 +332,15 @@ def run(a: argparse.Namespace) -> int:
         for stub in stubs:
             stub.terminate()
             stub.wait(10)
-    out = {"clients": a.clients, "tokens": a.tokens, "prompt_words": a.prompt_words, "token_s": a.token_s,
+    out = {"clients": a.clients, "tokens": a.tokens, "prompt_words": a.prompt_words, "seed": a.seed,
+           "token_s": a.token_s,
            "stubs": a.stubs, "load_procs": a.load_procs,
            "seconds": a.seconds, "cores": len(os.sched_getaffinity(0)), "results": results}
     (a.out / "relay-ceiling.json").write_text(json.dumps(out, indent=2))
     lines = [f"{a.clients} streaming clients, {a.tokens} tokens a request "
              f"({f'{a.token_s * 1000:g} ms apart' if a.token_s else 'as fast as the stub can'}), {a.stubs} stub(s), "
-             f"{a.load_procs} load process(es), {a.seconds:g} s windows, {out['cores']} cores", "",
+             f"{a.load_procs} load process(es), {a.seconds:g} s windows, {out['cores']} cores, prompts of "
+             f"{a.prompt_words} word(s), seed {a.seed}", "",
              "| path | tokens/s | requests/s | gateway CPU (cores) | % of a core per 1,000 tok/s | lost |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in results:
