@@ -220,20 +220,14 @@ def label(tag: str, params: dict[str, Any], deployment: str | None = None) -> st
             f"max_tokens {params['max_tokens']}" + (f" · stop {params['stop']}" if params["stop"] else ""))
 
 
-with st.container():
-    # One block whichever the mode, so that what follows (Run among it) keeps its place: the browser keeps a
-    # block's children while the next run puts a block of the same type at its place, until that run ends. Inside,
-    # a grid for A and B, not st.columns: two columns would keep the single form's columns, A's max_tokens among
-    # them, beside A and B's new fields while the page is drawn (48 typed where B's was about to be went to A); and
-    # the grid straight in the page moved what follows by one, so that two Run buttons stood while it was drawn.
-    if compare:
-        with st.grid(2, wrap=False, border=True):
-            for tag in ("a", "b"):
-                with st.container():
-                    st.markdown(label(tag.upper(), params_of(tag)))
-                    params_form(tag)
-    else:
-        params_form("a")
+if compare:
+    cols = st.columns(2)
+    for col, tag in zip(cols, ("a", "b"), strict=True):
+        with col.container(border=True):
+            st.markdown(label(tag.upper(), params_of(tag)))
+            params_form(tag)
+else:
+    params_form("a")
 
 schema: dict[str, Any] | None = None
 if schema_text is not None:
