@@ -118,7 +118,7 @@ class ServingContext:
         self.progress.step(text)
 
     def done(self, outcome: Outcome) -> None:
-        self.progress.done(outcome)
+        self.progress.done(outcome, self.registry.text())
 
     def timed(self, action: StepAction, instance: str, seconds: float, in_flight: int) -> None:
         self.progress.timed(action, instance, seconds, in_flight)

@@ -192,18 +192,16 @@ class Operations:
         if plan is None:
             plan = ApplyPlanOut(kind="pause", reason="no planner", steps=[])
         old = ctx.registry.primary
-        ctx.progress.begin(desired.id, old.revision.id if old else None, plan)
         what = "restart" if restart else f"apply of revision {desired.id}"
+        ctx.progress.begin(desired.id, old.revision.id if old else None, plan, what)
         await ctx.event("apply_plan", f"{what}: {plan.kind.replace('_', '/')} — {plan.reason}",
                         revision_id=desired.id, data={"plan": plan.model_dump(), "restart": restart})
         try:
             async for _ in plan_steps(ctx, desired, settings, plan):
                 yield
         finally:
-            record = ctx.progress.finish()
+            record = ctx.progress.finish(ctx.registry.text())  # the reason: what serves now, not the last step
             assert record is not None
-            if ctx.progress.state == S.READY:  # the last step ("draining instance b") is over: say what serves now
-                ctx.progress.say(f"{ctx.registry.text()} ({what}: {record.outcome})")
             await ctx.event("apply_done", f"{what}: {record.outcome}; longest stretch with nothing serving "
                             f"{record.longest_gap_s or 0:.1f} s", revision_id=desired.id,
                             data=record.model_dump(mode="json"))

@@ -22,6 +22,7 @@ class Progress:
         self.sm = StateMachine(since=clock.time(), clock=clock.time)
         self.apply: ApplyProgress | None = None  # the apply under way, or the latest one
         self._gap_since: float | None = None  # since when nothing serves (monotonic)
+        self._what = "apply"  # what the apply under way is called in the reason it ends with ("restart", ...)
 
     # --- the state machine ---------------------------------------------------------------------------------
 
@@ -52,7 +53,8 @@ class Progress:
     def applying(self) -> bool:
         return self.apply is not None and self.apply.outcome == "running"
 
-    def begin(self, revision: int, from_revision: int | None, plan: ApplyPlanOut) -> None:
+    def begin(self, revision: int, from_revision: int | None, plan: ApplyPlanOut, what: str = "apply") -> None:
+        self._what = what
         self.apply = ApplyProgress(revision=revision, from_revision=from_revision, plan=plan, step="starting",
                                    started=datetime.fromtimestamp(self.clock.time(), UTC))
 
@@ -61,20 +63,31 @@ class Progress:
             self.apply.step = text
         self.sm.reason = text
 
-    def done(self, outcome: Outcome) -> None:
+    def done(self, outcome: Outcome, serving: str | None = None) -> None:
+        """The apply's outcome; ``serving`` (what serves now) becomes the reason of a ready state, written before
+        the outcome: a reader off the event loop that sees the outcome (it reads the apply first) sees the reason
+        too, never the last step's ("draining instance a") beside "applied"."""
         if self.applying:
             assert self.apply is not None
+            self._conclude(serving, outcome)
             self.apply.outcome = outcome
 
-    def finish(self) -> ApplyProgress | None:
-        """The apply has ended (its outcome, if none was said: aborted)."""
+    def finish(self, serving: str | None = None) -> ApplyProgress | None:
+        """The apply has ended (its outcome, if none was said: aborted); ``serving`` as in ``done``."""
         if self.apply is None:
             return None
         if self.apply.outcome == "running":
+            self._conclude(serving, "aborted")
             self.apply.outcome = "aborted"
+        else:
+            self._conclude(serving, self.apply.outcome)
         self.apply.finished = datetime.fromtimestamp(self.clock.time(), UTC)
         self.apply.step = "done"
         return self.apply
+
+    def _conclude(self, serving: str | None, outcome: str) -> None:
+        if serving is not None and self.sm.state == EngineState.READY:  # the last step is over: what serves now
+            self.sm.reason = f"{serving} ({self._what}: {outcome})"
 
     def timed(self, action: StepAction, instance: str, seconds: float, in_flight: int,
               start_kind: Any = None) -> None:

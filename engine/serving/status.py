@@ -76,10 +76,14 @@ class StatusView:
             return self.snapshot(desired)
 
     def snapshot(self, desired: int | None) -> StatusOut:
+        # the apply first, then the state: off the loop, one that has ended is seen with the reason it ended with
+        # (written before its outcome: Progress.done)
+        apply = self.progress.apply.model_copy(deep=True) if self.progress.apply is not None else None
         p = self.instances.primary
         sm = self.progress.sm
+        state, since, reason = sm.state, sm.since, sm.reason
         return StatusOut(
-            deployment=self.deployment.name, state=sm.state, since=when(sm.since), reason=sm.reason,
+            deployment=self.deployment.name, state=state, since=when(since), reason=reason,
             running_revision=p.revision.id if p else None,
             desired_revision=desired,
             model=p.settings.served_model_name if p else None,
@@ -88,7 +92,7 @@ class StatusView:
             restarts=max(0, self._starts() - 1), startup=self.startup_view(),
             gateway=GatewayCounts(in_flight=self.admission.in_flight, waiting=self.admission.waiting,
                                   rejected=self.admission.rejected, routing=self.admission.routing),
-            instances=[self.instance_out(i) for i in self.instances], apply=self.progress.apply,
+            instances=[self.instance_out(i) for i in self.instances], apply=apply,
             autoscale=self._autoscale())
 
     def instance_out(self, inst: Instance) -> InstanceOut:

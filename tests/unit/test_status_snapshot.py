@@ -64,3 +64,89 @@ def test_a_blocked_loop_does_not_block_the_reader(monkeypatch: Any) -> None:
         loop.call_soon_threadsafe(loop.stop)
         ran.join(10)
         loop.close()
+
+
+class _Traced:
+    """An apply whose every outcome written notes the state's reason at that moment."""
+
+    def __init__(self, progress: Any, real: Any, at_write: list[tuple[str, str]]) -> None:
+        object.__setattr__(self, "_real", real)
+        object.__setattr__(self, "_progress", progress)
+        object.__setattr__(self, "_at_write", at_write)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "outcome":
+            self._at_write.append((value, self._progress.sm.reason))
+        setattr(self._real, name, value)
+
+
+def ready_progress() -> Any:
+    from engine.clock import SystemClock
+    from engine.schemas import ApplyPlanOut, EngineState
+    from engine.serving.progress import Progress
+
+    progress = Progress(SystemClock())
+    progress.enter(EngineState.STARTING, "starting revision 2")
+    progress.enter(EngineState.READY, "revision 2 ready")
+    progress.begin(3, 2, ApplyPlanOut(kind="blue_green", reason="fits", steps=[]), "apply of revision 3")
+    progress.step("draining instance a")
+    return progress
+
+
+def test_an_apply_that_ends_says_what_serves_before_its_outcome_is_written() -> None:
+    """A reader off the loop (the loop blocked past STATUS_WAIT_S) that sees "applied" must not see the last step's
+    reason beside it: CI (e43d1a3) saw status "applied" with reason "draining instance a"."""
+    at_write: list[tuple[str, str]] = []
+    progress = ready_progress()
+    progress.apply = _Traced(progress, progress.apply, at_write)
+    progress.done("applied", "revision 3 serving on b")
+    progress.finish("revision 3 serving on b")
+    assert at_write == [("applied", "revision 3 serving on b (apply of revision 3: applied)")]
+    assert progress.sm.reason == "revision 3 serving on b (apply of revision 3: applied)"
+
+    at_write.clear()  # and an apply that ends with no outcome said (aborted)
+    progress = ready_progress()
+    progress.apply = _Traced(progress, progress.apply, at_write)
+    progress.finish("revision 2 serving on a")
+    assert at_write == [("aborted", "revision 2 serving on a (apply of revision 3: aborted)")]
+
+
+def test_a_snapshot_off_the_loop_reads_the_apply_before_the_reason() -> None:
+    """The loop writes the reason, then the outcome (above); a snapshot read between reads, in a thread, must read
+    in the other order (the apply, copied, then the reason) to never pair "applied" with the last step's reason."""
+    from engine.serving.status import StatusView
+
+    progress = ready_progress()
+
+    class Racing:  # the state machine, with the loop's writes landing just after its reason is read
+        def __init__(self, sm: Any) -> None:
+            self.sm = sm
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.sm, name)
+
+        @property
+        def reason(self) -> str:
+            was = str(self.sm.reason)
+            if progress.applying:
+                progress.done("applied", "revision 3 serving on b")
+            return was
+
+        @reason.setter
+        def reason(self, value: str) -> None:
+            self.sm.reason = value
+
+    class NoInstances(list[Any]):
+        primary = None
+
+    progress.sm = Racing(progress.sm)
+    admission = SimpleNamespace(in_flight=0, waiting=0, rejected=0, routing="prefix", upstreams=[])
+    view: Any = StatusView(SimpleNamespace(name="default"), progress, NoInstances(), admission,  # type: ignore[arg-type]
+                           SimpleNamespace(enabled=True, halted=None), SimpleNamespace(), "cpu",  # type: ignore[arg-type]
+                           None, lambda: 1, lambda: None, lambda: None)
+    out = view.snapshot(3)
+    assert out.apply is not None and progress.apply is not None and progress.apply.outcome == "applied"
+    assert not (out.apply.outcome == "applied" and "draining" in out.reason), (out.apply.outcome, out.reason)
