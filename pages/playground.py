@@ -161,17 +161,24 @@ def apply_template() -> None:
     st.session_state["pg_system"] = TEMPLATES[st.session_state["pg_template"]]
 
 
-if mode == "chat":
-    st.selectbox("System prompt template", list(TEMPLATES), key="pg_template", on_change=apply_template)
-    st.text_area("System prompt", key="pg_system", height=80)
-    conversation = st.session_state["pg_messages"]
-    if conversation:
-        with st.container(border=True):
-            for turn in conversation:
-                with st.chat_message(turn["role"]):
-                    st.markdown(turn["content"] or "*(no text)*")
-        st.button("New conversation", icon=":material/restart_alt:",
-                  on_click=lambda: st.session_state.update(pg_messages=[], pg_last=[]))
+# Each part of the page that comes and goes (the conversation, the models compared, B's parameters, the schema's
+# error) is drawn inside a block that is always there, so that what follows keeps its place from run to run. While a
+# run draws, the browser keeps what stood at each place until the new run puts something there (and a block's
+# children where the new one is of the same type): had the conversation's end moved everything up by two, the Run
+# button of the run before would stand below the new one (two Run buttons), and the single form's max_tokens (A's)
+# where B's was about to be (a value typed there went to A).
+with st.container():
+    if mode == "chat":
+        st.selectbox("System prompt template", list(TEMPLATES), key="pg_template", on_change=apply_template)
+        st.text_area("System prompt", key="pg_system", height=80)
+        conversation = st.session_state["pg_messages"]
+        if conversation:
+            with st.container(border=True):
+                for turn in conversation:
+                    with st.chat_message(turn["role"]):
+                        st.markdown(turn["content"] or "*(no text)*")
+            st.button("New conversation", icon=":material/restart_alt:",
+                      on_click=lambda: st.session_state.update(pg_messages=[], pg_last=[]))
 st.text_area("Prompt" if mode == "chat" else "Text to continue", key="pg_prompt", height=120,
              placeholder="Describe what this module does.")
 c1, c2 = st.columns([1, 3])
@@ -179,6 +186,14 @@ out_format = c1.selectbox("Output format", FORMATS, key="pg_format",
                           help="JSON through vLLM's structured outputs: the reply is constrained to JSON, or to "
                           "the schema; the playground checks what comes back.")
 schema_text = c2.text_area("JSON schema", key="pg_schema", height=110) if out_format == "JSON schema" else None
+schema: dict[str, Any] | None = None
+if schema_text is not None:
+    try:
+        schema = json.loads(schema_text)
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except (ValueError, jsonschema.SchemaError) as exc:
+        c2.error(f"The JSON schema is not valid: {getattr(exc, 'message', exc)}", icon=":material/data_object:")
+        schema = None
 c1, c2 = st.columns(2)
 compare_deps = c2.toggle("Compare two models side by side", key="pg_compare_deps",
                          disabled=len(choices) < 2,
@@ -192,18 +207,19 @@ compare = c1.toggle("Compare two parameter sets side by side", key="pg_compare",
 mine = [model, *sorted(a for a, of in adapters.items() if of == model)]
 if st.session_state.get("pg_model") not in mine:
     st.session_state["pg_model"] = model
-if compare_deps:
-    # a deployment with an adapter compares the adapter with its base first; else two deployments
-    second = next((n for n in mine if n != model), next((n for n in choices if n != model), model))
-    for tag, fallback in (("a", model), ("b", second)):
-        if st.session_state.get(f"pg_dep_{tag}") not in choices:
-            st.session_state[f"pg_dep_{tag}"] = fallback
-    d = st.columns(2)
-    d[0].selectbox("Model A", choices, key="pg_dep_a", format_func=choice_label)
-    d[1].selectbox("Model B", choices, key="pg_dep_b", format_func=choice_label)
-elif len(mine) > 1:
-    st.selectbox("Model", mine, key="pg_model", format_func=choice_label,
-                 help="the deployment's base model, or one of its LoRA adapters (sent as `model`)")
+with st.container():  # (always there: see above)
+    if compare_deps:
+        # a deployment with an adapter compares the adapter with its base first; else two deployments
+        second = next((n for n in mine if n != model), next((n for n in choices if n != model), model))
+        for tag, fallback in (("a", model), ("b", second)):
+            if st.session_state.get(f"pg_dep_{tag}") not in choices:
+                st.session_state[f"pg_dep_{tag}"] = fallback
+        d = st.columns(2)
+        d[0].selectbox("Model A", choices, key="pg_dep_a", format_func=choice_label)
+        d[1].selectbox("Model B", choices, key="pg_dep_b", format_func=choice_label)
+    elif len(mine) > 1:
+        st.selectbox("Model", mine, key="pg_model", format_func=choice_label,
+                     help="the deployment's base model, or one of its LoRA adapters (sent as `model`)")
 
 
 def params_form(tag: str) -> None:
@@ -220,24 +236,15 @@ def label(tag: str, params: dict[str, Any], deployment: str | None = None) -> st
             f"max_tokens {params['max_tokens']}" + (f" · stop {params['stop']}" if params["stop"] else ""))
 
 
-if compare:
-    cols = st.columns(2)
-    for col, tag in zip(cols, ("a", "b"), strict=True):
-        with col.container(border=True):
+# A's fields stand at the same place whichever the mode (after an element: B's label, or nothing), B's in a column
+# of their own: switching compare on or off never leaves one of A's fields where one of B's is drawn.
+for col, tag in zip(st.columns(2 if compare else 1), ("a", "b") if compare else ("a",), strict=True):
+    with col.container(border=compare):
+        if compare:
             st.markdown(label(tag.upper(), params_of(tag)))
-            params_form(tag)
-else:
-    params_form("a")
-
-schema: dict[str, Any] | None = None
-if schema_text is not None:
-    try:
-        schema = json.loads(schema_text)
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except (ValueError, jsonschema.SchemaError) as exc:
-        st.error(f"The JSON schema is not valid: {getattr(exc, 'message', exc)}", icon=":material/data_object:")
-        schema = None
-
+        else:
+            st.empty()
+        params_form(tag)
 
 def response_format() -> dict[str, Any] | None:
     if out_format == "JSON object":

@@ -320,6 +320,8 @@ def test_product_team_chats_asks_for_json_saves_loads_and_compares(browser: Any,
     prompt.press("Tab")
     pg.get_by_role("button", name="Run").click()
     pg.get_by_text(re.compile(r"JSON check: ")).wait_for()  # checked against the schema it asked for
+    pg.get_by_role("button", name="Run").scroll_into_view_if_needed()
+    shot(pg, "journey-product-team-json-schema")  # one parameter set: A's fields alone, the schema beside the format
 
     pg.get_by_role("button", name="Save prompt").click()
     pg.get_by_label("Name", exact=True).fill("journey prompt")

@@ -178,6 +178,51 @@ def test_playground_streams_a_reply_with_its_figures(console_env: EngineHandle) 
     assert metrics["Time to first token"].endswith(("ms", "s"))
 
 
+def places(at: AppTest) -> dict[str, tuple[int, ...]]:
+    """Where each keyed widget and each button stands in the page's tree (its path of indexes): the browser keeps
+    what stood at a place while a run draws, until that run puts something there."""
+    found: dict[str, tuple[int, ...]] = {}
+
+    def walk(node: Any, path: tuple[int, ...]) -> None:
+        for index, child in getattr(node, "children", {}).items():
+            here = (*path, index)
+            name = getattr(child, "key", None) or (f"button {child.label}" if child.type == "button" else None)
+            if name:
+                found.setdefault(name, here)
+            walk(child, here)
+
+    walk(at.main, ())
+    return found
+
+
+def test_the_playground_keeps_its_fields_in_place_whichever_the_mode(console_env: EngineHandle) -> None:
+    """A conversation that ends, compare switched on or off, a schema's error: what follows stays where it was.
+    In the browser, while the next run drew, the last run's Run button stood below the new one (two Run buttons:
+    CI's product-team journey after "New conversation"), and the single form's max_tokens (A's) stood where B's
+    was about to be (48 typed there went to A)."""
+    at = page("playground", console_env.token)
+    at.text_area(key="pg_prompt").set_value("Describe what this module does.")
+    at.number_input(key="pg_a_max_tokens").set_value(4)
+    next(b for b in at.button if b.label == "Run").click().run()
+    assert not at.exception and len(at.chat_message) == 2
+    talking = places(at)
+    next(b for b in at.button if b.label == "New conversation").click().run()
+    assert len(at.chat_message) == 0
+    quiet = places(at)
+    at.toggle(key="pg_compare").set_value(True).run()
+    comparing = places(at)
+    at.selectbox(key="pg_format").set_value("JSON schema").run()
+    at.text_area(key="pg_schema").set_value("{not json").run()
+    assert at.error, "the schema's error is shown"
+    wrong_schema = places(at)
+    fields = ("pg_a_temperature", "pg_a_top_p", "pg_a_max_tokens", "pg_a_stop")
+    for key in ("pg_prompt", *fields, "button Run"):
+        assert talking[key] == quiet[key] == comparing[key] == wrong_schema[key], (
+            key, talking[key], quiet[key], comparing[key], wrong_schema[key])
+    single = set(quiet.values())  # B's fields stand where nothing of the single form stood
+    assert not {comparing[key.replace("_a_", "_b_")] for key in fields} & single
+
+
 def test_saved_prompts_load_save_and_delete_at_once(console_env: EngineHandle) -> None:
     # saved as the playground saves them: "stop" empty is None (loading it raised AttributeError: 'NoneType' ...)
     saved = console_env.client.save_prompt("json answer", "chat", "Answer in JSON.", "What is a module?",
