@@ -88,7 +88,7 @@ def arrive(page: str) -> None:
 def settle() -> None:
     """At the end of a kept page: its fields are drawn from the draft; from now on they are the user's. A run cut
     short (a click while the page was still being drawn after a reload) leaves the arrival standing, and the next
-    run restores again: the browser then sends the fields it had drawn with their empty first values."""
+    run restores again, but for the field that click changed (``keep``)."""
     st.session_state[ARRIVED] = False
 
 
@@ -107,6 +107,18 @@ def _sent_by_browser() -> set[str]:
         return set()
     return {key for w in ctx.session_state.get_widget_states()
             if is_keyed_element_id(w.id) and (key := user_key_from_element_id(w.id)) is not None}
+
+
+def _changed_by_browser() -> set[str]:
+    """The keys of the widgets whose values this run's request changes: what the user did that started the run
+    (Streamlit's own test for on_change, against the values of the run before)."""
+    ctx = get_script_run_ctx()
+    if ctx is None:
+        return set()
+    state = ctx.session_state._state  # (SafeSessionState's SessionState: the widget values before this request)
+    return {key for w in ctx.session_state.get_widget_states()
+            if is_keyed_element_id(w.id) and (key := user_key_from_element_id(w.id)) is not None
+            and state._widget_changed(w.id)}
 
 
 def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None, *,
@@ -131,8 +143,11 @@ def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None,
     base = page.split("@", 1)[0]
     switched = st.session_state.get(f"_draft_of_{base}", page) != page  # another deployment on the same page
     st.session_state[f"_draft_of_{base}"] = page
+    # A field the user changed in this very request (a click while the page was still drawn after the arrival)
+    # is the user's, not the draft's: restored, the click was undone (compare switched on, and back off).
+    edited = _changed_by_browser() if arrived else set()
     for key in keys:
-        if key in draft and (arrived or switched or key not in st.session_state):
+        if key in draft and ((arrived and key not in edited) or switched or key not in st.session_state):
             st.session_state[key] = draft[key]
         elif switched:  # the other deployment's value is not this one's: its default, or none
             st.session_state.pop(key, None)

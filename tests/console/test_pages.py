@@ -195,12 +195,31 @@ def places(at: AppTest) -> dict[str, tuple[int, ...]]:
     return found
 
 
+def test_a_click_while_the_page_is_still_drawn_after_arriving_is_not_undone(console_env: EngineHandle) -> None:
+    """Coming back to a page restores its draft until one run of it has ended; a click that cut that run short
+    (the page was still being drawn) changed a field the restore then put back: compare switched on, and off."""
+    at = page("playground", console_env.token)
+    at.number_input(key="pg_a_max_tokens").set_value(64).run()  # the draft: max_tokens 64, compare off
+    at.session_state["_arrived"] = True  # the arrival's run was cut short: it stands
+    at.toggle(key="pg_compare").set_value(True).run()  # the click that cut it
+    assert not at.exception
+    assert at.toggle(key="pg_compare").value is True
+    assert at.number_input(key="pg_b_max_tokens")  # B's fields are drawn
+    assert at.number_input(key="pg_a_max_tokens").value == 64
+    assert at.session_state["_arrived"] is False  # drawn whole: from now on the fields are the user's
+
+
 def test_the_playground_keeps_its_fields_in_place_whichever_the_mode(console_env: EngineHandle) -> None:
     """A conversation that ends, compare switched on or off, a schema's error: what follows stays where it was.
     In the browser, while the next run drew, the last run's Run button stood below the new one (two Run buttons:
     CI's product-team journey after "New conversation"), and the single form's max_tokens (A's) stood where B's
     was about to be (48 typed there went to A)."""
     at = page("playground", console_env.token)
+    at.segmented_control(key="pg_mode").set_value("chat").run()
+    for fresh in (b for b in at.button if b.label == "New conversation"):  # (the session's draft may hold one)
+        fresh.click().run()
+    at.toggle(key="pg_compare").set_value(False)
+    at.selectbox(key="pg_format").set_value("Text")
     at.text_area(key="pg_prompt").set_value("Describe what this module does.")
     at.number_input(key="pg_a_max_tokens").set_value(4)
     next(b for b in at.button if b.label == "Run").click().run()
