@@ -109,16 +109,17 @@ def _sent_by_browser() -> set[str]:
             if is_keyed_element_id(w.id) and (key := user_key_from_element_id(w.id)) is not None}
 
 
-def _changed_by_browser() -> set[str]:
-    """The keys of the widgets whose values this run's request changes: what the user did that started the run
-    (Streamlit's own test for on_change, against the values of the run before)."""
+def _edited_now(keys: list[str]) -> set[str]:
+    """Of ``keys``, those this run's request changes: a widget's value the user changed (Streamlit's own test for
+    on_change, against the values of the run before), or a value a callback set (a Load button's)."""
     ctx = get_script_run_ctx()
     if ctx is None:
         return set()
     state = ctx.session_state._state  # (SafeSessionState's SessionState: the widget values before this request)
-    return {key for w in ctx.session_state.get_widget_states()
-            if is_keyed_element_id(w.id) and (key := user_key_from_element_id(w.id)) is not None
-            and state._widget_changed(w.id)}
+    changed = {key for w in ctx.session_state.get_widget_states()
+               if is_keyed_element_id(w.id) and (key := user_key_from_element_id(w.id)) is not None
+               and state._widget_changed(w.id)}
+    return {key for key in keys if key in changed or ctx.session_state.is_new_state_value(key)}
 
 
 def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None, *,
@@ -143,9 +144,10 @@ def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None,
     base = page.split("@", 1)[0]
     switched = st.session_state.get(f"_draft_of_{base}", page) != page  # another deployment on the same page
     st.session_state[f"_draft_of_{base}"] = page
-    # A field the user changed in this very request (a click while the page was still drawn after the arrival)
-    # is the user's, not the draft's: restored, the click was undone (compare switched on, and back off).
-    edited = _changed_by_browser() if arrived else set()
+    # A field the user or a callback changed in this very request (a click while the page was still drawn after
+    # the arrival) is theirs, not the draft's: restored, the click was undone (compare switched on, and back off;
+    # a prompt loaded, and the one typed before back).
+    edited = _edited_now(keys) if arrived else set()
     for key in keys:
         if key in draft and ((arrived and key not in edited) or switched or key not in st.session_state):
             st.session_state[key] = draft[key]

@@ -208,6 +208,15 @@ def test_a_click_while_the_page_is_still_drawn_after_arriving_is_not_undone(cons
     assert at.number_input(key="pg_a_max_tokens").value == 64
     assert at.session_state["_arrived"] is False  # drawn whole: from now on the fields are the user's
 
+    saved = console_env.client.save_prompt("loaded on arrival", "chat", "", "Loaded while the page was drawn.", {})
+    at.run()
+    at.selectbox(key="saved_choice").set_value(f"loaded on arrival (chat) · by {saved.author}").run()
+    at.text_area(key="pg_prompt").set_value("typed before").run()
+    at.session_state["_arrived"] = True
+    next(b for b in at.button if b.label == "Load").click().run()  # its callback sets the fields: not undone
+    assert at.text_area(key="pg_prompt").value == "Loaded while the page was drawn."
+    console_env.client.delete_prompt(saved.id)
+
 
 def test_the_playground_keeps_its_fields_in_place_whichever_the_mode(console_env: EngineHandle) -> None:
     """A conversation that ends, compare switched on or off, a schema's error: what follows stays where it was.
