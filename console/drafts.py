@@ -10,8 +10,10 @@ MAX_SESSIONS sessions, each at most MAX_SESSION_CHARS of draft (a field that wou
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -21,6 +23,7 @@ import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 from streamlit.runtime.state.common import is_keyed_element_id, user_key_from_element_id
 
+log = logging.getLogger("llmops.console")
 MAX_SESSIONS = 200
 MAX_SESSION_CHARS = 2_000_000
 
@@ -109,16 +112,26 @@ def _sent_by_browser() -> set[str]:
             if is_keyed_element_id(w.id) and (key := user_key_from_element_id(w.id)) is not None}
 
 
+@functools.cache
+def _warn_no_widget_changed() -> None:
+    log.warning("this Streamlit has no SessionState._widget_changed: a click during a page's first run after "
+                "arriving on it may be undone by its draft")
+
+
 def _edited_now(keys: list[str]) -> set[str]:
     """Of ``keys``, those this run's request changes: a widget's value the user changed (Streamlit's own test for
     on_change, against the values of the run before), or a value a callback set (a Load button's)."""
     ctx = get_script_run_ctx()
     if ctx is None:
         return set()
-    state = ctx.session_state._state  # (SafeSessionState's SessionState: the widget values before this request)
+    try:  # Streamlit's internals (1.67): SafeSessionState's SessionState, and its test for on_change
+        changed_since = ctx.session_state._state._widget_changed
+    except AttributeError:  # another Streamlit: the draft is restored over such a click, as before
+        _warn_no_widget_changed()
+        changed_since = None
     changed = {key for w in ctx.session_state.get_widget_states()
-               if is_keyed_element_id(w.id) and (key := user_key_from_element_id(w.id)) is not None
-               and state._widget_changed(w.id)}
+               if changed_since is not None and changed_since(w.id) and is_keyed_element_id(w.id)
+               and (key := user_key_from_element_id(w.id)) is not None}
     return {key for key in keys if key in changed or ctx.session_state.is_new_state_value(key)}
 
 

@@ -55,13 +55,14 @@ def deployment_header(what: str = "") -> deployment.Choice:
     """Under a page's title: which deployment its figures and actions are of (where there are several), and a
     clear word when the address names one the engine does not know."""
     choice = chosen()
-    if choice.unknown is not None:
-        st.warning(f"There is no deployment named **{choice.unknown}**: this page shows the default deployment, "
-                   f"**{choice.default_name}**. Pick one in the sidebar, or see the Deployments page.",
-                   icon=":material/search_off:")
-    elif choice.name is not None or len(choice.rows) > 1:
-        st.caption(f"Deployment **{choice.shown}**" + (" (the default)" if choice.name is None else "")
-                   + (f" · {what}" if what else ""))
+    with st.container():  # always there, drawn or not: what follows keeps its place (see restart_banner)
+        if choice.unknown is not None:
+            st.warning(f"There is no deployment named **{choice.unknown}**: this page shows the default deployment, "
+                       f"**{choice.default_name}**. Pick one in the sidebar, or see the Deployments page.",
+                       icon=":material/search_off:")
+        elif choice.name is not None or len(choice.rows) > 1:
+            st.caption(f"Deployment **{choice.shown}**" + (" (the default)" if choice.name is None else "")
+                       + (f" · {what}" if what else ""))
     return choice
 
 
@@ -183,7 +184,15 @@ def state_badge(status: StatusOut) -> None:
 
 
 def restart_banner(status: StatusOut) -> None:
-    """Say so when vLLM is not serving, and why."""
+    """Say so when vLLM is not serving, and why. In a block that is always there, banner or not: while a run draws,
+    the browser keeps what stood at each place of the page until the run puts something there, so a banner that
+    came or went would move what follows by one and, until the run ends, show the last run's widgets below the new
+    ones (two Run buttons on the playground)."""
+    with st.container():
+        _banner(status)
+
+
+def _banner(status: StatusOut) -> None:
     if status.state == "ready":
         return
     if status.state in ("starting", "draining", "stopping"):

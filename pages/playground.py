@@ -246,6 +246,7 @@ for col, tag in zip(st.columns(2 if compare else 1), ("a", "b") if compare else 
             st.empty()
         params_form(tag)
 
+
 def response_format() -> dict[str, Any] | None:
     if out_format == "JSON object":
         return {"type": "json_object"}

@@ -73,7 +73,7 @@ class Failures:
         await self.recorder.event("rollback", message, "error", rev_id,
                                   data={"rejected": rev_id, "back_to": back, "diagnosis": diagnosis.kind,
                                         "gap_s": gap})
-        self.progress.done("rejected")
+        self.progress.done("rejected", self.instances.text())  # the reason: what serves, not the failed step
         await self.recorder.audit("the automatic rollback", action="settings.auto_rollback",
                                   target=f"revision {rev_id}", before={"revision": rev_id}, after={"revision": back},
                                   detail=message)

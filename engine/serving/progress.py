@@ -70,19 +70,20 @@ class Progress:
         if self.applying:
             assert self.apply is not None
             self._conclude(serving, outcome)
+            if outcome == "applied":  # nothing follows: the last step is over too (the outcome is written last)
+                self.apply.step = "done"
             self.apply.outcome = outcome
 
     def finish(self, serving: str | None = None) -> ApplyProgress | None:
         """The apply has ended (its outcome, if none was said: aborted); ``serving`` as in ``done``."""
         if self.apply is None:
             return None
-        if self.apply.outcome == "running":
-            self._conclude(serving, "aborted")
-            self.apply.outcome = "aborted"
-        else:
-            self._conclude(serving, self.apply.outcome)
+        running = self.apply.outcome == "running"
+        self._conclude(serving, "aborted" if running else self.apply.outcome)
         self.apply.finished = datetime.fromtimestamp(self.clock.time(), UTC)
         self.apply.step = "done"
+        if running:
+            self.apply.outcome = "aborted"
         return self.apply
 
     def _conclude(self, serving: str | None, outcome: str) -> None:

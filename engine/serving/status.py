@@ -76,9 +76,15 @@ class StatusView:
             return self.snapshot(desired)
 
     def snapshot(self, desired: int | None) -> StatusOut:
-        # the apply first, then the state: off the loop, one that has ended is seen with the reason it ended with
-        # (written before its outcome: Progress.done)
-        apply = self.progress.apply.model_copy(deep=True) if self.progress.apply is not None else None
+        """What the status shows, its apply a copy (the caller's thread serializes it while the loop goes on).
+        Off the loop (the fallback above), the apply's outcome is read first, then the rest of it, then the state:
+        the loop writes them the other way round (Progress.done), so an outcome seen is seen with the step and the
+        reason it ended with."""
+        apply = self.progress.apply
+        if apply is not None:
+            outcome = apply.outcome
+            apply = apply.model_copy(deep=True)
+            apply.outcome = outcome
         p = self.instances.primary
         sm = self.progress.sm
         state, since, reason = sm.state, sm.since, sm.reason

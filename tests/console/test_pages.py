@@ -247,8 +247,11 @@ def test_the_playground_keeps_its_fields_in_place_whichever_the_mode(console_env
     for key in ("pg_prompt", *fields, "button Run"):
         assert talking[key] == quiet[key] == comparing[key] == wrong_schema[key], (
             key, talking[key], quiet[key], comparing[key], wrong_schema[key])
-    single = set(quiet.values())  # B's fields stand where nothing of the single form stood
-    assert not {comparing[key.replace("_a_", "_b_")] for key in fields} & single
+    # every place of the single form holds the same widget with compare on: nothing of it is left standing among
+    # A's and B's fields while the page is drawn (the old layout's 4 columns became 2: its max_tokens stood on)
+    at_place = {place: key for key, place in comparing.items()}
+    assert all(at_place.get(place) == key for key, place in quiet.items()), {
+        key: (place, at_place.get(place)) for key, place in quiet.items() if at_place.get(place) != key}
 
 
 def test_saved_prompts_load_save_and_delete_at_once(console_env: EngineHandle) -> None:

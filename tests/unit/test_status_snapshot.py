@@ -67,9 +67,9 @@ def test_a_blocked_loop_does_not_block_the_reader(monkeypatch: Any) -> None:
 
 
 class _Traced:
-    """An apply whose every outcome written notes the state's reason at that moment."""
+    """An apply whose every outcome written notes the state's reason and the apply's step at that moment."""
 
-    def __init__(self, progress: Any, real: Any, at_write: list[tuple[str, str]]) -> None:
+    def __init__(self, progress: Any, real: Any, at_write: list[tuple[str, str, str]]) -> None:
         object.__setattr__(self, "_real", real)
         object.__setattr__(self, "_progress", progress)
         object.__setattr__(self, "_at_write", at_write)
@@ -79,7 +79,7 @@ class _Traced:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "outcome":
-            self._at_write.append((value, self._progress.sm.reason))
+            self._at_write.append((value, self._progress.sm.reason, self._real.step))
         setattr(self._real, name, value)
 
 
@@ -99,19 +99,26 @@ def ready_progress() -> Any:
 def test_an_apply_that_ends_says_what_serves_before_its_outcome_is_written() -> None:
     """A reader off the loop (the loop blocked past STATUS_WAIT_S) that sees "applied" must not see the last step's
     reason beside it: CI (e43d1a3) saw status "applied" with reason "draining instance a"."""
-    at_write: list[tuple[str, str]] = []
+    at_write: list[tuple[str, str, str]] = []
     progress = ready_progress()
     progress.apply = _Traced(progress, progress.apply, at_write)
     progress.done("applied", "revision 3 serving on b")
     progress.finish("revision 3 serving on b")
-    assert at_write == [("applied", "revision 3 serving on b (apply of revision 3: applied)")]
+    assert at_write == [("applied", "revision 3 serving on b (apply of revision 3: applied)", "done")]
     assert progress.sm.reason == "revision 3 serving on b (apply of revision 3: applied)"
 
     at_write.clear()  # and an apply that ends with no outcome said (aborted)
     progress = ready_progress()
     progress.apply = _Traced(progress, progress.apply, at_write)
     progress.finish("revision 2 serving on a")
-    assert at_write == [("aborted", "revision 2 serving on a (apply of revision 3: aborted)")]
+    assert at_write == [("aborted", "revision 2 serving on a (apply of revision 3: aborted)", "done")]
+
+    at_write.clear()  # and one rejected (its new instance never became ready): what still serves, at once
+    progress = ready_progress()
+    progress.apply = _Traced(progress, progress.apply, at_write)
+    progress.done("rejected", "revision 2 serving on a")
+    assert at_write == [("rejected", "revision 2 serving on a (apply of revision 3: rejected)",
+                         "draining instance a")]  # (steps may follow: the old replica brought back)
 
 
 def test_a_snapshot_off_the_loop_reads_the_apply_before_the_reason() -> None:

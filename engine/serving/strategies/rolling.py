@@ -25,6 +25,7 @@ async def run(ctx: Context, desired: Revision, settings: EngineSettings, plan: A
         assert verdict is not None
         if not verdict.ready:
             if not verdict.aborted and not verdict.lost:  # the replica it replaced comes back on the old revision
+                ctx.step(f"replica {index + 1} of {len(olds)}: bringing revision {old.revision.id} back")
                 back = await ctx.launch(old.revision, old.settings, device=old.device, node=old.child.node,
                                         index=index, abortable=False)
                 async for _ in started(ctx, back):
