@@ -195,6 +195,25 @@ def places(at: AppTest) -> dict[str, tuple[int, ...]]:
     return found
 
 
+def test_a_banner_that_comes_and_goes_moves_nothing_below_it(console_env: EngineHandle) -> None:
+    """The restart banner (vLLM stopped, starting, asleep) is drawn or not above the page: while it came or went,
+    everything below it moved by one, and the browser showed the last run's widgets below the new ones until the
+    run ended (a deployment waking from zero: two Run buttons on the playground)."""
+    at = page("playground", console_env.token)
+    assert not at.warning and not at.info
+    serving = places(at)
+    console_env.client.engine_action("stop")
+    try:
+        console_env.client.wait_for({"stopped"}, 60)
+        at.run()
+        assert any("vLLM is stopped" in w.value for w in at.warning), [w.value for w in at.warning]
+        stopped = places(at)
+    finally:
+        console_env.client.engine_action("start")
+        console_env.client.wait_for({"ready"}, 60)
+    assert stopped == serving, {k: (v, stopped.get(k)) for k, v in serving.items() if stopped.get(k) != v}
+
+
 def test_a_click_while_the_page_is_still_drawn_after_arriving_is_not_undone(console_env: EngineHandle) -> None:
     """Coming back to a page restores its draft until one run of it has ended; a click that cut that run short
     (the page was still being drawn) changed a field the restore then put back: compare switched on, and off."""
