@@ -102,13 +102,13 @@ def session_key(token: str | None = None) -> str | None:
     return hashlib.sha256(value.encode()).hexdigest() if isinstance(value, str) and value else None
 
 
-def _sent_by_browser() -> set[str]:
-    """The keys of the widgets whose values came with this run's request (at the top of a page: nothing of this
-    run is drawn yet, so the widget states are the browser's)."""
+def _sent_by_browser() -> dict[str, str]:
+    """The widgets whose values came with this run's request, key to element id (at the top of a page: nothing of
+    this run is drawn yet, so the widget states are the browser's)."""
     ctx = get_script_run_ctx()
     if ctx is None:
-        return set()
-    return {key for w in ctx.session_state.get_widget_states()
+        return {}
+    return {key: w.id for w in ctx.session_state.get_widget_states()
             if is_keyed_element_id(w.id) and (key := user_key_from_element_id(w.id)) is not None}
 
 
@@ -118,9 +118,10 @@ def _warn_no_widget_changed() -> None:
                 "arriving on it may be undone by its draft")
 
 
-def _edited_now(keys: list[str]) -> set[str]:
-    """Of ``keys``, those this run's request changes: a widget's value the user changed (Streamlit's own test for
-    on_change, against the values of the run before), or a value a callback set (a Load button's)."""
+def _edited_now(keys: list[str], sent: dict[str, str]) -> set[str]:
+    """Of ``keys``, those this run's request changes: a widget's value the user changed (of those ``sent``;
+    Streamlit's own test for on_change, against the values of the run before), or a value a callback set (a Load
+    button's)."""
     ctx = get_script_run_ctx()
     if ctx is None:
         return set()
@@ -129,10 +130,8 @@ def _edited_now(keys: list[str]) -> set[str]:
     except AttributeError:  # another Streamlit: the draft is restored over such a click, as before
         _warn_no_widget_changed()
         changed_since = None
-    changed = {key for w in ctx.session_state.get_widget_states()
-               if changed_since is not None and changed_since(w.id) and is_keyed_element_id(w.id)
-               and (key := user_key_from_element_id(w.id)) is not None}
-    return {key for key in keys if key in changed or ctx.session_state.is_new_state_value(key)}
+    return {key for key in keys if (changed_since is not None and key in sent and changed_since(sent[key]))
+            or ctx.session_state.is_new_state_value(key)}
 
 
 def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None, *,
@@ -160,7 +159,8 @@ def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None,
     # A field the user or a callback changed in this very request (a click while the page was still drawn after
     # the arrival) is theirs, not the draft's: restored, the click was undone (compare switched on, and back off;
     # a prompt loaded, and the one typed before back).
-    edited = _edited_now(keys) if arrived else set()
+    sent = _sent_by_browser()
+    edited = _edited_now(keys, sent) if arrived else set()
     for key in keys:
         if key in draft and ((arrived and key not in edited) or switched or key not in st.session_state):
             st.session_state[key] = draft[key]
@@ -174,7 +174,6 @@ def keep(page: str, keys: Iterable[str], defaults: dict[str, Any] | None = None,
     # one that ended just before it, can leave fields undrawn although they are in Session State; drawn again
     # without being told their value, they show their own first value (a number_input its min, a toggle off) and
     # the browser sends that back with the next click. Set through Session State, the widget carries the value.
-    sent = _sent_by_browser()
     for key in keys:
         if key not in sent and key in st.session_state:
             st.session_state[key] = st.session_state[key]
