@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -439,6 +440,57 @@ def _cpu(pid: int) -> float:
         return 0.0
 
 
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def _main_thread_cpu(pid: int) -> float:
+    """CPU seconds of ``pid``'s main thread (the engine's event loop), user and system: the rest of the process's
+    CPU is its other threads' (the ledger's writer, telemetry, the thread pool of SQLite calls)."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14 and 15 of stat)
+
+
+class Floor:
+    """The floor of a relay in Python in front of vLLM: a byte proxy (``relay-ceiling --workers -1``: each read of
+    one socket written to the other from its callback, nothing parsed) on a port of its own, so that what the
+    gateway costs above the two system calls per event is measured on vLLM's real stream, side by side."""
+
+    def __init__(self, upstream: str, workdir: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(workdir / "floor.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench", "relay-ceiling", "--host-gateway", "--workers",
+                                      "-1", "--port", str(self.port), "--upstream", upstream, "--out",
+                                      str(workdir / "floor")], cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 60
+        import socket
+
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the byte proxy did not come up: see {self.log.name}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def _py_spy() -> str | None:
+    """py-spy, to profile the engine during one more gateway run (``--py-spy``): LLMOPS_BENCH_PY_SPY or PATH's."""
+    return os.environ.get("LLMOPS_BENCH_PY_SPY") or shutil.which("py-spy")
+
+
 def scrape(engine: Engine) -> str | None:
     """vLLM's own /metrics (the one child behind both paths)."""
     try:
@@ -457,9 +509,12 @@ def cache_over(before: str | None, after: str | None) -> CacheUse | None:
 
 
 def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace, workdir: Path,
-             tag: str, prompts: int | None = None, extra: list[str] | None = None) -> dict[str, Any]:
+             tag: str, prompts: int | None = None, extra: list[str] | None = None, floor: Floor | None = None,
+             profile: Path | None = None) -> dict[str, Any]:
     """One run of vLLM's benchmark against ``base_url``; ``engine`` is an Engine or a Beside (what is measured: its
-    /metrics, its API server's CPU). ``prompts``: this many (default: --prompts-per-client, at least --min-prompts)."""
+    /metrics, its API server's CPU). ``prompts``: this many (default: --prompts-per-client, at least --min-prompts).
+    ``floor``: the run goes through this byte proxy, whose CPU is measured in the engine's place. ``profile``: py-spy
+    records the engine's process there (raw stacks) while the run lasts."""
     out = workdir / f"{tag}.json"
     prompts = prompts or max(concurrency * a.prompts_per_client, a.min_prompts)
     seed = a.seed if a.seed is not None else fresh_seed()
@@ -472,13 +527,27 @@ def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace
             "--seed", str(seed), "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(workdir),
             "--result-filename", f"{tag}-detail.json", *(extra or [])]
     metrics_before = scrape(engine)
-    before = (_cpu(engine.proc.pid), _cpu(engine.vllm_pid), time.monotonic())
+    measured = floor.proc.pid if floor is not None else engine.proc.pid
+    loop_before = _main_thread_cpu(engine.proc.pid)
+    before = (_cpu(measured), _cpu(engine.vllm_pid), time.monotonic())
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
-    if base_url == engine.direct_url and engine.vllm_key:  # vLLM's benchmark sends it as its bearer token
+    if engine.vllm_key and (base_url == engine.direct_url or floor is not None):  # sent as its bearer token
         env["OPENAI_API_KEY"] = engine.vllm_key
+    spy = None
+    if profile is not None and (binary := _py_spy()) is not None:
+        spy = subprocess.Popen([binary, "record", "--pid", str(engine.proc.pid), "--rate", "200", "--format", "raw",
+                                "--nonblocking", "--output", str(profile)], stdout=subprocess.DEVNULL,
+                               stderr=open(profile.with_suffix(".log"), "wb"))  # noqa: SIM115 - the child's
     done = subprocess.run([sys.executable, "-m", __name__, "--vllm-bench", str(out), "--", *argv], cwd=REPO,
                           capture_output=True, text=True, check=False, env=env)
-    after = (_cpu(engine.proc.pid), _cpu(engine.vllm_pid), time.monotonic())
+    after = (_cpu(measured), _cpu(engine.vllm_pid), time.monotonic())
+    loop_after = _main_thread_cpu(engine.proc.pid)
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes what it recorded when interrupted
+        try:
+            spy.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
     use = cache_over(metrics_before, scrape(engine))
     if done.returncode != 0 or not out.exists():
         raise SystemExit(f"vLLM's benchmark failed ({tag}):\n{done.stderr[-3000:]}")
@@ -499,6 +568,7 @@ def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace
         "gaps_under_0_5ms": round(sum(1 for g in gaps if g < 0.0005) / len(gaps), 4) if gaps else None,
         "gap_p10_ms": _pct(gaps, 0.10), "gap_p50_ms": _pct(gaps, 0.5), "gap_p90_ms": _pct(gaps, 0.9),
         "engine_cpu_pct": round(100 * (after[0] - before[0]) / wall, 1),
+        "engine_loop_cpu_pct": round(100 * (loop_after - loop_before) / wall, 1),
         "vllm_api_cpu_pct": round(100 * (after[1] - before[1]) / wall, 1), "wall_s": round(wall, 1),
         "seed": seed, "prefix_cache_hit_pct": use.hit_pct if use is not None else None,
         "cache_warning": cache_warning(use.hit_pct if use is not None else None),
@@ -518,6 +588,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (label, conc) in sorted({(r["label"], r["concurrency"]) for r in runs}, key=lambda k: (k[0], k[1])):
         d = [r for r in runs if r["label"] == label and r["concurrency"] == conc and r["path"] == "direct"]
         g = [r for r in runs if r["label"] == label and r["concurrency"] == conc and r["path"] == "gateway"]
+        f = [r for r in runs if r["label"] == label and r["concurrency"] == conc and r["path"] == "floor"]
 
         def mean(rs: list[dict[str, Any]], k: str) -> float | None:
             vals = [r[k] for r in rs if r.get(k) is not None]
@@ -533,10 +604,23 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "gaps_under_0_5ms": (mean(d, "gaps_under_0_5ms"), mean(g, "gaps_under_0_5ms")),
             "gap_p10_ms": (mean(d, "gap_p10_ms"), mean(g, "gap_p10_ms")),
             "engine_cpu_pct": [r["engine_cpu_pct"] for r in g],
-            "failed": sum(int(r["failed"] or 0) for r in d + g),
-            "prefix_cache_hit_pct": [r.get("prefix_cache_hit_pct") for r in d + g],
+            "engine_cpu_pct_direct_runs": [r["engine_cpu_pct"] for r in d],
+            # the event loop's thread alone, in the gateway runs (the rest: the engine's other threads)
+            "engine_loop_cpu_pct": [r.get("engine_loop_cpu_pct") for r in g],
+            # % of a core per 1,000 tok/s: the gateway's less what the engine spends when it relays nothing
+            "gateway_cpu_per_1k_tok_s": [_per_1k(r["engine_cpu_pct"] - (mean(d, "engine_cpu_pct") or 0.0),
+                                                 r["output_tok_s"]) for r in g],
+            "floor_tok_s": [r["output_tok_s"] for r in f],
+            "floor_cpu_pct": [r["engine_cpu_pct"] for r in f],
+            "floor_cpu_per_1k_tok_s": [_per_1k(r["engine_cpu_pct"], r["output_tok_s"]) for r in f],
+            "failed": sum(int(r["failed"] or 0) for r in d + g + f),
+            "prefix_cache_hit_pct": [r.get("prefix_cache_hit_pct") for r in d + g + f],
         })
     return rows
+
+
+def _per_1k(cpu_pct: float, tok_s: float | None) -> float | None:
+    return round(cpu_pct / (tok_s / 1000), 2) if tok_s else None
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -553,6 +637,19 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {pair(r['ttft_p50_ms'])} | {pair(r['ttft_p99_ms'])} | {pair(r['itl_p50_ms'], '{:.2f}')} "
             f"| {pair(r['gaps_under_0_5ms'], '{:.0%}')} | {', '.join(f'{v:.0f} %' for v in r['engine_cpu_pct'])} "
             f"| {r['failed']} | {', '.join('–' if v is None else f'{v:.0f} %' for v in r['prefix_cache_hit_pct'])} |")
+    if any(r.get("floor_tok_s") for r in rows):
+        lines += ["", "| tree | clients | gateway tok/s | gateway CPU per 1,000 tok/s, net | its event loop's thread "
+                  "| byte proxy tok/s | byte proxy CPU per 1,000 tok/s |",
+                  "| --- | ---: | ---: | --- | --- | ---: | --- |"]
+
+        def nums(vs: list[Any], fmt: str) -> str:
+            return ", ".join("–" if v is None else fmt.format(v) for v in vs)
+
+        for r in rows:
+            lines.append(f"| {r['tree']} | {r['clients']} | {nums(r['gateway_tok_s'], '{:,.0f}')} "
+                         f"| {nums(r['gateway_cpu_per_1k_tok_s'], '{:.2f} %')} "
+                         f"| {nums(r['engine_loop_cpu_pct'], '{:.1f} %')} | {nums(r['floor_tok_s'], '{:,.0f}')} "
+                         f"| {nums(r['floor_cpu_per_1k_tok_s'], '{:.2f} %')} |")
     return "\n".join(lines)
 
 
@@ -586,6 +683,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--utilization must leave room for the second vLLM)")
     p.add_argument("--cap-prompts", type=int, nargs="*", default=[], metavar="P",
                    help="prompts of each run of each --cap-vs-restart level, in order (to last ≥ 30 s at its rate)")
+    p.add_argument("--floor", action="store_true",
+                   help="also through a byte proxy in front of vLLM (the floor of a relay in Python: two system calls "
+                   "an event, nothing parsed), its CPU measured, in the middle of each round")
+    p.add_argument("--py-spy", action="store_true",
+                   help="after each concurrency's rounds, one more gateway run with py-spy recording the engine "
+                   "(raw stacks in py-spy-TREE-CLIENTS.txt; py-spy from LLMOPS_BENCH_PY_SPY or PATH)")
     p.add_argument("--runs-per-round", type=int, default=4, choices=(2, 4),
                    help="direct, gateway (2: when device time is short) or direct, gateway, gateway, direct (4)")
     p.add_argument("--cap-runs", type=int, default=4, choices=(2, 4),
@@ -623,19 +726,38 @@ def run(a: argparse.Namespace) -> None:
             report["trees"][label]["plans"] = [probe(engine, item) for item in a.plan_probe]
             save()
             gateway = engine.url
-            for conc in [] if a.plans_only else a.concurrency:
-                run_once(engine, gateway, min(conc, 8), a, workdir, f"{label}-warmup-{conc}", prompts=4 * min(conc, 8))
-                for rnd in range(a.rounds):
-                    pattern = (("direct", engine.direct_url), ("gateway", gateway), ("gateway", gateway),
-                               ("direct", engine.direct_url))
-                    for i, (path, url) in enumerate(pattern[:a.runs_per_round]):
-                        run = run_once(engine, url, conc, a, workdir, f"{label}-{conc}-{rnd}-{i}-{path}")
-                        report["runs"].append({"label": label, "path": path, **run})
+            floor = Floor(engine.direct_url, workdir) if a.floor and not a.plans_only else None
+            try:
+                for conc in [] if a.plans_only else a.concurrency:
+                    run_once(engine, gateway, min(conc, 8), a, workdir, f"{label}-warmup-{conc}",
+                             prompts=4 * min(conc, 8))
+                    for rnd in range(a.rounds):
+                        pattern: list[tuple[str, str]] = [("direct", engine.direct_url), ("gateway", gateway)]
+                        if floor is not None:  # the byte proxy between, in the middle of the round
+                            pattern += [("floor", floor.url), ("floor", floor.url)]
+                        if a.runs_per_round == 4:
+                            pattern += [("gateway", gateway), ("direct", engine.direct_url)]
+                        for i, (path, url) in enumerate(pattern):
+                            run = run_once(engine, url, conc, a, workdir, f"{label}-{conc}-{rnd}-{i}-{path}",
+                                           floor=floor if path == "floor" else None)
+                            report["runs"].append({"label": label, "path": path, **run})
+                            save()
+                            print(f"{label} {conc} clients {path}: {run['output_tok_s']:.0f} tok/s, "
+                                  f"TTFT p99 {run['ttft_p99_ms']:.0f} ms, "
+                                  f"{'proxy' if path == 'floor' else 'engine'} CPU {run['engine_cpu_pct']} %, "
+                                  f"seed {run['seed']}, prefix cache hits {run['prefix_cache_hit_pct']} %"
+                                  + (f" — WARNING: {run['cache_warning']}" if run["cache_warning"] else ""),
+                                  flush=True)
+                    if a.py_spy:  # one more gateway run, profiled (its CPU is not in the table: py-spy perturbs it)
+                        stacks = a.out / f"py-spy-{label}-{conc}.txt"
+                        run = run_once(engine, gateway, conc, a, workdir, f"{label}-{conc}-profiled", profile=stacks)
+                        report["runs"].append({"label": label, "path": "gateway, profiled", **run})
                         save()
-                        print(f"{label} {conc} clients {path}: {run['output_tok_s']:.0f} tok/s, "
-                              f"TTFT p99 {run['ttft_p99_ms']:.0f} ms, engine CPU {run['engine_cpu_pct']} %, "
-                              f"seed {run['seed']}, prefix cache hits {run['prefix_cache_hit_pct']} %"
-                              + (f" — WARNING: {run['cache_warning']}" if run["cache_warning"] else ""), flush=True)
+                        print(f"{label} {conc} clients, profiled: {stacks} "
+                              f"({'written' if stacks.exists() else 'not written: see its .log'})", flush=True)
+            finally:
+                if floor is not None:
+                    floor.stop()
             if a.cap_vs_restart:
                 cap_vs_restart(engine, a, workdir, report, save)
             for item in a.after:  # applies whose starts (and wake-ups) the engine estimates: issue 20 item 3
