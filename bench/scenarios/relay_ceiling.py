@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stubs", type=int, default=1, help="stub upstream processes (the deployment's instances)")
     p.add_argument("--token-s", type=float, default=0.0, help="the stubs' time between a stream's tokens (0: as fast "
                    "as they can, events batched in few reads; vLLM's decode steps send one event a read)")
+    p.add_argument("--vllm-shaped", action="store_true", help="the stubs' events as vLLM's (~235 bytes each, its "
+                   "fields), its end (the finishing event, the usage, [DONE], each a write), all streams' events on "
+                   "one clock as vLLM's decode steps send them (with --token-s)")
     p.add_argument("--prompt-words", type=int, default=1, help="words in each client's prompt (random, drawn "
                    "afresh each run; 150 is about the 200 tokens of the GPU profile's prompts)")
     p.add_argument("--seed", type=int, default=None, help="the prompts' seed (default: a fresh one each run, "
@@ -293,7 +296,8 @@ def run(a: argparse.Namespace) -> int:
     for _ in range(a.stubs):
         port = free_port()
         stubs.append(subprocess.Popen([sys.executable, "-m", "tests.testkit.stub_upstream", "--port", str(port),
-                                       "--token-s", str(a.token_s)], cwd=REPO, env=env))
+                                       "--token-s", str(a.token_s), *(["--vllm-shaped"] if a.vllm_shaped else [])],
+                                      cwd=REPO, env=env))
         ports.append(port)
     results: list[dict[str, Any]] = []
     try:
@@ -333,14 +337,15 @@ def run(a: argparse.Namespace) -> int:
             stub.terminate()
             stub.wait(10)
     out = {"clients": a.clients, "tokens": a.tokens, "prompt_words": a.prompt_words, "seed": a.seed,
-           "token_s": a.token_s,
+           "token_s": a.token_s, "vllm_shaped": a.vllm_shaped,
            "stubs": a.stubs, "load_procs": a.load_procs,
            "seconds": a.seconds, "cores": len(os.sched_getaffinity(0)), "results": results}
     (a.out / "relay-ceiling.json").write_text(json.dumps(out, indent=2))
     lines = [f"{a.clients} streaming clients, {a.tokens} tokens a request "
              f"({f'{a.token_s * 1000:g} ms apart' if a.token_s else 'as fast as the stub can'}), {a.stubs} stub(s), "
              f"{a.load_procs} load process(es), {a.seconds:g} s windows, {out['cores']} cores, prompts of "
-             f"{a.prompt_words} word(s), seed {a.seed}", "",
+             f"{a.prompt_words} word(s), seed {a.seed}"
+             + (", the stubs' events shaped and timed as vLLM's" if a.vllm_shaped else ""), "",
              "| path | tokens/s | requests/s | gateway CPU (cores) | % of a core per 1,000 tok/s | lost |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in results:

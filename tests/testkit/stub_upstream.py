@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import email.utils
 import json
+import random
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,9 +23,14 @@ from tests.testkit.wait import wait_until
 
 
 class StubUpstream:
-    def __init__(self, token_s: float = 0.0, tokens: int = 16) -> None:
+    """``vllm_shaped``: each event as vLLM 0.26–0.32 writes a completion's (its fields and size, ~235 bytes), the
+    end as vLLM ends (the finishing event, the usage, ``[DONE]`` and the last chunk, each a write of its own), and
+    with ``token_s`` every stream's events on one clock, as vLLM's decode steps send them (all streams at once)."""
+
+    def __init__(self, token_s: float = 0.0, tokens: int = 16, vllm_shaped: bool = False) -> None:
         self.token_s = token_s
         self.tokens = tokens  # when a request asks for none
+        self.vllm_shaped = vllm_shaped
         self.current = 0
         self.peak = 0
         self.served = 0
@@ -72,6 +80,9 @@ class StubUpstream:
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
                              + str(len(out)).encode() + b"\r\n\r\n" + out)
                 return
+            if self.vllm_shaped:
+                await self._vllm_stream(chat, n, usage, writer)
+                return
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
             kind = b"chat.completion.chunk" if chat else b"text_completion"
             event = (b'data: {"id":"stub","object":"' + kind + b'","choices":[{"index":0,'
@@ -90,6 +101,44 @@ class StubUpstream:
         finally:
             self.current -= 1
             self.served += 1
+
+    async def _vllm_stream(self, chat: bool, n: int, usage: dict[str, int], writer: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{random.getrandbits(64):016x}"
+        created = int(time.time())
+        start = (f'data: {{"id":"{rid}","object":"{"chat.completion.chunk" if chat else "text_completion"}",'
+                 f'"created":{created},"model":"bench","choices":[{{"index":0,').encode()
+        writer.write(b"HTTP/1.1 200 OK\r\ndate: " + email.utils.formatdate(usegmt=True).encode()
+                     + b"\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n")
+
+        def chunk(event: bytes) -> bytes:
+            return b"%x\r\n%b\r\n" % (len(event), event)
+
+        def token(text: str, finish: str | None) -> bytes:
+            reason = b"null" if finish is None else b'"' + finish.encode() + b'"'
+            if chat:
+                return chunk(start + b'"delta":{"content":"' + text.encode() + b'"},"logprobs":null,'
+                             b'"finish_reason":' + reason + b',"token_ids":null}]}\n\n')
+            return chunk(start + b'"text":"' + text.encode() + b'","logprobs":null,"finish_reason":' + reason
+                         + b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]}\n\n')
+
+        tick = int(loop.time() / self.token_s) if self.token_s else 0
+        for i in range(n):
+            if self.token_s:  # the next tick of one clock for every stream: vLLM's decode step
+                tick = max(tick + 1, int(loop.time() / self.token_s) + 1)
+                await asyncio.sleep(tick * self.token_s - loop.time())
+            writer.write(token(random.choice(_WORDS), "length" if i == n - 1 else None))
+            if not self.token_s:
+                await writer.drain()
+        writer.write(chunk(start.split(b',"choices"')[0] + b',"choices":[],"usage":' + json.dumps(usage).encode()
+                           + b"}\n\n"))
+        writer.write(chunk(b"data: [DONE]\n\n"))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+
+_WORDS = [" the", " of", "ched", ",", " se", "able", " The", ".", "-", " model", " token", " stream"]
 
 
 @contextmanager
@@ -127,10 +176,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="A stub upstream that streams as vLLM does, as fast as it can.")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--token-s", type=float, default=0.0)
+    parser.add_argument("--vllm-shaped", action="store_true", help="events, their end and their timing as vLLM's")
     args = parser.parse_args()
 
     async def serve() -> None:
-        server = await asyncio.start_server(StubUpstream(args.token_s).handle, "127.0.0.1", args.port, backlog=4096)
+        server = await asyncio.start_server(StubUpstream(args.token_s, vllm_shaped=args.vllm_shaped).handle,
+                                            "127.0.0.1", args.port, backlog=4096)
         await server.serve_forever()
 
     import uvloop
