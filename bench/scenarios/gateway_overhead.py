@@ -443,6 +443,15 @@ def _cpu(pid: int) -> float:
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
+def _syscalls(pid: int) -> int:
+    """Read and write system calls of ``pid`` so far (/proc/PID/io: syscr + syscw)."""
+    try:
+        io = psutil.Process(pid).io_counters()
+    except psutil.Error:
+        return 0
+    return int(io.read_count + io.write_count)
+
+
 def _main_thread_cpu(pid: int) -> float:
     """CPU seconds of ``pid``'s main thread (the engine's event loop), user and system: the rest of the process's
     CPU is its other threads' (the ledger's writer, telemetry, the thread pool of SQLite calls)."""
@@ -528,7 +537,7 @@ def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace
             "--result-filename", f"{tag}-detail.json", *(extra or [])]
     metrics_before = scrape(engine)
     measured = floor.proc.pid if floor is not None else engine.proc.pid
-    loop_before = _main_thread_cpu(engine.proc.pid)
+    loop_before, calls_before = _main_thread_cpu(engine.proc.pid), _syscalls(measured)
     before = (_cpu(measured), _cpu(engine.vllm_pid), time.monotonic())
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     if engine.vllm_key and (base_url == engine.direct_url or floor is not None):  # sent as its bearer token
@@ -541,7 +550,7 @@ def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace
     done = subprocess.run([sys.executable, "-m", __name__, "--vllm-bench", str(out), "--", *argv], cwd=REPO,
                           capture_output=True, text=True, check=False, env=env)
     after = (_cpu(measured), _cpu(engine.vllm_pid), time.monotonic())
-    loop_after = _main_thread_cpu(engine.proc.pid)
+    loop_after, calls_after = _main_thread_cpu(engine.proc.pid), _syscalls(measured)
     if spy is not None:
         spy.send_signal(signal.SIGINT)  # py-spy writes what it recorded when interrupted
         try:
@@ -569,6 +578,9 @@ def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace
         "gap_p10_ms": _pct(gaps, 0.10), "gap_p50_ms": _pct(gaps, 0.5), "gap_p90_ms": _pct(gaps, 0.9),
         "engine_cpu_pct": round(100 * (after[0] - before[0]) / wall, 1),
         "engine_loop_cpu_pct": round(100 * (loop_after - loop_before) / wall, 1),
+        # the measured process's reads and writes (the engine's, or the byte proxy's) per output token
+        "syscalls_per_token": round((calls_after - calls_before) / r["total_output_tokens"], 3)
+        if r.get("total_output_tokens") else None,
         "vllm_api_cpu_pct": round(100 * (after[1] - before[1]) / wall, 1), "wall_s": round(wall, 1),
         "seed": seed, "prefix_cache_hit_pct": use.hit_pct if use is not None else None,
         "cache_warning": cache_warning(use.hit_pct if use is not None else None),
@@ -610,6 +622,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             # % of a core per 1,000 tok/s: the gateway's less what the engine spends when it relays nothing
             "gateway_cpu_per_1k_tok_s": [_per_1k(r["engine_cpu_pct"] - (mean(d, "engine_cpu_pct") or 0.0),
                                                  r["output_tok_s"]) for r in g],
+            "syscalls_per_token": ([r.get("syscalls_per_token") for r in g], [r.get("syscalls_per_token") for r in f]),
             "floor_tok_s": [r["output_tok_s"] for r in f],
             "floor_cpu_pct": [r["engine_cpu_pct"] for r in f],
             "floor_cpu_per_1k_tok_s": [_per_1k(r["engine_cpu_pct"], r["output_tok_s"]) for r in f],
@@ -639,8 +652,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['failed']} | {', '.join('–' if v is None else f'{v:.0f} %' for v in r['prefix_cache_hit_pct'])} |")
     if any(r.get("floor_tok_s") for r in rows):
         lines += ["", "| tree | clients | gateway tok/s | gateway CPU per 1,000 tok/s, net | its event loop's thread "
-                  "| byte proxy tok/s | byte proxy CPU per 1,000 tok/s |",
-                  "| --- | ---: | ---: | --- | --- | ---: | --- |"]
+                  "| byte proxy tok/s | byte proxy CPU per 1,000 tok/s | reads and writes per token, gateway → proxy |",
+                  "| --- | ---: | ---: | --- | --- | ---: | --- | --- |"]
 
         def nums(vs: list[Any], fmt: str) -> str:
             return ", ".join("–" if v is None else fmt.format(v) for v in vs)
@@ -649,7 +662,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {r['tree']} | {r['clients']} | {nums(r['gateway_tok_s'], '{:,.0f}')} "
                          f"| {nums(r['gateway_cpu_per_1k_tok_s'], '{:.2f} %')} "
                          f"| {nums(r['engine_loop_cpu_pct'], '{:.1f} %')} | {nums(r['floor_tok_s'], '{:,.0f}')} "
-                         f"| {nums(r['floor_cpu_per_1k_tok_s'], '{:.2f} %')} |")
+                         f"| {nums(r['floor_cpu_per_1k_tok_s'], '{:.2f} %')} "
+                         f"| {nums(r['syscalls_per_token'][0], '{:.2f}')} "
+                         f"→ {nums(r['syscalls_per_token'][1], '{:.2f}')} |")
     return "\n".join(lines)
 
 

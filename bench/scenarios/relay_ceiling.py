@@ -284,6 +284,18 @@ def _cpu(proc: psutil.Process) -> float:
     return total
 
 
+def _syscalls(proc: psutil.Process) -> int:
+    """Read and write system calls of a process and its children so far (/proc/PID/io: syscr + syscw)."""
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            io = p.io_counters()
+            total += io.read_count + io.write_count
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def run(a: argparse.Namespace) -> int:
     if a.host_gateway:
         host_gateway(a)
@@ -316,9 +328,11 @@ def run(a: argparse.Namespace) -> int:
             try:
                 _ready(port)
                 proc = psutil.Process(host.pid)
-                cpu0, t0 = _cpu(proc), time.monotonic()
+                cpu0, calls0, t0 = _cpu(proc), _syscalls(proc), time.monotonic()
                 figures = load(port, a, f"workers {workers}")
-                cores = (_cpu(proc) - cpu0) / (time.monotonic() - t0)
+                elapsed = time.monotonic() - t0
+                cores = (_cpu(proc) - cpu0) / elapsed
+                calls_s = (_syscalls(proc) - calls0) / elapsed
             finally:
                 os.killpg(host.pid, 15)
                 host.wait(30)
@@ -327,6 +341,9 @@ def run(a: argparse.Namespace) -> int:
                     else "the engine itself (ledger, metrics, limits)" if workers == -3 else f"{workers} workers")
             row = {"path": path, "workers": workers, **figures,
                    "gateway_cores": cores,
+                   # reads and writes of the gateway's processes per token relayed (the floor: about 2)
+                   "syscalls_per_token": round(calls_s / figures["tokens_per_s"], 3) if figures["tokens_per_s"]
+                   else None,
                    "cpu_pct_per_1k_tok_s": 100 * cores / (figures["tokens_per_s"] / 1000)
                    if figures["tokens_per_s"] else None}
             results.append(row)
@@ -346,15 +363,16 @@ def run(a: argparse.Namespace) -> int:
              f"{a.load_procs} load process(es), {a.seconds:g} s windows, {out['cores']} cores, prompts of "
              f"{a.prompt_words} word(s), seed {a.seed}"
              + (", the stubs' events shaped and timed as vLLM's" if a.vllm_shaped else ""), "",
-             "| path | tokens/s | requests/s | gateway CPU (cores) | % of a core per 1,000 tok/s | lost |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "| path | tokens/s | requests/s | gateway CPU (cores) | % of a core per 1,000 tok/s "
+             "| reads and writes per token | lost |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         head = f"| {r['path']} | {r['tokens_per_s']:,.0f} | {r['requests_per_s']:,.1f} | "
         if "gateway_cores" in r:
             lines.append(head + f"{r['gateway_cores']:.2f} | {r['cpu_pct_per_1k_tok_s'] or 0:.2f} | "
-                         f"{r['connections_lost']} |")
+                         f"{r.get('syscalls_per_token') or 0:.2f} | {r['connections_lost']} |")
         else:
-            lines.append(head + f"– | – | {r['connections_lost']} |")
+            lines.append(head + f"– | – | – | {r['connections_lost']} |")
     (a.out / "relay-ceiling.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
