@@ -87,7 +87,14 @@ from engine.private import make_private
 from engine.prompts import PromptStore
 from engine.revisions import EngineSettings, RevisionStore, initial_settings
 from engine.schemas import AutoscaleOut
-from engine.vllm import PrivateRotatingFileHandler, VllmFlags, redact_secrets, session_nice, vllm_distribution
+from engine.vllm import (
+    PrivateRotatingFileHandler,
+    VllmFlags,
+    redact_secrets,
+    remove_ipc_folder,
+    session_nice,
+    vllm_distribution,
+)
 
 
 class UnsafeConfigError(EngineError):
@@ -309,6 +316,7 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
             if workers is not None:  # their streams end first: the instances still serve them
                 await workers.stop()
             await fleet.shutdown()  # before the sampler: waiting for the GPU's memory reads its samples
+            await asyncio.to_thread(remove_ipc_folder, config.data_dir)  # vLLM's children are gone: their sockets too
             await asyncio.to_thread(sampler.stop)
             try:
                 await ledger.close()

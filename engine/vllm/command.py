@@ -295,6 +295,37 @@ def sandbox_for(data_dir: Path, env: dict[str, str], *, secrets: Iterable[Path] 
     return sandbox
 
 
+def _ipc_name(data: Path) -> str:
+    return f"llmops-ipc-{os.getuid()}-{hashlib.sha256(str(data).encode()).hexdigest()[:12]}"
+
+
+def _ipc_roots() -> list[str]:
+    return list(dict.fromkeys((tempfile.gettempdir(), "/tmp", "/dev/shm")))
+
+
+def remove_ipc_folder(data_dir: Path) -> None:
+    """At the engine's end, its vLLM children stopped: the short folder ``_short_ipc_base`` made for their sockets
+    (one per data dir, reused by every start), with the sockets they left in it. Only this user's own private
+    folder of that name goes; a link or another's folder by that name is left, and one that cannot be removed is
+    logged. Without this, every engine on a deep data dir (each test's) left a folder in /tmp."""
+    name = _ipc_name(Path(os.path.realpath(data_dir)))
+    for root in _ipc_roots():
+        folder = os.path.join(root, name)
+        try:
+            st = os.lstat(folder)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("could not look at %s (vLLM's socket folder) to remove it: %s", folder, exc)
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            continue  # not the engine's own (it never uses such a folder either)
+        try:
+            shutil.rmtree(folder)
+        except OSError as exc:
+            log.warning("could not remove %s, the folder of vLLM's sockets: %s", folder, exc)
+
+
 def _short_ipc_base(data: Path, env: dict[str, str], sandbox: Sandbox) -> Sandbox:
     """``sandbox``, keeping a short folder of the engine's own for vLLM's sockets (VLLM_RPC_BASE_PATH, set in
     ``env``) where the base they would get is too long for a socket's path (a private TMPDIR in a deep data dir).
@@ -302,8 +333,8 @@ def _short_ipc_base(data: Path, env: dict[str, str], sandbox: Sandbox) -> Sandbo
     base = env.get("VLLM_RPC_BASE_PATH") or env.get("TMPDIR") or tempfile.gettempdir()
     if len(base) + IPC_NAME <= IPC_PATH_MAX:
         return sandbox
-    name = f"llmops-ipc-{os.getuid()}-{hashlib.sha256(str(data).encode()).hexdigest()[:12]}"
-    for root in dict.fromkeys((tempfile.gettempdir(), "/tmp", "/dev/shm")):
+    name = _ipc_name(data)
+    for root in _ipc_roots():
         folder = os.path.join(root, name)
         if len(folder) + IPC_NAME > IPC_PATH_MAX:
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from engine.app import create_app
 from engine.config import AppConfig
+from engine.vllm import sandbox_for
 from tests.testkit.engine import ADMIN_PASSWORD
 from tests.testkit.wait import wait_until
 
@@ -307,3 +309,22 @@ def test_only_an_admin_turns_trust_remote_code_on(api: TestClient) -> None:
     assert off.status_code == 201  # turning it off is anyone's
     back = api.post("/api/settings/rollback", headers=operator, json={"revision": by_admin.json()["revision"]})
     assert back.status_code == 403 and "only an admin" in back.text
+
+
+def test_the_engine_removes_its_folder_for_vllms_sockets_when_it_stops(tmp_path: Path) -> None:
+    """An engine on a data dir too deep for vLLM's socket paths makes a short folder for them in the temp folder
+    (on its first start of a vLLM); its stop removes it, so that engines that come and go (each test's) do not
+    leave one behind each."""
+    data = tmp_path / ("d" * max(1, 90 - len(str(tmp_path)))) / "data"
+    data.mkdir(parents=True)
+    env = {"TMPDIR": str(data)}
+    sandbox_for(data, env)  # what the engine's first start of a vLLM child does
+    folder = Path(env["VLLM_RPC_BASE_PATH"])
+    assert folder.is_dir() and not folder.is_relative_to(tmp_path)
+    try:
+        with TestClient(create_app(AppConfig(data_dir=data, autostart=False, admin_password=ADMIN_PASSWORD))) as api:
+            assert api.get("/healthz").status_code == 200
+            assert folder.is_dir()  # while the engine runs, its vLLM children may use it
+        assert not folder.exists()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -9,6 +9,7 @@ import asyncio
 import errno
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,7 +18,7 @@ import pytest
 
 from engine.config import AppConfig
 from engine.errors import SandboxUnavailableError
-from engine.vllm import ChildLog, VllmChild, build_env, free_port, sandbox_for, sandbox_problem
+from engine.vllm import ChildLog, VllmChild, build_env, free_port, remove_ipc_folder, sandbox_for, sandbox_problem
 from engine.vllm.command import ENGINE_CODE
 from engine.vllm_sandbox import Rule, Sandbox, parse, plan
 from tests.testkit.wait import eventually, wait_until
@@ -145,6 +146,34 @@ def test_vllm_sockets_get_a_short_private_folder_where_the_temp_folder_is_too_de
     chosen = {"TMPDIR": str(tmp_path), "VLLM_RPC_BASE_PATH": "/run/vllm"}
     sandbox_for(data, chosen)
     assert chosen["VLLM_RPC_BASE_PATH"] == "/run/vllm"  # short enough: the operator's own choice stands
+
+
+def test_the_socket_folder_goes_with_the_engine_and_nothing_else_by_its_name(tmp_path: Path) -> None:
+    """The engine's end removes the short folder it made for vLLM's sockets, with the sockets left in it (each
+    test's engine on a deep data dir had left one in /tmp: 1,192 of them); a link or another's folder by its
+    name, which the engine never uses, is left where it is."""
+    data = deep(tmp_path)
+    env = {"TMPDIR": str(tmp_path)}
+    sandbox_for(data, env)
+    base = Path(env["VLLM_RPC_BASE_PATH"])
+    try:
+        (base / "0b6c3c0e-stale-socket").write_bytes(b"")  # what vLLM's ZMQ sockets leave
+        remove_ipc_folder(data)
+        assert not base.exists()
+        remove_ipc_folder(data)  # none: nothing to do, no error
+        base.symlink_to(tmp_path)  # planted by someone else
+        remove_ipc_folder(data)
+        assert base.is_symlink() and tmp_path.exists()
+        base.unlink()
+        base.mkdir(mode=0o755)
+        os.chmod(base, 0o755)  # open to others: not the engine's
+        (base / "theirs").write_bytes(b"")
+        remove_ipc_folder(data)
+        assert (base / "theirs").exists()
+    finally:
+        if base.is_symlink():
+            base.unlink()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_planted_socket_folder_is_never_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
