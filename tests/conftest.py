@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from engine.vllm import free_port
+from engine.vllm import command, free_port
 from tests.testkit.data import make_data_dir
 from tests.testkit.engine import COLD_START_S, EngineHandle, running_engine
 from tests.testkit.postgres import PostgresServer, bindir_or_skip, fresh_database, shared_server
@@ -36,6 +37,18 @@ os.environ.setdefault("LLMOPS_ALLOWED_HOSTS", '["testserver"]')
 # The engines the tests build have no gateway workers unless a test asks (by cores, a machine of 4 or more would
 # start them on port + 1 in every one); the session engine and tests/service/test_gateway_workers.py have theirs.
 os.environ.setdefault("LLMOPS_GATEWAY_WORKERS", "0")
+
+
+@pytest.fixture(autouse=True)
+def _no_socket_folder_left() -> Iterator[None]:
+    """What an engine's end does (engine/vllm/command.py, remove_ipc_folder) for the short folders a test's own
+    process gave vLLM's sockets (a deep data dir: nearly every test's): they go with the test."""
+    given = set(command._IPC_GIVEN)
+    yield
+    for folder in command._IPC_GIVEN - given:
+        command._IPC_GIVEN.discard(folder)
+        if not os.path.islink(folder):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def tier_of(path: Path) -> str | None:

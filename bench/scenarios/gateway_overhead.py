@@ -467,14 +467,14 @@ class Floor:
     one socket written to the other from its callback, nothing parsed) on a port of its own, so that what the
     gateway costs above the two system calls per event is measured on vLLM's real stream, side by side."""
 
-    def __init__(self, upstream: str, workdir: Path) -> None:
+    def __init__(self, upstream: str, workdir: Path, label: str) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(workdir / "floor.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.log = open(workdir / f"floor-{label}.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen([sys.executable, "-m", "bench", "relay-ceiling", "--host-gateway", "--workers",
                                       "-1", "--port", str(self.port), "--upstream", upstream, "--out",
-                                      str(workdir / "floor")], cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                      str(workdir / f"floor-{label}")], cwd=REPO, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
         import socket
 
@@ -482,6 +482,7 @@ class Floor:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
                 return
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
                 raise SystemExit(f"the byte proxy did not come up: see {self.log.name}")
             time.sleep(0.1)
 
@@ -544,9 +545,10 @@ def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace
         env["OPENAI_API_KEY"] = engine.vllm_key
     spy = None
     if profile is not None and (binary := _py_spy()) is not None:
-        spy = subprocess.Popen([binary, "record", "--pid", str(engine.proc.pid), "--rate", "200", "--format", "raw",
-                                "--nonblocking", "--output", str(profile)], stdout=subprocess.DEVNULL,
-                               stderr=open(profile.with_suffix(".log"), "wb"))  # noqa: SIM115 - the child's
+        with open(profile.with_suffix(".log"), "wb") as spy_log:  # (the child keeps its own descriptor)
+            spy = subprocess.Popen([binary, "record", "--pid", str(engine.proc.pid), "--rate", "200", "--format",
+                                    "raw", "--nonblocking", "--output", str(profile)], stdout=subprocess.DEVNULL,
+                                   stderr=spy_log)
     done = subprocess.run([sys.executable, "-m", __name__, "--vllm-bench", str(out), "--", *argv], cwd=REPO,
                           capture_output=True, text=True, check=False, env=env)
     after = (_cpu(measured), _cpu(engine.vllm_pid), time.monotonic())
@@ -557,6 +559,7 @@ def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace
             spy.wait(timeout=60)
         except subprocess.TimeoutExpired:
             spy.kill()
+            spy.wait()
     use = cache_over(metrics_before, scrape(engine))
     if done.returncode != 0 or not out.exists():
         raise SystemExit(f"vLLM's benchmark failed ({tag}):\n{done.stderr[-3000:]}")
@@ -652,7 +655,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['failed']} | {', '.join('–' if v is None else f'{v:.0f} %' for v in r['prefix_cache_hit_pct'])} |")
     if any(r.get("floor_tok_s") for r in rows):
         lines += ["", "| tree | clients | gateway tok/s | gateway CPU per 1,000 tok/s, net | its event loop's thread "
-                  "| byte proxy tok/s | byte proxy CPU per 1,000 tok/s | reads and writes per token, gateway → proxy |",
+                  "| byte proxy tok/s | byte proxy CPU per 1,000 tok/s | reads and writes per token, gateway (the "
+                  "engine's, its SQLite and logs too) → proxy |",
                   "| --- | ---: | ---: | --- | --- | ---: | --- | --- |"]
 
         def nums(vs: list[Any], fmt: str) -> str:
@@ -700,7 +704,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompts of each run of each --cap-vs-restart level, in order (to last ≥ 30 s at its rate)")
     p.add_argument("--floor", action="store_true",
                    help="also through a byte proxy in front of vLLM (the floor of a relay in Python: two system calls "
-                   "an event, nothing parsed), its CPU measured, in the middle of each round")
+                   "an event, nothing parsed), its CPU measured: two runs after each round's first gateway run (the "
+                   "middle of the round with 4 runs a round, its end with 2)")
     p.add_argument("--py-spy", action="store_true",
                    help="after each concurrency's rounds, one more gateway run with py-spy recording the engine "
                    "(raw stacks in py-spy-TREE-CLIENTS.txt; py-spy from LLMOPS_BENCH_PY_SPY or PATH)")
@@ -741,14 +746,15 @@ def run(a: argparse.Namespace) -> None:
             report["trees"][label]["plans"] = [probe(engine, item) for item in a.plan_probe]
             save()
             gateway = engine.url
-            floor = Floor(engine.direct_url, workdir) if a.floor and not a.plans_only else None
+            floor = None
             try:
+                floor = Floor(engine.direct_url, workdir, label) if a.floor and not a.plans_only else None
                 for conc in [] if a.plans_only else a.concurrency:
                     run_once(engine, gateway, min(conc, 8), a, workdir, f"{label}-warmup-{conc}",
                              prompts=4 * min(conc, 8))
                     for rnd in range(a.rounds):
                         pattern: list[tuple[str, str]] = [("direct", engine.direct_url), ("gateway", gateway)]
-                        if floor is not None:  # the byte proxy between, in the middle of the round
+                        if floor is not None:  # the byte proxy after the first gateway run
                             pattern += [("floor", floor.url), ("floor", floor.url)]
                         if a.runs_per_round == 4:
                             pattern += [("gateway", gateway), ("direct", engine.direct_url)]

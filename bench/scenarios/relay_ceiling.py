@@ -284,6 +284,10 @@ def _cpu(proc: psutil.Process) -> float:
     return total
 
 
+def _or_dash(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
 def _syscalls(proc: psutil.Process) -> int:
     """Read and write system calls of a process and its children so far (/proc/PID/io: syscr + syscw)."""
     total = 0
@@ -370,7 +374,7 @@ def run(a: argparse.Namespace) -> int:
         head = f"| {r['path']} | {r['tokens_per_s']:,.0f} | {r['requests_per_s']:,.1f} | "
         if "gateway_cores" in r:
             lines.append(head + f"{r['gateway_cores']:.2f} | {r['cpu_pct_per_1k_tok_s'] or 0:.2f} | "
-                         f"{r.get('syscalls_per_token') or 0:.2f} | {r['connections_lost']} |")
+                         f"{_or_dash(r.get('syscalls_per_token'))} | {r['connections_lost']} |")
         else:
             lines.append(head + f"– | – | – | {r['connections_lost']} |")
     (a.out / "relay-ceiling.md").write_text("\n".join(lines) + "\n")

@@ -303,14 +303,21 @@ def _ipc_roots() -> list[str]:
     return list(dict.fromkeys((tempfile.gettempdir(), "/tmp", "/dev/shm")))
 
 
+_IPC_GIVEN: set[str] = set()  # the short socket folders this process gave its vLLM children (remove_ipc_folder's)
+
+
 def remove_ipc_folder(data_dir: Path) -> None:
     """At the engine's end, its vLLM children stopped: the short folder ``_short_ipc_base`` made for their sockets
     (one per data dir, reused by every start), with the sockets they left in it. Only this user's own private
-    folder of that name goes; a link or another's folder by that name is left, and one that cannot be removed is
-    logged. Without this, every engine on a deep data dir (each test's) left a folder in /tmp."""
+    folder of that name that this process gave its children goes: a link, another's folder, or one this process
+    never gave (another engine's on the same data dir, say) is left, and one that cannot be removed is logged.
+    Without this, every engine on a deep data dir (each test's) left a folder in /tmp."""
     name = _ipc_name(Path(os.path.realpath(data_dir)))
     for root in _ipc_roots():
         folder = os.path.join(root, name)
+        if folder not in _IPC_GIVEN:
+            continue
+        _IPC_GIVEN.discard(folder)
         try:
             st = os.lstat(folder)
         except FileNotFoundError:
@@ -344,6 +351,7 @@ def _short_ipc_base(data: Path, env: dict[str, str], sandbox: Sandbox) -> Sandbo
             log.warning("cannot use %s for vLLM's sockets: %s", folder, exc)
             continue
         env["VLLM_RPC_BASE_PATH"] = folder
+        _IPC_GIVEN.add(folder)
         return sandbox if sandbox.can_make_in(folder) else sandbox.keeping(folder)
     log.warning("vLLM's sockets in %s would have paths over %d bytes and no shorter folder could be made: set "
                 "VLLM_RPC_BASE_PATH to a short folder, or use a shorter data dir", base, IPC_PATH_MAX)

@@ -150,23 +150,32 @@ def test_vllm_sockets_get_a_short_private_folder_where_the_temp_folder_is_too_de
 
 def test_the_socket_folder_goes_with_the_engine_and_nothing_else_by_its_name(tmp_path: Path) -> None:
     """The engine's end removes the short folder it made for vLLM's sockets, with the sockets left in it (each
-    test's engine on a deep data dir had left one in /tmp: 1,192 of them); a link or another's folder by its
-    name, which the engine never uses, is left where it is."""
+    test's engine on a deep data dir had left one in /tmp: 1,192 of them); one it did not give its children, a
+    link, or a folder open to others by that name is left where it is."""
     data = deep(tmp_path)
-    env = {"TMPDIR": str(tmp_path)}
-    sandbox_for(data, env)
-    base = Path(env["VLLM_RPC_BASE_PATH"])
+
+    def given() -> Path:
+        env = {"TMPDIR": str(tmp_path)}
+        sandbox_for(data, env)
+        return Path(env["VLLM_RPC_BASE_PATH"])
+
+    base = given()
     try:
         (base / "0b6c3c0e-stale-socket").write_bytes(b"")  # what vLLM's ZMQ sockets leave
         remove_ipc_folder(data)
         assert not base.exists()
         remove_ipc_folder(data)  # none: nothing to do, no error
-        base.symlink_to(tmp_path)  # planted by someone else
+        base.mkdir(mode=0o700)  # the engine's user's, but not given by this process: another engine's
+        remove_ipc_folder(data)
+        assert base.is_dir()
+        assert given() == base
+        base.rmdir()
+        base.symlink_to(tmp_path)  # given, then swapped for a link
         remove_ipc_folder(data)
         assert base.is_symlink() and tmp_path.exists()
         base.unlink()
-        base.mkdir(mode=0o755)
-        os.chmod(base, 0o755)  # open to others: not the engine's
+        assert given() == base
+        os.chmod(base, 0o755)  # given, then opened to others: not the engine's own any more
         (base / "theirs").write_bytes(b"")
         remove_ipc_folder(data)
         assert (base / "theirs").exists()
