@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import multiprocessing
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -272,32 +274,27 @@ def _ready(port: int, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
-def _cpu(proc: psutil.Process) -> float:
-    """CPU seconds of a process and its children (the workers) so far."""
+def _tree_sum(proc: psutil.Process, of: Callable[[psutil.Process], float]) -> float:
+    """``of`` summed over a process and its children (the workers) so far; a child gone meanwhile adds nothing."""
     total = 0.0
     for p in [proc, *proc.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += of(p)
     return total
+
+
+def _cpu(proc: psutil.Process) -> float:
+    """CPU seconds of a process and its children so far."""
+    return _tree_sum(proc, lambda p: sum(p.cpu_times()[:2]))  # user, system
+
+
+def _syscalls(proc: psutil.Process) -> float:
+    """Read and write system calls of a process and its children so far (/proc/PID/io: syscr + syscw)."""
+    return _tree_sum(proc, lambda p: sum(p.io_counters()[:2]))  # read_count, write_count
 
 
 def _or_dash(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
-
-
-def _syscalls(proc: psutil.Process) -> int:
-    """Read and write system calls of a process and its children so far (/proc/PID/io: syscr + syscw)."""
-    total = 0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            io = p.io_counters()
-            total += io.read_count + io.write_count
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def run(a: argparse.Namespace) -> int:
