@@ -96,7 +96,9 @@ class Controller:
         self.intent = Intent(enabled=config.autostart)
         self.scaler = Autoscaler()  # the replica count the load asks for (autoscaling, scale to zero)
         self._cold_start_s: float | None = None  # what a cold start from zero should take (its ETA)
-        self._held_said: str | None = None  # the last 'held' reason recorded (said once, not every tick)
+        # the max_replicas a 'held' warning was said at and when the load last asked past it: said once per
+        # episode, not every tick nor each time the count asked for moves; a new one after scale_down_delay_s within
+        self._held_said: tuple[int, float] | None = None
         self._asleep_settings: EngineSettings | None = None  # what served last (asleep, its name still reaches it)
         self._last_desired: Revision | None = None  # the latest desired revision read (a wake while the store is down)
         self.instances = Instances()
@@ -581,13 +583,19 @@ class Controller:
             if decision.action == "to_zero" else None})
 
     async def _say_held(self, desired: Revision) -> None:
-        """Say once why the count does not follow the load (at max_replicas)."""
-        held = self.scaler.held
-        if held != self._held_said:
-            self._held_said = held
-            if held is not None:
-                await self.recorder.event("autoscale_held", f"not scaling up: {held}", "warning",
-                                          revision_id=desired.id, data={"load": round(self.scaler.load, 2)})
+        """Say once why the count does not follow the load (at max_replicas): once while the load keeps asking
+        past it, whatever count it asks for; again only at a new max_replicas or after the load stayed within it
+        for scale_down_delay_s (so a load that hovers at the edge does not warn every few ticks)."""
+        held, policy, now = self.scaler.held, self.scaler.policy, self.clock.monotonic()
+        said = self._held_said
+        if held is None or policy is None:
+            if said is not None and policy is not None and now - said[1] >= policy.down_delay_s:
+                self._held_said = None
+            return
+        self._held_said = (policy.ceiling, now)
+        if said is None or said[0] != policy.ceiling:
+            await self.recorder.event("autoscale_held", f"not scaling up: {held}", "warning",
+                                      revision_id=desired.id, data={"load": round(self.scaler.load, 2)})
 
     def _wake_kind(self) -> Literal["sleep", "cold_start"]:
         """How it comes back from zero: asleep, the instances that sleep wake; none asleep (the CPU build, sleep

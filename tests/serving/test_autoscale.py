@@ -63,11 +63,18 @@ async def test_at_max_replicas_it_says_why_it_does_not_scale_once(tmp_path: Path
         async with sc.clients(10) as clients:
             await sc.until(lambda: serving_count(sc) == 2, within_s=200)
             await sc.ticks(10)
+            async with sc.clients(6) as more:  # the load moves while held: still the one warning, a live status
+                await sc.until(lambda: "asks for 8 replicas" in (sc.snapshot().autoscale.held or ""),  # type: ignore[union-attr]
+                               within_s=100)
+                await sc.ticks(5)
             held = sc.event_list("autoscale_held")
             assert len(held) == 1 and "max_replicas is 2" in held[0].message and held[0].severity == "warning"
             status = sc.snapshot().autoscale
             assert status is not None and status.held is not None and "max_replicas is 2" in status.held
-        assert clients.failed == []
+        assert clients.failed == [] and more.failed == []
+        await sc.ticks(30)  # the load stayed within max_replicas for scale_down_delay_s: the episode is over
+        async with sc.clients(10):
+            await sc.until(lambda: len(sc.event_list("autoscale_held")) == 2, within_s=200)
 
 
 async def test_a_replica_the_load_asks_for_waits_for_room_and_says_so(tmp_path: Path) -> None:
