@@ -26,6 +26,10 @@ SCENARIOS = {s.name: s for s in (
     Scenario("routing", "routing", "two replicas behind the gateway, routing by prefix against least outstanding "
              "on a shared-prefix load and on one without (alternated, a soft change between runs), and the routing "
              "decision's own cost", "engine + vLLM x2"),
+    Scenario("routing-events", "routing_events", "would vLLM's KV-cache events beat the gateway's estimate: two "
+             "replicas publishing their events behind a router in the bench that alternates least outstanding, the "
+             "engine's prefix estimate and routing by the events (tokenized prompts), on a shared-prefix load",
+             "vLLM x2 (no engine)"),
     Scenario("scale-to-zero", "scale_to_zero", "a deployment scaled to zero and woken by one request, N times: "
              "the first token from zero against vLLM's own wake-up and an awake request's first token",
              "engine + vLLM"),
