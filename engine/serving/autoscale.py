@@ -180,6 +180,7 @@ class Autoscaler:
                                 f"the revision runs {policy.replicas} replica(s)")
             return None
         if self.want < policy.floor or self.want > policy.ceiling:  # new bounds: in effect at once
+            self.held = None  # said at the old max_replicas: the next tick says it again at the new one, if so
             return self._to(policy.clamp(self.want), "up" if self.want < policy.floor else "down", before, load,
                             f"min_replicas {policy.floor}, max_replicas {policy.ceiling}")
         asked = math.ceil(load / policy.target - 1e-9) if load > 0 else 0
