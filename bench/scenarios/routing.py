@@ -203,12 +203,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def replica_and_load_options(p: argparse.ArgumentParser) -> None:
+    """The two replicas and the shared-prefix load: the options this scenario and ``routing-events`` share."""
     p.add_argument("--model", help="a model folder (default: the demo model)")
     p.add_argument("--load-format", default="auto")
     p.add_argument("--utilization", type=float, default=0.42, help="each replica's gpu_memory_utilization (GPU)")
     p.add_argument("--cpu-kv-cache-gib", type=float, default=0.05,
-                   help="each replica's KV cache on the CPU build (small: the prefixes must exceed it)")
+                   help="each replica's KV cache on the CPU build (the demo model's KV takes about 1 KiB a "
+                   "token: 0.005 GiB holds 5,120 tokens)")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--clients", type=int, default=8)
@@ -216,6 +218,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix-len", type=int, default=256, help="tokens of each system prompt")
     p.add_argument("--suffix-len", type=int, default=16, help="tokens of each request's own question")
     p.add_argument("--output-len", type=int, default=8)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    replica_and_load_options(p)
     p.add_argument("--prompts", type=int, default=240, help="requests per run of the shared-prefix load (≥ 30 s of "
                    "it on a GPU)")
     p.add_argument("--random-prompts", type=int, help="requests per run of the load with no shared prefix (default: "

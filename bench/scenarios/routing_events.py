@@ -1,10 +1,13 @@
 """Would vLLM's KV-cache events beat the gateway's estimate? Two vLLM replicas started with ``--kv-events-config``
 (each publishing on its own socket in a private folder: the events carry the prompts' token ids) behind one router
-in this process, which alternates three policies on the same replicas and the same kind of load:
+in this process, which alternates four policies on the same replicas and the same kind of load:
 
 - ``least_outstanding``: the fewest requests in flight;
 - ``prefix``: the engine's own choice (``engine.gateway.routing.pick``: the prompt's bytes in blocks, an index per
   replica of what was sent to it, the load bound) — the estimate;
+- ``prefix_evictions``: the estimate, corrected by the events off the request's path: after the choice the prompt is
+  tokenized to learn which of vLLM's blocks each of its keys stands on, and when vLLM evicts a block the keys on it
+  leave that replica's index (the tokenizer's cost is not the decision's);
 - ``events``: what each replica's cache really holds by its events. The router tokenizes the prompt (the model's
   tokenizer, as vLLM does), chains its whole blocks of vLLM's block size, and sends it to the replica that holds
   the longest prefix under the same load bound; a prompt no replica holds goes to its home by rendezvous hashing,
@@ -12,13 +15,15 @@ in this process, which alternates three policies on the same replicas and the sa
   a burst of one new prefix would spread before the first event arrives.
 
 For every request under every policy the router also computes, from the events, how much of its prompt each replica
-held when it was routed: the share of requests sent to a replica holding the longest cached prefix there was, and
-the blocks left behind on another. All three pay that tokenizing, so the policies differ in the choice alone.
+held when it was routed: the share of requests sent to a replica holding the longest cached prefix there was, the
+share of their blocks held where they went, and the prompts no replica held any of (how many were routed as if one
+did). Every policy pays that tokenizing, so the policies differ in the choice alone.
 
-Fresh prompts every run (vLLM's ``prefix_repetition`` dataset, a new seed each run); rounds run least_outstanding,
-prefix, events, events, prefix, least_outstanding. Each run records vLLM's figures, each replica's prefix-cache
-hits over the run (its /metrics), the decision's own cost (the estimate's keys and choice; the events' tokenizing,
-hashing and choice). The router is a benchmark's, not the engine's data path: its relay is aiohttp.
+Fresh prompts every run (vLLM's ``prefix_repetition`` dataset, a new seed each run); a round runs each policy twice,
+mirrored (least_outstanding, prefix, prefix_evictions, events, events, prefix_evictions, prefix, least_outstanding).
+Each run records vLLM's figures, each replica's prefix-cache hits over the run (its /metrics), and the decision's own
+cost (the estimate's keys and choice; the events' tokenizing, hashing and choice). The router is a benchmark's, not
+the engine's data path: its relay is aiohttp.
 
     python -m bench routing-events --out DIR                   # CPU: the demo model
     python -m bench routing-events --profile h200              # 2 x 0.42 of an H200 (the routing scenario's load)
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import json
 import math
@@ -49,9 +55,13 @@ import httpx
 
 from bench.base import REPO
 from bench.scenarios.gateway_overhead import KV_LINE, _free_port, cache_over
+from bench.scenarios.routing import replica_and_load_options
 from engine.benchmarks.runs import fresh_seed
 from engine.gateway.routing import (
+    BLOCK_BYTES,
+    BYTES_PER_TOKEN,
     HOME_BLOCKS,
+    KEY_ENDS,
     LOAD_FACTOR,
     LOAD_SLACK,
     PrefixIndex,
@@ -62,7 +72,8 @@ from engine.gateway.routing import (
     prefix_keys,
 )
 
-POLICIES = ("least_outstanding", "prefix", "events", "events", "prefix", "least_outstanding")
+POLICIES = ("least_outstanding", "prefix", "prefix_evictions", "events", "events", "prefix_evictions", "prefix",
+            "least_outstanding")
 PENDING_S = 10.0  # a prompt routed to a replica counts as held there this long, or until its events arrive
 
 
@@ -83,6 +94,11 @@ class Replica:
     held: dict[int, int] = field(default_factory=dict)
     by_vllm: dict[int, int] = field(default_factory=dict)
     pending: dict[int, float] = field(default_factory=dict)  # routed here, not yet in an event: until when
+    # prefix_evictions: the estimate's keys that stand on each block (ours), dropped from its index when vLLM
+    # evicts the block
+    keys_on: dict[int, set[int]] = field(default_factory=dict)
+    evict_keys: bool = False
+    failure: str | None = None  # why its events' subscriber stopped
     events: int = 0
     unchained: int = 0  # stored blocks whose parent was never seen (an event missed): not indexed
     block_size: int | None = None
@@ -133,13 +149,21 @@ def apply_event(rep: Replica, event: Any) -> None:
             rep.by_vllm[vh] = parent
             rep.pending.pop(parent, None)
     elif kind == "BlockRemoved":
+        index = rep.routed.index
         for vh in event.block_hashes:
             ours = rep.by_vllm.pop(vh, None)
             if ours is not None:
                 rep.held.pop(ours, None)
+                for key in rep.keys_on.pop(ours, ()):
+                    if rep.evict_keys and key in index.keys:
+                        index.size -= index.keys.pop(key)
     elif kind == "AllBlocksCleared":
         rep.held.clear()
         rep.by_vllm.clear()
+        rep.keys_on.clear()
+        if rep.evict_keys:
+            rep.routed.index.keys.clear()
+            rep.routed.index.size = 0
 
 
 class Router:
@@ -158,21 +182,27 @@ class Router:
     def choose(self, prompt: str | list[int]) -> Replica:
         now = time.monotonic()
         t0 = time.perf_counter()
-        tokens = list(prompt) if isinstance(prompt, list) else self.tokenizer(prompt).input_ids
+        tokens: list[int] = prompt if isinstance(prompt, list) else self.tokenizer(prompt).input_ids
         size = self.block_size()
         chain = chain_of(tokens, size) if size else []
         t_tok = time.perf_counter()
+        t1: float | None = None
         if self.policy == "events":
             chosen = self._by_events(chain, now)
-        elif self.policy == "prefix":
+        elif self.policy in ("prefix", "prefix_evictions"):
             raw = prompt.encode() if isinstance(prompt, str) else json.dumps(prompt).encode()
             t_tok = time.perf_counter()  # the estimate needs no tokenizer: its cost starts here
+            keys = prefix_keys(raw)
             estimate: Any = pick("prefix", self.replicas, self.in_flight,  # type: ignore[arg-type]
-                                 len(self.replicas), prefix_keys(raw))  # the engine's own, on these stand-ins
+                                 len(self.replicas), keys)  # the engine's own, on these stand-ins
             chosen = estimate
+            t1 = time.perf_counter()
+            if self.policy == "prefix_evictions" and isinstance(prompt, str) and size and chain:
+                # after the request is on its way (the next turn of the loop), as a real router would off its path
+                asyncio.get_running_loop().call_soon(self._keys_on_blocks, chosen, prompt, keys, size, chain)
         else:
             chosen = min(self.replicas, key=lambda r: r.outstanding)
-        t1 = time.perf_counter()
+        t1 = time.perf_counter() if t1 is None else t1
         held = [r.confirmed(chain) for r in self.replicas]
         mine = held[self.replicas.index(chosen)]
         self.log.append({"policy": self.policy, "decision_us": 1e6 * (t1 - t0), "choice_us": 1e6 * (t1 - t_tok),
@@ -182,9 +212,29 @@ class Router:
             for h in chain:
                 if h not in chosen.held:
                     chosen.pending[h] = until
+            if len(self.log) % 1024 == 0:  # what was routed and never confirmed (a prompt shorter than it)
+                for rep in self.replicas:
+                    rep.pending = {h: t for h, t in rep.pending.items() if t > now}
         return chosen
 
+    def _keys_on_blocks(self, chosen: Replica, prompt: str, keys: list[int], size: int, chain: list[int]) -> None:
+        """Which of vLLM's blocks each of the estimate's keys stands on: the block of the key's last token, or the
+        prompt's last whole block (vLLM caches whole blocks, and evicts a prefix's tail first: once that block goes,
+        the key's prefix is no longer all held)."""
+        offsets = self.tokenizer(prompt, return_offsets_mapping=True).offset_mapping
+        ends = [end for _start, end in offsets]  # each token's end, in characters of the prompt
+        if not prompt.isascii():  # the keys count bytes: characters to bytes
+            at = [0]
+            for ch in prompt:
+                at.append(at[-1] + len(ch.encode()))
+            ends = [at[e] for e in ends]
+        for i, key in enumerate(keys):
+            last = bisect.bisect_right(ends, KEY_ENDS[i] * BLOCK_BYTES) - 1  # the key's last token
+            block = max(0, min(len(chain) - 1, last // size))
+            chosen.keys_on.setdefault(chain[block], set()).add(key)
+
     def _by_events(self, chain: list[int], now: float) -> Replica:
+        """The replica that holds the longest prefix (by events, or just routed there), else the prompt's home."""
         free = self.replicas
         if not chain:
             return min(free, key=lambda r: r.outstanding)
@@ -197,8 +247,10 @@ class Router:
                 best, best_len = r, n
         if best is not None:
             return best
-        if under:
-            home = chain[min(HOME_BLOCKS, len(chain)) - 1] & ((1 << 64) - 1)
+        if under:  # the home of the prompt's first HOME_BLOCKS x BLOCK_BYTES bytes, in tokens, as the estimate's
+            size = self.block_size() or 1
+            first = max(1, math.ceil(HOME_BLOCKS * BLOCK_BYTES / BYTES_PER_TOKEN / size))
+            home = chain[min(first, len(chain)) - 1] & ((1 << 64) - 1)
             return max(under, key=lambda r: _mix(home ^ r.salt))
         return min(free, key=lambda r: r.outstanding)
 
@@ -222,6 +274,9 @@ async def _subscribe(rep: Replica, stop: asyncio.Event) -> None:
             for event in decoder.decode(parts[-1]).events:
                 rep.events += 1
                 apply_event(rep, event)
+    except Exception as exc:  # said by the next run's check, then raised here
+        rep.failure = f"{type(exc).__name__}: {exc}"
+        raise
     finally:
         sock.close(linger=0)
 
@@ -242,14 +297,24 @@ class Proxy:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        import vllm.distributed.kv_events  # noqa: F401  (imported here, not in the router's loop)
+
         self.thread.start()
-        if not self.ready.wait(30):
+        if not self.ready.wait(60):
             raise SystemExit("the bench's router did not start")
+
+    def check(self) -> None:
+        """Fail the run if a replica's subscriber stopped (its figures would come from a frozen view)."""
+        for rep in self.router.replicas:
+            if rep.failure is not None:
+                raise SystemExit(f"the KV-events subscriber of {rep.name} stopped: {rep.failure}")
 
     def close(self) -> None:
         if self.stop_event is not None:
             self.loop.call_soon_threadsafe(self.stop_event.set)
         self.thread.join(30)
+        if not self.thread.is_alive():
+            self.loop.close()
 
     def _run(self) -> None:
         self.loop.run_until_complete(self._serve())
@@ -339,16 +404,19 @@ def wait_ready(reps: list[Replica], within_s: float) -> None:
 
 
 def stop_replicas(reps: list[Replica]) -> None:
+    """SIGTERM to each replica's process group, up to 30 s for the servers, then SIGKILL to the groups (an engine
+    core left behind by its server goes too)."""
     for rep in reps:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(rep.proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + 30
     for rep in reps:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             rep.proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(rep.proc.pid, signal.SIGKILL)
+    for rep in reps:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(rep.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             rep.proc.wait(10)
 
 
@@ -392,24 +460,28 @@ def run_once(router: Router, proxy: Proxy, a: argparse.Namespace, workdir: Path,
             "--request-rate", "inf", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
             "--seed", str(seed), "--disable-tqdm"]
     before = {r.name: scrape(r) for r in router.replicas}
+    events_before = {r.name: (r.events, r.unchained) for r in router.replicas}
     first = len(router.log)
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     done = subprocess.run([sys.executable, "-m", "bench.scenarios.gateway_overhead", "--vllm-bench", str(out), "--",
                            *argv], cwd=REPO, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0 or not out.exists():
         raise SystemExit(f"vLLM's benchmark failed ({tag}):\n{done.stderr[-3000:]}")
+    proxy.check()
     r = json.loads(out.read_text())
     queries = hits = 0.0
     per = {}
     for rep in router.replicas:
         use = cache_over(before[rep.name], scrape(rep))
-        per[rep.name] = {"hit_pct": use.hit_pct if use else None, "events": rep.events, "held_blocks": len(rep.held),
-                         "unchained_blocks": rep.unchained}
+        per[rep.name] = {"hit_pct": use.hit_pct if use else None,
+                         "events": rep.events - events_before[rep.name][0], "held_blocks": len(rep.held),
+                         "unchained_blocks": rep.unchained - events_before[rep.name][1]}
         if use is not None:
             queries, hits = queries + use.queries, hits + use.hits
     seen = router.log[first:]
     with_blocks = [x for x in seen if x["blocks"]]
     best = [x for x in with_blocks if x["best_held"]]
+    cold = [x for x in with_blocks if not x["best_held"]]
     return {"tag": tag, "policy": router.policy, "seed": seed, "prompts": a.prompts,
             "completed": r.get("completed"), "failed": int(r.get("failed") or 0),
             "request_s": r.get("request_throughput"), "output_tok_s": r.get("output_throughput"),
@@ -422,6 +494,8 @@ def run_once(router: Router, proxy: Proxy, a: argparse.Namespace, workdir: Path,
             if best else None,
             "held_there_pct": round(100 * sum(x["chosen_held"] for x in with_blocks)
                                     / max(1, sum(x["best_held"] for x in with_blocks)), 1) if with_blocks else None,
+            # prompts no replica held any of, by the events
+            "cold_pct": round(100 * len(cold) / len(with_blocks), 1) if with_blocks else None,
             "decision_us": {"p50": _pct([x["decision_us"] for x in seen], 0.5),
                             "p99": _pct([x["decision_us"] for x in seen], 0.99)},
             "choice_us": {"p50": _pct([x["choice_us"] for x in seen], 0.5),
@@ -442,7 +516,7 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({"policy": policy, "runs": len(rs), "request_s": mean("request_s"),
                      "ttft_p50_ms": mean("ttft_p50_ms"), "ttft_p99_ms": mean("ttft_p99_ms"),
                      "hit_pct": mean("hit_pct"), "on_longest_pct": mean("on_longest_pct"),
-                     "held_there_pct": mean("held_there_pct"),
+                     "held_there_pct": mean("held_there_pct"), "cold_pct": mean("cold_pct"),
                      "choice_us_p99": max((r["choice_us"]["p99"] or 0) for r in rs),
                      "decision_us_p99": max((r["decision_us"]["p99"] or 0) for r in rs),
                      "failed": sum(int(r["failed"]) for r in rs)})
@@ -451,29 +525,19 @@ def summary(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| policy | runs | req/s | TTFT P50 ms | TTFT P99 ms | vLLM prefix-cache hits % | sent to the longest "
-             "cached prefix % | of its blocks held there % | choice µs P99 | with tokenizing µs P99 | failed |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "cached prefix % | of the blocks cached anywhere, held where it went % | held by none % | choice µs P99 "
+             "| with tokenizing µs P99 | failed |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         cells = [r["policy"], r["runs"], *(("–" if r[k] is None else f"{r[k]:.1f}") for k in (
-            "request_s", "ttft_p50_ms", "ttft_p99_ms", "hit_pct", "on_longest_pct", "held_there_pct",
+            "request_s", "ttft_p50_ms", "ttft_p99_ms", "hit_pct", "on_longest_pct", "held_there_pct", "cold_pct",
             "choice_us_p99", "decision_us_p99")), r["failed"]]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="a model folder (default: the demo model)")
-    p.add_argument("--load-format", default="auto")
-    p.add_argument("--utilization", type=float, default=0.42, help="each replica's gpu_memory_utilization (GPU)")
-    p.add_argument("--cpu-kv-cache-gib", type=float, default=0.05,
-                   help="each replica's KV cache on the CPU build (small: the prefixes must exceed it)")
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--clients", type=int, default=8)
-    p.add_argument("--prefixes", type=int, default=24, help="system prompts of the shared-prefix load")
-    p.add_argument("--prefix-len", type=int, default=256, help="tokens of each system prompt")
-    p.add_argument("--suffix-len", type=int, default=16, help="tokens of each request's own question")
-    p.add_argument("--output-len", type=int, default=8)
+    replica_and_load_options(p)
     p.add_argument("--prompts", type=int, default=240, help="requests per run (≥ 30 s of them on a GPU; vLLM's dataset "
                    "makes a multiple of --prefixes)")
     p.add_argument("--rounds", type=int, default=1, help="the policies in --policies' order each")
@@ -503,6 +567,8 @@ def run(a: argparse.Namespace) -> None:
                 for _ in range(a.rounds):
                     for policy in a.policies:
                         router.policy = policy
+                        for rep in reps:
+                            rep.evict_keys = policy == "prefix_evictions"
                         n += 1
                         row = run_once(router, proxy, a, folder, f"{n:02d}-{policy}")
                         report["runs"].append(row)
@@ -510,8 +576,8 @@ def run(a: argparse.Namespace) -> None:
                         save()
             finally:
                 proxy.close()
-            for rep in reps:
-                shutil.copy(rep.log, a.out / rep.log.name)
+                for rep in reps:  # kept when a run fails too
+                    shutil.copy(rep.log, a.out / rep.log.name)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
