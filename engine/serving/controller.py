@@ -387,10 +387,10 @@ class Controller:
                 self._failed(inst, f"vLLM instance {inst.name} exited{why} while {inst.role} (not asked to)", code)
                 return
         if self.intent.halted is not None:
-            self._granted, self._room_said = False, None
+            self._granted, self._room_said, self._held_said = False, None, None
             return
         if not self.intent.enabled:
-            self._granted, self._room_said = False, None
+            self._granted, self._room_said, self._held_said = False, None, None
             self.scaler.evicting = None
             await self.gate.refuse(self.intent.stop_reason or self._operator_stop())
             if self.instances:

@@ -80,6 +80,21 @@ async def test_at_max_replicas_it_says_why_it_does_not_scale_once(tmp_path: Path
         assert len(sc.event_list("autoscale_held")) == 2
 
 
+async def test_held_again_after_a_stop_and_start_is_said_again(tmp_path: Path) -> None:
+    """A stop ends the episode: the same count held after the next start is a new warning, not a silent one (the
+    load's own end of an episode, scale_down_delay_s within max_replicas, is too long to happen meanwhile)."""
+    async with Scenario(tmp_path, values={**SCALING, "max_replicas": 2, "scale_down_delay_s": 3600.0}) as sc:
+        await sc.until(sc.serving_revision(1))
+        async with sc.clients(10) as clients:
+            await sc.until(lambda: len(sc.event_list("autoscale_held")) == 1, within_s=200)
+            sc.controller.request_stop()
+            await sc.until(lambda: not sc.controller.instances, within_s=200)
+            sc.controller.request_start()
+            await sc.until(lambda: len(sc.event_list("autoscale_held")) == 2, within_s=300)
+        assert all("max_replicas is 2" in e.message for e in sc.event_list("autoscale_held"))
+        assert clients.results
+
+
 async def test_a_new_max_replicas_while_held_is_said_at_its_own_value(tmp_path: Path) -> None:
     async with Scenario(tmp_path, values=SCALING) as sc:
         await sc.until(sc.serving_revision(1))
