@@ -97,7 +97,8 @@ class Controller:
         self.scaler = Autoscaler()  # the replica count the load asks for (autoscaling, scale to zero)
         self._cold_start_s: float | None = None  # what a cold start from zero should take (its ETA)
         # the max_replicas a 'held' warning was said at and when the load last asked past it: said once per
-        # episode, not every tick nor each time the count asked for moves; a new one after scale_down_delay_s within
+        # episode, not every tick nor each time the count asked for moves; a new one after a stop or a halt, or
+        # after scale_down_delay_s within max_replicas
         self._held_said: tuple[int, float] | None = None
         self._asleep_settings: EngineSettings | None = None  # what served last (asleep, its name still reaches it)
         self._last_desired: Revision | None = None  # the latest desired revision read (a wake while the store is down)
@@ -584,8 +585,9 @@ class Controller:
 
     async def _say_held(self, desired: Revision) -> None:
         """Say once why the count does not follow the load (at max_replicas): once while the load keeps asking
-        past it, whatever count it asks for; again only at a new max_replicas or after the load stayed within it
-        for scale_down_delay_s (so a load that hovers at the edge does not warn every few ticks)."""
+        past it, whatever count it asks for; again only at a new max_replicas, after a stop or a halt, or after the
+        load stayed within it for scale_down_delay_s (so a load that hovers at the edge does not warn every few
+        ticks)."""
         held, policy, now = self.scaler.held, self.scaler.policy, self.clock.monotonic()
         said = self._held_said
         if held is None or policy is None:
