@@ -387,12 +387,14 @@ class Launcher:
             planner = self.planner
             if planner is not None and old_pids:
                 released = await asyncio.to_thread(planner.wait_released, old_pids, RELEASE_WAIT_S)
-            self.forget(inst)
-            await self.recorder.event("stopped", f"vLLM instance {inst.name} stopped in {seconds:.1f} s: {reason}"
-                                      + ("" if released else "; its GPU memory was still held after 30 s"),
-                                      "info" if released else "warning", inst.revision.id,
-                                      data={"stop_s": round(seconds, 2), "exit_code": inst.child.returncode,
-                                            "instance": inst.name})
+            try:  # told before the instance is gone: what waits for it (an apply's end) is told after it
+                await self.recorder.event("stopped", f"vLLM instance {inst.name} stopped in {seconds:.1f} s: "
+                                          f"{reason}" + ("" if released else "; its GPU memory was still held after "
+                                                         "30 s"), "info" if released else "warning", inst.revision.id,
+                                          data={"stop_s": round(seconds, 2), "exit_code": inst.child.returncode,
+                                                "instance": inst.name})
+            finally:
+                self.forget(inst)
         except Exception as exc:  # kept for the controller: a stop that failed (processes survived SIGKILL)
             inst.op_error = exc
             raise

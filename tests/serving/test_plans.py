@@ -4,7 +4,9 @@ dropped; something serving throughout, or for a pause, every request held and se
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 from engine.db import RevisionStatus
 from tests.testkit.fake_vllm import Script
@@ -35,6 +37,31 @@ async def test_blue_green_moves_the_traffic_to_the_new_instance_then_drains_the_
         assert all(t.eta_s is not None for t in apply.timings)  # each step beside its plan's ETA
         old = next(f for f in sc.fakes if f.name == "a")
         assert old.served.cut == 0  # the old instance ended every request it had before it stopped
+
+
+async def test_the_old_instance_s_stop_is_told_before_the_apply_s_end_however_slow_its_record(tmp_path: Path) -> None:
+    """An operator reads the log in order: the old instance stopped, then the apply was done. The record of the stop
+    may take a while (an event is a database write off the loop); the apply waits for it."""
+    async with Scenario(tmp_path, plan="blue_green") as sc:
+        await sc.until(sc.serving_revision(1))
+        recorder = sc.controller.recorder
+        record = recorder.event
+
+        async def slow_stopped(kind: str, *args: Any, **kwargs: Any) -> None:
+            if kind == "stopped" and recorder.event is slow_stopped:  # a write that takes two of the scenario's
+                recorder.event = record  # type: ignore[method-assign]  # ticks, which go on meanwhile; once
+                until = sc.clock.monotonic() + 2
+                while sc.clock.monotonic() < until:
+                    await asyncio.sleep(0.01)
+            await record(kind, *args, **kwargs)
+
+        recorder.event = slow_stopped  # type: ignore[method-assign]
+        async with sc.clients(4) as clients:
+            rev = sc.write({"max_num_seqs": 5})
+            await sc.until(sc.apply_ended(rev.id))
+            await sc.until(lambda: "stopped" in sc.kinds() and sc.kinds()[-1] != "starting")
+        assert sc.kinds()[-6:] == ["apply_plan", "starting", "ready", "drained", "stopped", "apply_done"]
+        assert clients.failed == []
 
 
 async def test_bridge_holds_the_traffic_while_the_old_instance_is_replaced(tmp_path: Path) -> None:
