@@ -55,7 +55,7 @@ import httpx
 
 from bench.base import REPO
 from bench.scenarios.gateway_overhead import KV_LINE, _free_port, cache_over
-from bench.scenarios.routing import replica_and_load_options
+from bench.scenarios.routing import replica_and_load_options, scrape_one
 from engine.benchmarks.runs import fresh_seed
 from engine.gateway.routing import (
     BLOCK_BYTES,
@@ -103,8 +103,9 @@ class Replica:
     unchained: int = 0  # stored blocks whose parent was never seen (an event missed): not indexed
     block_size: int | None = None
 
-    def holds(self, chain: list[int], now: float) -> int:
-        """How many leading blocks of ``chain`` it holds by its events (or were just routed here)."""
+    def holds(self, chain: list[int], now: float = math.inf) -> int:
+        """How many leading blocks of ``chain`` it holds by its events (or were routed here, not yet confirmed, and
+        ``now`` is before their time runs out; by default, by its events alone)."""
         n = 0
         for h in chain:
             if h in self.held or self.pending.get(h, 0.0) > now:
@@ -113,13 +114,6 @@ class Replica:
                 break
         return n
 
-    def confirmed(self, chain: list[int]) -> int:
-        n = 0
-        for h in chain:
-            if h not in self.held:
-                break
-            n += 1
-        return n
 
 
 def chain_of(tokens: list[int], block_size: int) -> list[int]:
@@ -203,7 +197,7 @@ class Router:
         else:
             chosen = min(self.replicas, key=lambda r: r.outstanding)
         t1 = time.perf_counter() if t1 is None else t1
-        held = [r.confirmed(chain) for r in self.replicas]
+        held = [r.holds(chain) for r in self.replicas]
         mine = held[self.replicas.index(chosen)]
         self.log.append({"policy": self.policy, "decision_us": 1e6 * (t1 - t0), "choice_us": 1e6 * (t1 - t_tok),
                          "blocks": len(chain), "best_held": max(held, default=0), "chosen_held": mine})
@@ -433,12 +427,7 @@ def replicas_up(a: argparse.Namespace, folder: Path) -> Iterator[list[Replica]]:
 
 
 def scrape(rep: Replica) -> str | None:
-    try:
-        resp = httpx.get(f"{rep.url}/metrics", timeout=10)
-        resp.raise_for_status()
-    except httpx.HTTPError:
-        return None
-    return resp.text
+    return scrape_one({"url": rep.url})
 
 
 def _pct(values: list[float], q: float) -> float | None:
