@@ -25,6 +25,20 @@ def engine_app(data_dir: Path) -> Any:
                                 gateway_keys="on", gateway_workers=0, alert_interval_s=0.2))
 
 
+def notifier_state(api: Any, hook: Any) -> str:
+    """What the notifier had done when a wait for it failed (CI saw this test's alert not arrive once)."""
+    from engine.app import budgets_now
+    svc = api.app.state.services
+    notifier = svc.notifier
+    loaded = notifier._loaded
+    return (f"notifier: {notifier.looks} looks, error {notifier.error!r}, task done "
+            f"{notifier._task.done() if notifier._task else None}, channels loaded {sorted(loaded.channels)}, "
+            f"store edits {svc.alert_store.changes} (loaded at {loaded.changes}), states "
+            f"{notifier.tracker.states}, sending {len(notifier._sending)}; budgets "
+            f"{budgets_now(svc.db, svc.key_limits)}; fired {api.get('/api/alerts/fired').json()}; "
+            f"receiver got {hook.calls} calls")
+
+
 def test_channels_and_rules_are_managed_audited_and_a_test_message_reaches_the_webhook(data_dir: Path) -> None:
     with receiver() as hook, signed_in(engine_app(data_dir)) as api:
         rules = api.get("/api/alerts/rules").json()
@@ -74,7 +88,7 @@ def test_a_team_budget_at_80_percent_fires_once_to_the_webhook_and_resolves_once
         for _ in range(8):  # 8 x (8 prompt + 100 completion) = 864 of 1,000: past 80 %, not 100 %
             assert complete(api, key, 100).status_code == 200
         fired = wait_until(lambda: hook.received(rule="Budget 80 % used", status="firing"), 15,
-                           what="the budget's alert at the receiver")
+                           what="the budget's alert at the receiver", explain=lambda: notifier_state(api, hook))
         assert fired[0]["subject"] == "team research" and fired[0]["value"] >= 0.8 and fired[0]["threshold"] == 0.8
         assert hook.received(rule="Budget used up") == []
         history = api.get("/api/alerts/fired", params={"state": "firing"}).json()

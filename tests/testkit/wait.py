@@ -10,9 +10,11 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T | None], timeout: float, *, every: float = 0.2, what: str = "") -> T:
+def wait_until(check: Callable[[], T | None], timeout: float, *, every: float = 0.2, what: str = "",
+               explain: Callable[[], str] | None = None) -> T:
     """Call ``check`` until it returns something truthy, and return that; fail after ``timeout`` seconds saying
-    ``what`` was awaited and the last value seen."""
+    ``what`` was awaited, the last value seen and what ``explain`` says then (the state behind it, for a failure
+    seen once in CI to say why)."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -20,7 +22,7 @@ def wait_until(check: Callable[[], T | None], timeout: float, *, every: float = 
             return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what or getattr(check, '__name__', 'condition')} did not hold within "
-                                 f"{timeout:.0f} s (last: {value!r})")
+                                 f"{timeout:.0f} s (last: {value!r})" + (f"; {explain()}" if explain else ""))
         time.sleep(every)
 
 
