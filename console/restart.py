@@ -4,13 +4,14 @@ from this engine's earlier starts, and the events around it (drained, stopped, f
 from __future__ import annotations
 
 import time
+import zlib
 from typing import Any
 
 import streamlit as st
 
 from console import fmt
 from console.deployment import scope  # an apply is watched per deployment
-from console.widgets import client, own_rerun
+from console.widgets import client, kept_expander, own_rerun
 from engine.schemas import ApplyPlanOut, ApplyProgress, EventOut, StartupView, StatusOut
 
 PROGRESS_KINDS = ["settings_changed", "apply_plan", "drained", "stopped", "starting", "ready", "failed", "diagnosis",
@@ -210,7 +211,7 @@ def last_outcome() -> None:
     kind, message, lines, view = ended
     (st.success if kind == "success" else st.error)(message, icon=":material/check:" if kind == "success"
                                                      else ":material/undo:")
-    with st.expander("Timeline of the restart"):
+    with kept_expander("Timeline of the restart", f"timeline{scope()}_{zlib.crc32(message.encode())}"):
         st.markdown("\n".join(f"- {line}" for line in lines))
         if view is not None:
             phases(view)

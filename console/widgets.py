@@ -183,6 +183,19 @@ def state_badge(status: StatusOut) -> None:
     st.badge(status.state.upper(), color=color, icon=icon)  # type: ignore[arg-type]
 
 
+def kept_expander(label: str, key: str) -> DeltaGenerator:
+    """An expander that stays as the person left it, open or closed, when the page draws itself again with more or
+    fewer elements above it or with a new label (a revision's status in it changes): a plain one is made anew
+    then, closed. An operator opened a history entry during an apply; the page drew itself again when the apply
+    ended, and the entry, with its rollback button, was gone. ``key``: the thing it shows, unique on the page."""
+    return st.expander(label, key=key, expanded=bool(st.session_state.get(f"{key}:open")), on_change=_kept,
+                       args=(key,))
+
+
+def _kept(key: str) -> None:
+    st.session_state[f"{key}:open"] = bool(st.session_state.get(key))
+
+
 def restart_banner(status: StatusOut) -> None:
     """Say so when vLLM is not serving, and why. In a block that is always there, banner or not: while a run draws,
     the browser keeps what stood at each place of the page until the run puts something there, so a banner that

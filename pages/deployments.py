@@ -11,7 +11,16 @@ from typing import Any
 import streamlit as st
 
 from console import deployment, fmt
-from console.widgets import base_client, deployment_label, engine_status, me, open_link, own_rerun, unreachable
+from console.widgets import (
+    base_client,
+    deployment_label,
+    engine_status,
+    kept_expander,
+    me,
+    open_link,
+    own_rerun,
+    unreachable,
+)
 from engine.client import ApiError, ClientError, InvalidRequestError
 from engine.schemas import ROLES, DeploymentOut
 
@@ -152,7 +161,7 @@ for row in rows:
                 st.session_state.pop("dep_deleting", None)
                 st.rerun()
 
-with st.expander("Prices (usage you can bill)"):
+with kept_expander("Prices (usage you can bill)", "deployments_prices"):
     st.caption("What 1,000 tokens cost on each deployment: the Usage page and GET /api/usage price every key's, "
                "team's and day's tokens by them. 0 clears a price.")
     with st.form("dep_prices"):
@@ -306,7 +315,7 @@ else:
                 st.session_state["dep_created"] = True
                 st.rerun()
 
-with st.expander("Switch deployment"):
+with kept_expander("Switch deployment", "deployments_switch"):
     st.caption("The sidebar's switcher picks the deployment the other pages act on; these open each one.")
     for row in rows:
         for script, title in (("settings", "Settings"), ("metrics", "Metrics"), ("events", "Events & logs")):

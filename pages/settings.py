@@ -14,7 +14,7 @@ import streamlit as st
 from console import charts, fmt
 from console.deployment import scope
 from console.restart import last_outcome, plan_box, plan_eta_text, progress, watch
-from console.widgets import client, deployment_header, engine_status, restart_banner, unreachable
+from console.widgets import client, deployment_header, engine_status, kept_expander, restart_banner, unreachable
 from engine.client import ClientError, SettingsRejectedError, StaleRevisionError
 from engine.schemas import CapacityOut, Finding, FitValue, RestartEta, RevisionOut
 
@@ -131,7 +131,7 @@ with left:
                  else 0, key=key("routing"), help=help_of("routing"))
     c2.number_input("max_num_seqs_ceiling (0 = max_num_seqs: no headroom)", 0, 4096, start("max_num_seqs_ceiling"),
                     step=1, key=key("max_num_seqs_ceiling"), help=help_of("max_num_seqs_ceiling"))
-    with st.expander("Replicas, autoscaling and scale to zero"):
+    with kept_expander("Replicas, autoscaling and scale to zero", f"replicas_{here}"):
         c1, c2, c3 = st.columns(3)
         c1.number_input("replicas (at start, when autoscaled)", 1, 16, start("replicas"), key=key("replicas"),
                         help=help_of("replicas"))
@@ -155,7 +155,7 @@ with left:
             st.caption("On the CPU build an idle deployment scaled to zero stops: its next request waits for a cold "
                        "start (the status says how long one takes here). With CUDA and sleep mode it sleeps, and "
                        "wakes in about a second.")
-    with st.expander("Advanced"):
+    with kept_expander("Advanced", f"advanced_{here}"):
         st.text_input("model", start("model"), key=key("model"), help=help_of("model"))
         st.text_input("served_model_name", start("served_model_name"), key=key("served_model_name"),
                       help=help_of("served_model_name"))
@@ -419,7 +419,7 @@ for rev in history:
     label = (f"**{rev.revision}** · {rev.status} · {rev.author} · {fmt.clock(rev.created_at)}"
              + (f" · {rev.note}" if rev.note else "") + (" · forced" if rev.forced else "")
              + (f" · {rev.oom_count} OOM" if rev.oom_count else ""))
-    with st.expander(label, expanded=False):
+    with kept_expander(label, f"history_{here}_{rev.revision}"):
         st.markdown(f"Changes: {diff_text(rev, parent)}")
         if rev.status_reason:
             st.caption(f"Status: {rev.status_reason}")

@@ -159,17 +159,23 @@ def test_a_page_opened_during_someone_else_s_apply_follows_it_to_the_end(page: A
                                                                          engine: EngineHandle) -> None:
     """After a reload during an apply (or in a second tab, or for a colleague) the settings page kept "revision N
     is being applied" 50 s and more after the apply had ended, until another reload (issue 31): every view of an
-    apply follows the engine's state, whoever started it."""
+    apply follows the engine's state, whoever started it. A history entry opened meanwhile stays open when the page
+    draws itself again (it closed under the operator: CI's rollback journey clicked an entry, then its button was
+    gone)."""
     before = engine.client.settings()
     rev = engine.client.put_settings(before.revision, {"cpu_kv_cache_gib": before.values.cpu_kv_cache_gib + 0.05},
                                      "e2e: an apply this browser did not start")  # a restart (blue/green)
     open_page(page, "Engine settings")
     caption = page.get_by_text(re.compile(rf"revision {rev.revision} is being applied"))
     caption.wait_for(timeout=60_000)
+    entry = page.get_by_test_id("stExpander").filter(has=page.get_by_text(re.compile(rf"^{before.revision} · ")))
+    entry.get_by_text(re.compile(rf"^{before.revision} · ")).click()
+    expect(entry.get_by_role("button", name=f"Roll back to revision {before.revision}")).to_be_visible()
     shot(page, "apply-followed-during")
     page.get_by_text(re.compile(rf"vLLM runs revision \*?\*?{rev.revision}")).first.wait_for(
         timeout=COLD_START_S * 1000)  # no reload: the page drew itself again when the apply ended
     expect(caption).to_have_count(0)
+    expect(entry.get_by_role("button", name=f"Roll back to revision {before.revision}")).to_be_visible()
     no_error_on(page)
     shot(page, "apply-followed-after")
     assert engine.client.status().running_revision == rev.revision
