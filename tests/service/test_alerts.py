@@ -87,7 +87,7 @@ def test_a_team_budget_at_80_percent_fires_once_to_the_webhook_and_resolves_once
                                             "team": "research"}).json()["token"]
         for _ in range(8):  # 8 x (8 prompt + 100 completion) = 864 of 1,000: past 80 %, not 100 %
             assert complete(api, key, 100).status_code == 200
-        fired = wait_until(lambda: hook.received(rule="Budget 80 % used", status="firing"), 15,
+        fired = wait_until(lambda: hook.received(rule="Budget 80 % used", status="firing"), 30,
                            what="the budget's alert at the receiver", explain=lambda: notifier_state(api, hook))
         assert fired[0]["subject"] == "team research" and fired[0]["value"] >= 0.8 and fired[0]["threshold"] == 0.8
         assert hook.received(rule="Budget used up") == []
@@ -99,7 +99,8 @@ def test_a_team_budget_at_80_percent_fires_once_to_the_webhook_and_resolves_once
         # it stays above: nothing more is sent; the budget raised, it resolves once
         assert len(hook.received(rule="Budget 80 % used")) == 1
         api.patch("/api/teams/research", json={"token_budget": 100_000})
-        wait_until(lambda: hook.received(rule="Budget 80 % used", status="resolved"), 15, what="the resolve")
+        wait_until(lambda: hook.received(rule="Budget 80 % used", status="resolved"), 30, what="the resolve",
+                   explain=lambda: notifier_state(api, hook))
         assert len(hook.received(rule="Budget 80 % used")) == 2
         resolved = next(h for h in api.get("/api/alerts/fired").json() if h["rule"] == "Budget 80 % used")
         assert resolved["state"] == "resolved" and resolved["resolved_at"] >= resolved["fired_at"]
