@@ -114,9 +114,7 @@ class Notifier:
         loaded = self._loaded
         edits = self.store.changes  # noted before the read: an edit made during it is read again next look
         if loaded.changes != edits or self.looks % 12 == 0:  # (edits by another process: a minute)
-            rules, channels = await asyncio.to_thread(lambda: (list(self.store.rules()), self.store.channels()))
-            self._loaded = loaded = _Rules([r for r in rules if r.enabled], {c.id: c for c in channels
-                                                                             if c.id is not None}, edits)
+            self._loaded = loaded = await asyncio.to_thread(self._read_rules, edits)
             self.tracker.forget({r.id for r in loaded.rules if r.id is not None})
         self.looks += 1
         cursor = self._cursor
@@ -125,6 +123,10 @@ class Notifier:
         except BaseException:  # nothing of this look happened: its events are read again, its alerts decided again
             self._cursor = cursor
             raise
+
+    def _read_rules(self, edits: int) -> _Rules:
+        rules, channels = list(self.store.rules()), self.store.channels()
+        return _Rules([r for r in rules if r.enabled], {c.id: c for c in channels if c.id is not None}, edits)
 
     async def _look(self, now: float, loaded: _Rules) -> list[Change]:
         events, names = await asyncio.to_thread(self._new_events)
@@ -143,9 +145,17 @@ class Notifier:
         for rule in loaded.rules:
             changes += self._evaluate(rule, now, events, names, serving, budgets, waits)
         by_id = {r.id: r for r in loaded.rules}
+        channels = loaded.channels
+        if changes and self.store.changes != loaded.changes:
+            # edited while this look read its figures (their reads can wait seconds for SQLite's lock): what it
+            # decided goes where the channels and rules say now, not where they said at its start (a channel made
+            # meanwhile missed the alert for ever: it was firing already). The next look takes the rules anew.
+            now_read = await asyncio.to_thread(self._read_rules, self.store.changes)
+            channels = now_read.channels
+            by_id |= {r.id: r for r in now_read.rules}
         for n, change in enumerate(changes):
             try:
-                await self._tell(by_id[change.rule_id], change, now, loaded.channels)
+                await self._tell(by_id[change.rule_id], change, now, channels)
             except BaseException:  # not recorded nor sent: as if this one and those after it had not changed
                 for undone in changes[n:]:
                     if undone.firing:

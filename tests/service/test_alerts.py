@@ -194,3 +194,33 @@ def test_a_channel_added_while_the_notifier_reads_its_rules_gets_the_next_alert(
         asyncio.run(looks())
         assert [b["subject"] for b in hook.received(rule="Budget 80 % used", status="firing")] == ["team research"]
     db.close()
+
+
+def test_a_channel_added_while_a_look_reads_its_figures_gets_the_alert_that_look_fires(db_target: Path | str) -> None:
+    """A look read its channels first and its figures after; a channel created in between (the figures' reads wait
+    for SQLite's lock behind a burst of requests) missed the alert that look fired, for ever, as the alert was then
+    firing already. An alert goes to the channels there are when it is decided."""
+    import asyncio
+
+    from engine.db import open_database
+    from engine.notify import AlertStore, Notifier, Sources
+
+    db = open_database(db_target)
+    store = AlertStore(db)
+    with receiver() as hook:
+        def budgets_as_a_channel_is_added() -> list[tuple[str, int, int]]:
+            if not store.channels():
+                store.create_channel("late", "webhook", hook.url, True, "admin")
+            return [("team research", 900, 1000)]
+
+        notifier = Notifier(db, store, Sources(serving=lambda _: {}, queue_waits=dict,
+                                               budgets=budgets_as_a_channel_is_added, deployment_names=dict),
+                            "http://engine")
+
+        async def look() -> None:
+            assert [c.subject for c in await notifier.look()] == ["team research"]
+            await notifier.close()  # (waits for what is being sent)
+
+        asyncio.run(look())
+        assert [b["subject"] for b in hook.received(rule="Budget 80 % used", status="firing")] == ["team research"]
+    db.close()
