@@ -374,7 +374,7 @@ def budgets_now(db: Database, limits: KeyLimits) -> list[tuple[str, int, int]]:
         if team.id is not None and team.token_budget and team.budget_period in PERIODS:
             used, _, _ = limits.budget_now("team", team.id, team.budget_period)
             out.append((f"team {team.name}", used, team.token_budget))
-    with db.session() as s:
+    with db.read() as s:
         keys = s.exec(select(ApiToken).where(col(ApiToken.token_budget).is_not(None),
                                              col(ApiToken.revoked_at).is_(None))).all()
     for key in keys:

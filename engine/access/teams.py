@@ -42,11 +42,11 @@ class Teams:
         self.db = db
 
     def all(self) -> Sequence[Team]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             return s.exec(select(Team).order_by(col(Team.id))).all()
 
     def names(self) -> dict[int, str]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             return {i: n for i, n in s.exec(select(Team.id, Team.name)).all() if i is not None}
 
     def members(self) -> dict[int, list[str]]:

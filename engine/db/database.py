@@ -4,7 +4,8 @@
 Only the engine touches it. Every transaction is serialized with every other writer, so that a compare-and-set on
 the desired revision (and every read-then-write: lockouts, first-run rows) cannot interleave: on SQLite it takes the
 write lock at once (``BEGIN IMMEDIATE``); on PostgreSQL it takes one transaction-scoped advisory lock first, in READ
-COMMITTED, so each statement after it sees what the previous holder committed. The audit trail is append-only:
+COMMITTED, so each statement after it sees what the previous holder committed. ``Database.read()`` is the exception:
+a read-only snapshot that takes neither, for readers that must not wait behind writers. The audit trail is append-only:
 triggers abort an UPDATE or a DELETE of its rows, a REPLACE of one on SQLite (which deletes the row it replaces
 without firing DELETE triggers), a TRUNCATE on PostgreSQL (which fires none either).
 """
@@ -31,6 +32,7 @@ log = logging.getLogger("llmops.db")
 
 APPEND_ONLY = ("audit",)
 WRITE_LOCK = 0x6C6C6D6F7073  # "llmops": PostgreSQL's advisory lock that every transaction of the engine takes
+READ = "llmops_read"  # the execution option of Database.read()'s connections
 LOCK_TIMEOUT_S = 10  # longest wait for that lock (SQLite: for its write lock), then the write fails with a 503
 CONNECT_TIMEOUT_S = 5
 UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeoutError)  # the database is down, gone or too busy now
@@ -89,8 +91,13 @@ def _sqlite_engine(url: URL) -> Engine:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         # pysqlite's own transaction handling is off (isolation_level=None): begin explicitly, and take the
-        # write lock at once so that a compare-and-set on the desired revision cannot interleave.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # write lock at once so that a compare-and-set on the desired revision cannot interleave. A read (READ
+        # option) takes none: WAL gives it a snapshot, and query_only refuses any write in it.
+        read = bool(conn.get_execution_options().get(READ))
+        if conn.info.get("query_only", False) != read:
+            conn.exec_driver_sql(f"PRAGMA query_only={int(read)}")
+            conn.info["query_only"] = read
+        conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
 
     return engine
 
@@ -113,6 +120,9 @@ def _postgresql_engine(url: URL) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
+        if conn.get_execution_options().get(READ):  # a read: one snapshot, no lock, no write
+            conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            return
         # in READ COMMITTED each statement after the lock sees what the previous holder committed
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
 
@@ -133,6 +143,7 @@ class Database:
         self.dialect = self.url.get_backend_name()
         self.path = Path(self.url.database) if self.dialect == "sqlite" and self.url.database else None
         self.engine = make_engine(self.url)
+        self._reader = self.engine.execution_options(**{READ: True})
         self.applied: list[str] = []  # the schema revisions open_database applied
 
     @property
@@ -149,6 +160,15 @@ class Database:
     def session(self) -> Iterator[Session]:
         """A transaction (committed on leaving, rolled back on an exception); rows stay readable after it."""
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A transaction that only reads: one snapshot of what is committed, taking no lock, so it waits for no
+        writer and no writer waits for it (a session() waits up to LOCK_TIMEOUT_S behind every other). A write in it
+        is refused by the database. For what reads and decides nothing it writes (alerts' looks, budgets'
+        counts), never for a read-then-write."""
+        with Session(self._reader, expire_on_commit=False) as session, session.begin():
             yield session
 
     def close(self) -> None:

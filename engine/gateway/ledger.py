@@ -215,7 +215,7 @@ class Ledger:
         columns: Any = (RequestLog.deployment_id, RequestLog.status, RequestLog.error, RequestLog.latency_s,
                         RequestLog.ttft_s)
         in_window = col(RequestLog.ts) >= since
-        with self.db.session() as s:
+        with self.db.read() as s:
             total = int(s.exec(select(func.count()).select_from(RequestLog).where(in_window)).one())
             every = max(1, -(-total // max_rows))
             q = sa_select(*columns).where(in_window)

@@ -220,7 +220,7 @@ class KeyLimits:
     def _read_policy(self, key_id: int) -> Policy:
         if self.db is None:
             return Policy(key_id)
-        with self.db.session() as s:
+        with self.db.read() as s:
             row = s.get(ApiToken, key_id)
             if row is None:
                 return Policy(key_id)
@@ -237,7 +237,7 @@ class KeyLimits:
             return 0
         column = col(UsageDay.key_id) if scope == "key" else col(UsageDay.team_id)
         total = func.coalesce(func.sum(col(UsageDay.input_tokens) + col(UsageDay.output_tokens)), 0)
-        with self.db.session() as s:
+        with self.db.read() as s:
             return int(s.exec(select(total).where(column == scope_id, UsageDay.day >= day_of(since))).one())
 
     # --- what a key may do ------------------------------------------------------------------------------------

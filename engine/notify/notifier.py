@@ -166,7 +166,7 @@ class Notifier:
         return changes
 
     def _new_events(self) -> tuple[list[Event], dict[int, str]]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             if self._cursor is None:  # the first look: from now on
                 self._cursor = int(s.exec(select(func.coalesce(func.max(col(Event.id)), 0))).one() or 0)
                 return [], {}

@@ -52,11 +52,11 @@ class AlertStore:
     # --- channels -------------------------------------------------------------------------------------------
 
     def channels(self) -> Sequence[AlertChannel]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             return s.exec(select(AlertChannel).order_by(col(AlertChannel.id))).all()
 
     def channel(self, channel_id: int) -> AlertChannel:
-        with self.db.session() as s:
+        with self.db.read() as s:
             row = s.get(AlertChannel, channel_id)
             if row is None:
                 raise AlertStoreError(f"no channel {channel_id}", missing=True)
@@ -111,7 +111,7 @@ class AlertStore:
     # --- rules ----------------------------------------------------------------------------------------------
 
     def rules(self) -> Sequence[AlertRule]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             return s.exec(select(AlertRule).order_by(col(AlertRule.id))).all()
 
     def _check_channels(self, channels: list[int] | None) -> None:
@@ -185,14 +185,14 @@ class AlertStore:
                 s.add(row)
 
     def history(self, limit: int = 200, state: str | None = None) -> Sequence[AlertFired]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             q = select(AlertFired)
             if state is not None:
                 q = q.where(AlertFired.state == state)
             return s.exec(q.order_by(col(AlertFired.id).desc()).limit(limit)).all()
 
     def firing(self) -> Sequence[AlertFired]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             return s.exec(select(AlertFired).where(AlertFired.state == "firing")).all()
 
     def prune(self) -> None:

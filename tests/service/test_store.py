@@ -98,3 +98,48 @@ def test_two_store_objects_see_each_other(db_target: Path | str) -> None:
     a.ensure_initial({"v": 1})
     b.create_revision({"v": 2}, base_revision=1, author="other process")
     assert a.desired_revision_id() == 2
+
+
+def test_a_read_waits_for_no_writer_sees_only_what_is_committed_and_writes_nothing(db_target: Path | str) -> None:
+    """Every transaction waits for the one that holds the database (SQLite's write lock, PostgreSQL's advisory
+    lock), up to 10 s, then fails: an alert's look or a budget's count read behind a burst of writes waited that
+    long. A read() takes no lock: it returns while a write is held, sees none of it, and a write in it is refused."""
+    import threading
+
+    from sqlalchemy.exc import DBAPIError
+    from sqlmodel import select
+
+    from engine.db.tables import Team
+
+    db = open_database(db_target)
+    with db.session() as s:
+        s.add(Team(name="research"))
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_a_write() -> None:
+        with db.session() as s:
+            s.add(Team(name="held"))
+            s.flush()
+            holding.set()
+            release.wait(60)
+
+    writer = threading.Thread(target=hold_a_write)
+    writer.start()
+    try:
+        assert holding.wait(10)
+        with db.read() as s:
+            seen = [t.name for t in s.exec(select(Team)).all()]
+        assert not release.is_set() and writer.is_alive()  # read while the write was held, not after it
+        assert seen == ["research"]
+    finally:
+        release.set()
+        writer.join(30)
+    with pytest.raises(DBAPIError), db.read() as s:
+        s.add(Team(name="sneaked in"))
+        s.flush()
+    with db.read() as s:
+        assert sorted(t.name for t in s.exec(select(Team)).all()) == ["held", "research"]
+    with db.session() as s:  # a write after a read on the same pooled connection is a write again
+        s.add(Team(name="after"))
+    assert sorted(n for (n,) in sql(db, "SELECT name FROM team")) == ["after", "held", "research"]
+    db.close()
