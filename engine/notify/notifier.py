@@ -147,23 +147,34 @@ class Notifier:
         by_id = {r.id: r for r in loaded.rules}
         channels = loaded.channels
         if changes and self.store.changes != loaded.changes:
-            # edited while this look read its figures (their reads can wait seconds for SQLite's lock): what it
-            # decided goes where the channels and rules say now, not where they said at its start (a channel made
-            # meanwhile missed the alert for ever: it was firing already). The next look takes the rules anew.
-            now_read = await asyncio.to_thread(self._read_rules, self.store.changes)
-            channels = now_read.channels
-            by_id |= {r.id: r for r in now_read.rules}
-        for n, change in enumerate(changes):
+            # edited while this look read its figures (their reads can wait for the database): what it decided goes
+            # where the channels and rules say now, not where they said at its start (a channel made meanwhile
+            # missed the alert for ever: it was firing already); a rule disabled or deleted meanwhile tells nothing
+            # (its state goes at the next look, which takes the rules anew)
             try:
-                await self._tell(by_id[change.rule_id], change, now, channels)
-            except BaseException:  # not recorded nor sent: as if this one and those after it had not changed
-                for undone in changes[n:]:
-                    if undone.firing:
-                        self.tracker.states.pop((undone.rule_id, undone.subject), None)
-                    else:
-                        self.tracker.resume(undone.rule_id, undone.subject, undone.value, undone.message, now)
+                now_read = await asyncio.to_thread(self._read_rules, self.store.changes)
+            except BaseException:
+                self._undo(changes, now)
+                raise
+            channels, by_id = now_read.channels, {r.id: r for r in now_read.rules}
+        for n, change in enumerate(changes):
+            now_rule = by_id.get(change.rule_id)
+            if now_rule is None:
+                continue
+            try:
+                await self._tell(now_rule, change, now, channels)
+            except BaseException:
+                self._undo(changes[n:], now)
                 raise
         return changes
+
+    def _undo(self, changes: list[Change], now: float) -> None:
+        """These changes were neither recorded nor sent: as if they had not happened (decided again next look)."""
+        for undone in changes:
+            if undone.firing:
+                self.tracker.states.pop((undone.rule_id, undone.subject), None)
+            else:
+                self.tracker.resume(undone.rule_id, undone.subject, undone.value, undone.message, now)
 
     def _new_events(self) -> tuple[list[Event], dict[int, str]]:
         with self.db.read() as s:

@@ -224,3 +224,78 @@ def test_a_channel_added_while_a_look_reads_its_figures_gets_the_alert_that_look
         asyncio.run(look())
         assert [b["subject"] for b in hook.received(rule="Budget 80 % used", status="firing")] == ["team research"]
     db.close()
+
+
+def test_a_look_whose_second_read_of_the_rules_fails_sends_its_alert_at_the_next_look(db_target: Path | str) -> None:
+    """The channels read again after a look's figures (edited meanwhile) could not be read: the alert it decided
+    was neither recorded nor sent, and it must be decided again, not kept as firing where no one was told."""
+    import asyncio
+
+    from engine.db import open_database
+    from engine.notify import AlertStore, Notifier, Sources
+
+    db = open_database(db_target)
+    store = AlertStore(db)
+    read = store.channels
+    armed: list[bool] = []
+
+    def channels_once_failing() -> Any:
+        if armed and armed.pop():
+            raise OperationalError("SELECT", {}, Exception("database is locked"))
+        return read()
+
+    store.channels = channels_once_failing  # type: ignore[method-assign]
+    with receiver() as hook:
+        def budgets_as_a_channel_is_added() -> list[tuple[str, int, int]]:
+            if not read():
+                store.create_channel("late", "webhook", hook.url, True, "admin")
+                armed.append(True)  # the look's second read of the channels fails
+            return [("team research", 900, 1000)]
+
+        notifier = Notifier(db, store, Sources(serving=lambda _: {}, queue_waits=dict,
+                                               budgets=budgets_as_a_channel_is_added, deployment_names=dict),
+                            "http://engine")
+
+        async def looks() -> None:
+            with pytest.raises(OperationalError):
+                await notifier.look()
+            assert [c.subject for c in await notifier.look()] == ["team research"]
+            await notifier.close()
+
+        asyncio.run(looks())
+        assert [b["subject"] for b in hook.received(rule="Budget 80 % used", status="firing")] == ["team research"]
+    db.close()
+
+
+def test_a_rule_disabled_while_a_look_reads_its_figures_tells_nothing(db_target: Path | str) -> None:
+    """Disabled by its owner while a look read the figures it then fired on: nothing recorded, nothing sent (it
+    went to every channel, and its row stayed 'firing' for ever)."""
+    import asyncio
+
+    from engine.db import open_database
+    from engine.notify import AlertStore, Notifier, Sources
+    from tests.testkit.db import sql
+
+    db = open_database(db_target)
+    store = AlertStore(db)
+    budget_rule = next(r for r in store.rules() if r.name == "Budget 80 % used")
+    with receiver() as hook:
+        store.create_channel("on-call", "webhook", hook.url, True, "admin")
+
+        def budgets_as_the_rule_is_disabled() -> list[tuple[str, int, int]]:
+            assert budget_rule.id is not None
+            store.update_rule(budget_rule.id, {"enabled": False})
+            return [("team research", 900, 1000)]
+
+        notifier = Notifier(db, store, Sources(serving=lambda _: {}, queue_waits=dict,
+                                               budgets=budgets_as_the_rule_is_disabled, deployment_names=dict),
+                            "http://engine")
+
+        async def look() -> None:
+            await notifier.look()
+            await notifier.close()
+
+        asyncio.run(look())
+        assert hook.received(rule="Budget 80 % used") == []
+        assert sql(db, "SELECT rule FROM alert_fired") == []
+    db.close()
