@@ -4,6 +4,8 @@ channels (a real local webhook receiver at the other end), rules, the test butto
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +14,11 @@ from sqlalchemy.exc import OperationalError
 
 from engine.app import create_app
 from engine.config import AppConfig
+from engine.db import Database, open_database
+from engine.notify import AlertStore, Notifier, Sources
 from tests.service.test_api import signed_in
 from tests.service.test_teams import complete, field_of, serve_from
+from tests.testkit.db import sql
 from tests.testkit.engine import ADMIN_PASSWORD
 from tests.testkit.receiver import receiver
 from tests.testkit.stub_upstream import stub_upstream
@@ -23,6 +28,12 @@ from tests.testkit.wait import wait_until
 def engine_app(data_dir: Path) -> Any:
     return create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD,
                                 gateway_keys="on", gateway_workers=0, alert_interval_s=0.2))
+
+
+def budget_notifier(db: Database, store: AlertStore, budgets: Callable[[], list[tuple[str, int, int]]]) -> Notifier:
+    """A notifier whose only figures are these budgets."""
+    return Notifier(db, store, Sources(serving=lambda _: {}, queue_waits=dict, budgets=budgets, deployment_names=dict),
+                    "http://engine")
 
 
 def notifier_state(api: Any, hook: Any) -> str:
@@ -124,17 +135,11 @@ def test_a_level_alert_whose_subject_is_gone_resolves_and_one_the_store_failed_t
         db_target: Path | str) -> None:
     """A budget at 85 % fires; its team deleted (the subject no longer seen), it resolves once. A fire the store
     could not record is decided again at the next look (nothing sent meanwhile, nothing lost)."""
-    import asyncio
-
-    from engine.db import open_database
-    from engine.notify import AlertStore, Notifier, Sources
-    from tests.testkit.db import sql
 
     db = open_database(db_target)
     budgets: list[tuple[str, int, int]] = [("team gone-soon", 850, 1000)]
     store = AlertStore(db)
-    notifier = Notifier(db, store, Sources(serving=lambda _: {}, queue_waits=dict, budgets=lambda: list(budgets),
-                                           deployment_names=dict), "http://engine")
+    notifier = budget_notifier(db, store, lambda: list(budgets))
 
     async def looks() -> list[tuple[str, bool]]:
         seen = []
@@ -164,16 +169,11 @@ def test_a_level_alert_whose_subject_is_gone_resolves_and_one_the_store_failed_t
 def test_a_channel_added_while_the_notifier_reads_its_rules_gets_the_next_alert(db_target: Path | str) -> None:
     """A channel created between the notifier's read of the channels and its note of the store's edits: the next
     look reads them again, so the budget that fires then reaches it (it used to fire to no one, for ever)."""
-    import asyncio
-
-    from engine.db import open_database
-    from engine.notify import AlertStore, Notifier, Sources
 
     db = open_database(db_target)
     budgets: list[tuple[str, int, int]] = []
     store = AlertStore(db)
-    notifier = Notifier(db, store, Sources(serving=lambda _: {}, queue_waits=dict, budgets=lambda: list(budgets),
-                                           deployment_names=dict), "http://engine")
+    notifier = budget_notifier(db, store, lambda: list(budgets))
     with receiver() as hook:
         read = store.channels
 
@@ -200,10 +200,6 @@ def test_a_channel_added_while_a_look_reads_its_figures_gets_the_alert_that_look
     """A look read its channels first and its figures after; a channel created in between (the figures' reads wait
     for SQLite's lock behind a burst of requests) missed the alert that look fired, for ever, as the alert was then
     firing already. An alert goes to the channels there are when it is decided."""
-    import asyncio
-
-    from engine.db import open_database
-    from engine.notify import AlertStore, Notifier, Sources
 
     db = open_database(db_target)
     store = AlertStore(db)
@@ -213,9 +209,7 @@ def test_a_channel_added_while_a_look_reads_its_figures_gets_the_alert_that_look
                 store.create_channel("late", "webhook", hook.url, True, "admin")
             return [("team research", 900, 1000)]
 
-        notifier = Notifier(db, store, Sources(serving=lambda _: {}, queue_waits=dict,
-                                               budgets=budgets_as_a_channel_is_added, deployment_names=dict),
-                            "http://engine")
+        notifier = budget_notifier(db, store, budgets_as_a_channel_is_added)
 
         async def look() -> None:
             assert [c.subject for c in await notifier.look()] == ["team research"]
@@ -229,10 +223,6 @@ def test_a_channel_added_while_a_look_reads_its_figures_gets_the_alert_that_look
 def test_a_look_whose_second_read_of_the_rules_fails_sends_its_alert_at_the_next_look(db_target: Path | str) -> None:
     """The channels read again after a look's figures (edited meanwhile) could not be read: the alert it decided
     was neither recorded nor sent, and it must be decided again, not kept as firing where no one was told."""
-    import asyncio
-
-    from engine.db import open_database
-    from engine.notify import AlertStore, Notifier, Sources
 
     db = open_database(db_target)
     store = AlertStore(db)
@@ -252,9 +242,7 @@ def test_a_look_whose_second_read_of_the_rules_fails_sends_its_alert_at_the_next
                 armed.append(True)  # the look's second read of the channels fails
             return [("team research", 900, 1000)]
 
-        notifier = Notifier(db, store, Sources(serving=lambda _: {}, queue_waits=dict,
-                                               budgets=budgets_as_a_channel_is_added, deployment_names=dict),
-                            "http://engine")
+        notifier = budget_notifier(db, store, budgets_as_a_channel_is_added)
 
         async def looks() -> None:
             with pytest.raises(OperationalError):
@@ -270,11 +258,6 @@ def test_a_look_whose_second_read_of_the_rules_fails_sends_its_alert_at_the_next
 def test_a_rule_disabled_while_a_look_reads_its_figures_tells_nothing(db_target: Path | str) -> None:
     """Disabled by its owner while a look read the figures it then fired on: nothing recorded, nothing sent (it
     went to every channel, and its row stayed 'firing' for ever)."""
-    import asyncio
-
-    from engine.db import open_database
-    from engine.notify import AlertStore, Notifier, Sources
-    from tests.testkit.db import sql
 
     db = open_database(db_target)
     store = AlertStore(db)
@@ -287,9 +270,7 @@ def test_a_rule_disabled_while_a_look_reads_its_figures_tells_nothing(db_target:
             store.update_rule(budget_rule.id, {"enabled": False})
             return [("team research", 900, 1000)]
 
-        notifier = Notifier(db, store, Sources(serving=lambda _: {}, queue_waits=dict,
-                                               budgets=budgets_as_the_rule_is_disabled, deployment_names=dict),
-                            "http://engine")
+        notifier = budget_notifier(db, store, budgets_as_the_rule_is_disabled)
 
         async def look() -> None:
             await notifier.look()

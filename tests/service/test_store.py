@@ -139,7 +139,9 @@ def test_a_read_waits_for_no_writer_sees_only_what_is_committed_and_writes_nothi
         s.flush()
     with db.read() as s:
         assert sorted(t.name for t in s.exec(select(Team)).all()) == ["held", "research"]
-    with db.session() as s:  # a write after a read on the same pooled connection is a write again
-        s.add(Team(name="after"))
-    assert sorted(n for (n,) in sql(db, "SELECT name FROM team")) == ["after", "held", "research"]
+    for n in range(3):  # writes after reads are writes again, on each pooled connection in turn (first in, first out)
+        with db.session() as s:
+            s.add(Team(name=f"after {n}"))
+    assert sorted(n for (n,) in sql(db, "SELECT name FROM team")) == ["after 0", "after 1", "after 2", "held",
+                                                                      "research"]
     db.close()
