@@ -228,7 +228,7 @@ class AuditTallies:
         """Tallies newest minute first (what was counted until now included)."""
         self.flush()
         source, action, target = (portable(v, self.db.dialect) for v in (source, action, target))
-        with self.db.session() as s:
+        with self.db.read() as s:
             q = select(AuditTally)
             if since is not None:
                 q = q.where(AuditTally.minute >= since - 59)  # a minute that ends after since
@@ -279,7 +279,7 @@ class AuditLog:
               since: float | None = None, until: float | None = None, result: int | None = None,
               text_: str | None = None, limit: int = 200, offset: int = 0) -> Sequence[AuditRecord]:
         actor, action, target, text_ = (portable(v, self.db.dialect) for v in (actor, action, target, text_))
-        with self.db.session() as s:
+        with self.db.read() as s:
             q = select(AuditRecord)
             if actor:
                 q = q.where(AuditRecord.actor == actor)

@@ -8,8 +8,10 @@ playground), ``operator`` (and settings, restarts, rollbacks, benchmarks), ``adm
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import secrets
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,11 +22,13 @@ from argon2.exceptions import InvalidHashError, VerificationError
 from sqlmodel import Session, col, delete, func, select
 
 from engine.access.hashing import HashPool
-from engine.db import ApiToken, Database, LoginFailure, User
+from engine.db import UNAVAILABLE, ApiToken, Database, LoginFailure, User
 from engine.errors import EngineError
 from engine.schemas import ROLES, TokenState, check_name
 
 TOKEN_PREFIX = "llmops_"
+log = logging.getLogger("llmops.auth")
+
 USERNAME = re.compile(r"[A-Za-z0-9_.@+][A-Za-z0-9_.@+-]{0,63}")  # fullmatch: "admin\n" is not "admin"
 UNKNOWN_KEPT = 10_000  # unknown user names whose failed sign-ins are counted (table login_failure)
 
@@ -116,6 +120,11 @@ class Auth:
         self.lockout_s = lockout_s
         self.hasher = PasswordHasher()
         self._last_used: dict[int, float] = {}
+        # tokens' last uses not yet written, and the one thread that writes them (off the request's path: a request
+        # never waits for the database's write lock to record its token's use)
+        self._uses: dict[int, float] = {}
+        self._uses_lock = threading.Lock()
+        self._use_writer: threading.Thread | None = None
         # A name that is no user fails and locks like one that is: same answer, same time, same lockout, and
         # the same after a restart (its failures are in the database, table login_failure, bounded).
         self._dummy_hash = self.hasher.hash(secrets.token_urlsafe(16))
@@ -124,11 +133,11 @@ class Auth:
     # --- users ----------------------------------------------------------------------------------------------
 
     def users(self) -> Sequence[User]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             return s.exec(select(User).order_by(col(User.id))).all()
 
     def has_users(self) -> bool:
-        with self.db.session() as s:
+        with self.db.read() as s:
             return s.exec(select(User.id).limit(1)).first() is not None
 
     def create_user(self, username: str, password: str, role: str) -> User:
@@ -385,7 +394,7 @@ class Auth:
 
     def tokens(self) -> Sequence[ApiToken]:
         """API tokens and gateway keys (console sessions are not listed)."""
-        with self.db.session() as s:
+        with self.db.read() as s:
             return s.exec(select(ApiToken).where(ApiToken.kind != "session").order_by(col(ApiToken.id))).all()
 
     def revoke(self, token_id: int | None = None, token: str | None = None, name: str | None = None) -> ApiToken:
@@ -405,12 +414,40 @@ class Auth:
         self.changes += 1
         return row
 
+    def _record_use(self, token_id: int, at: float) -> None:
+        """A token's last use, written by one thread of its own: the request that used it goes on at once."""
+        with self._uses_lock:
+            self._uses[token_id] = at
+            if self._use_writer is not None:  # (it takes this one too before it ends)
+                return
+            self._use_writer = threading.Thread(target=self._write_uses, name="llmops-token-uses", daemon=True)
+            self._use_writer.start()
+
+    def _write_uses(self) -> None:
+        while True:
+            with self._uses_lock:
+                uses, self._uses = self._uses, {}
+                if not uses:
+                    self._use_writer = None
+                    return
+            try:
+                with self.db.session() as s:
+                    for token_id, at in uses.items():
+                        row = s.get(ApiToken, token_id)
+                        if row is not None and (row.last_used_at or 0) < at:
+                            row.last_used_at = at
+                            s.add(row)
+            except UNAVAILABLE as exc:  # recorded at the token's next use after a minute
+                for token_id in uses:
+                    self._last_used.pop(token_id, None)
+                log.warning("tokens' last use could not be recorded (%s): it will be at their next use", exc)
+
     def authenticate(self, token: str) -> Principal | None:
         """The principal a bearer token stands for, or None (unknown, revoked, expired, or its user disabled)."""
         if not token.startswith(TOKEN_PREFIX):
             return None
         now = time.time()
-        with self.db.session() as s:
+        with self.db.read() as s:  # no lock: a request is not held behind the database's writers
             row = s.exec(select(ApiToken).where(ApiToken.digest == digest(token))).first()
             if row is None or row.revoked_at or (row.expires_at and row.expires_at < now):
                 return None
@@ -432,11 +469,7 @@ class Auth:
         assert row.id is not None
         if now - self._last_used.get(row.id, 0) > 60:  # record use at most once a minute
             self._last_used[row.id] = now
-            with self.db.session() as s:
-                fresh = s.get(ApiToken, row.id)
-                if fresh is not None:
-                    fresh.last_used_at = now
-                    s.add(fresh)
+            self._record_use(row.id, now)
         return Principal(name=name, role=role, kind=row.kind, token_id=row.id,
                          rate_limit_per_min=row.rate_limit_per_min, user_id=row.user_id,
                          deployments=tuple(row.deployments) if row.deployments is not None else None)

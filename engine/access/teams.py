@@ -52,7 +52,7 @@ class Teams:
     def members(self) -> dict[int, list[str]]:
         """Each team's users."""
         out: dict[int, list[str]] = {}
-        with self.db.session() as s:
+        with self.db.read() as s:
             for team_id, name in s.exec(select(User.team_id, User.username).where(col(User.team_id).is_not(None))):
                 if team_id is not None:
                     out.setdefault(team_id, []).append(name)
@@ -60,7 +60,7 @@ class Teams:
 
     def key_counts(self) -> dict[int, int]:
         """Active gateway keys per team."""
-        with self.db.session() as s:
+        with self.db.read() as s:
             rows = s.exec(select(ApiToken.team_id, func.count()).where(
                 col(ApiToken.team_id).is_not(None), col(ApiToken.revoked_at).is_(None)).group_by(
                 col(ApiToken.team_id))).all()

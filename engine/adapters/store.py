@@ -18,7 +18,7 @@ class AdapterStore:
         self.db = db
 
     def all(self) -> list[LoraAdapter]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             return list(s.exec(select(LoraAdapter).order_by(col(LoraAdapter.id))).all())
 
     def add(self, deployment_id: int, name: str, info: AdapterInfo, by: str) -> LoraAdapter:
@@ -52,7 +52,7 @@ class AdapterStore:
         if not names:
             return {}
         errors = func.sum(func.coalesce((col(RequestLog.status) >= 400).cast(Integer), 0))
-        with self.db.session() as s:
+        with self.db.read() as s:
             rows = s.execute(
                 sql_select(col(RequestLog.model), func.count(), func.coalesce(func.sum(RequestLog.input_tokens), 0),
                        func.coalesce(func.sum(RequestLog.output_tokens), 0), errors)

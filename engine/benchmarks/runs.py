@@ -140,12 +140,12 @@ class Benchmarks:
 
     def get(self, run_id: int) -> BenchmarkRun | None:
         """One of this deployment's runs."""
-        with self.db.session() as s:
+        with self.db.read() as s:
             run = s.get(BenchmarkRun, run_id)
             return run if run is not None and run.deployment_id == self.deployment_id else None
 
     def list(self, revision: int | None = None, limit: int = 50) -> list[BenchmarkRun]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             q = select(BenchmarkRun).where(BenchmarkRun.deployment_id == self.deployment_id) \
                 .order_by(col(BenchmarkRun.id).desc()).limit(limit)
             if revision is not None:

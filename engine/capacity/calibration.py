@@ -138,7 +138,7 @@ class CalibrationStore:
 
     def latest(self, model: str, tensor_parallel_size: int, dtype: str, starts: int = 5) -> Calibration | None:
         """The calibration from the last ``starts`` successful starts of this model on this host."""
-        with self.db.session() as s:
+        with self.db.read() as s:
             rows = s.exec(
                 select(CalibrationRow).where(CalibrationRow.host == self.host, CalibrationRow.model == model,
                                              CalibrationRow.tensor_parallel_size == tensor_parallel_size,

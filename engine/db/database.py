@@ -171,6 +171,12 @@ class Database:
         with Session(self._reader, expire_on_commit=False) as session, session.begin():
             yield session
 
+    @contextmanager
+    def read_connection(self) -> Iterator[Connection]:
+        """read()'s snapshot as a Core connection, for SQL expressions over tables (engine/metrics/series.py)."""
+        with self._reader.connect() as conn, conn.begin():
+            yield conn
+
     def close(self) -> None:
         self.engine.dispose()
 

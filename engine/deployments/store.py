@@ -95,11 +95,11 @@ class DeploymentStore:
             return True
 
     def all(self) -> Sequence[Deployment]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             return s.exec(select(Deployment).order_by(col(Deployment.id))).all()
 
     def get(self, name: str) -> Deployment:
-        with self.db.session() as s:
+        with self.db.read() as s:
             row = s.exec(select(Deployment).where(Deployment.name == name)).first()
             if row is None and name.isdigit():
                 row = s.get(Deployment, int(name))
@@ -108,7 +108,7 @@ class DeploymentStore:
         return row
 
     def by_id(self, deployment_id: int) -> Deployment | None:
-        with self.db.session() as s:
+        with self.db.read() as s:
             return s.get(Deployment, deployment_id)
 
     def create(self, name: str, values: dict[str, Any], *, author: str, gpus: list[int] | None = None,
@@ -189,7 +189,7 @@ class DeploymentStore:
     def summary(self, name: str) -> Deleted:
         """What deleting it would remove, for the confirmation that names it."""
         row = self.get(name)
-        with self.db.session() as s:
+        with self.db.read() as s:
             return Deleted(revisions=_count(s, Revision, col(Revision.deployment_id) == row.id),
                            events=_count(s, Event, col(Event.deployment_id) == row.id),
                            benchmarks=_count(s, BenchmarkRun, col(BenchmarkRun.deployment_id) == row.id),

@@ -55,7 +55,7 @@ class EventLog:
         return (col(Event.deployment_id) == self.deployment_id) | col(Event.deployment_id).is_(None)
 
     def event_counts(self, kinds: Sequence[str]) -> dict[str, int]:
-        with self.session() as s:
+        with self.db.read() as s:
             rows = s.exec(select(Event.kind, func.count()).where(col(Event.kind).in_(list(kinds)), self._scope())
                           .group_by(col(Event.kind))).all()
         return {k: int(n) for k, n in rows}
@@ -63,7 +63,7 @@ class EventLog:
     def events(
         self, since: int = 0, limit: int = 200, kinds: Sequence[str] | None = None, newest_first: bool = False
     ) -> Sequence[Event]:
-        with self.session() as s:
+        with self.db.read() as s:
             q = select(Event).where(col(Event.id) > since, self._scope())
             if kinds:
                 q = q.where(col(Event.kind).in_(list(kinds)))

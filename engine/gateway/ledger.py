@@ -155,7 +155,7 @@ class Ledger:
              deployment_id: int | None = None) -> Sequence[RequestLog]:
         """The window's rows for the KPIs (of one deployment's requests, when given; rows from before deployments
         existed are the default one's): sampled prompt texts are not read."""
-        with self.db.session() as s:
+        with self.db.read() as s:
             prompt: Any = RequestLog.prompt  # the mapped attribute (SQLModel types it as its value)
             q = select(RequestLog).options(defer(prompt)).where(RequestLog.ts >= since)
             if deployment_id is not None:
@@ -169,7 +169,7 @@ class Ledger:
             return s.exec(q.order_by(col(RequestLog.id))).all()
 
     def count(self, since: float, client: str) -> int:
-        with self.db.session() as s:
+        with self.db.read() as s:
             return int(s.exec(select(func.count()).select_from(RequestLog).where(
                 RequestLog.ts >= since, RequestLog.client == client)).one())
 
@@ -233,7 +233,7 @@ class Ledger:
         return out
 
     def _oom_counts(self, since: float, revision: int | None) -> dict[int | None, int]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             q = select(Event.revision_id, func.count()).where(
                 Event.kind == "diagnosis", Event.ts >= since,
                 json_true(col(Event.data), "is_oom")).group_by(col(Event.revision_id))
@@ -252,7 +252,7 @@ class Ledger:
             if cached is not None and now - cached[0] < cache_s:
                 return cached[1]
         total = col(RequestLog.input_tokens) + func.coalesce(col(RequestLog.output_tokens), 0)
-        with self.db.session() as s:
+        with self.db.read() as s:
             ok = (RequestLog.ts >= time.time() - window_s, RequestLog.status < 400,
                   col(RequestLog.input_tokens).is_not(None))
             n = int(s.exec(select(func.count()).select_from(RequestLog).where(*ok)).one())
@@ -276,7 +276,7 @@ class Ledger:
         need = col(RequestLog.input_tokens) + func.coalesce(col(RequestLog.max_tokens), col(RequestLog.output_tokens),
                                                             0)
         wall = time.time()
-        with self.db.session() as s:
+        with self.db.read() as s:
             row = s.exec(select(func.count(), func.max(need), func.min(col(RequestLog.ts))).where(
                 RequestLog.ts >= wall - window_s, RequestLog.status < 400,
                 col(RequestLog.input_tokens).is_not(None))).one()

@@ -49,7 +49,7 @@ class Usage:
         column: Any = {"key": col(UsageDay.key_id), "team": col(UsageDay.team_id),
                        "deployment": col(UsageDay.deployment_id), "model": col(UsageDay.model),
                        "day": col(UsageDay.day)}[group_by]
-        with self.db.session() as s:
+        with self.db.read() as s:
             q = sa_select(column, col(UsageDay.deployment_id), func.sum(UsageDay.requests), func.sum(UsageDay.failed),
                        func.sum(UsageDay.input_tokens), func.sum(UsageDay.output_tokens)).where(
                 col(UsageDay.day) >= since, col(UsageDay.day) <= until)

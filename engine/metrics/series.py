@@ -98,7 +98,7 @@ class SeriesStore:
         if key_prefix is not None:
             q = q.where(key.startswith(key_prefix, autoescape=True))
         out: dict[str, Any] = {}
-        with self.engine.connect() as conn:
+        with self.db.read_connection() as conn:
             for row in conn.execute(q):
                 series = out.setdefault(str(row[1]), {"t": [], **{m: {"min": [], "avg": [], "max": []}
                                                                   for m in metrics}})

@@ -18,14 +18,14 @@ class PromptStore:
 
     def prompts(self, limit: int = 50, before: int | None = None) -> Sequence[SavedPrompt]:
         """A page of saved prompts, newest first: at most ``limit``, with ids below ``before`` when given."""
-        with self.session() as s:
+        with self.db.read() as s:
             q = select(SavedPrompt)
             if before is not None:
                 q = q.where(col(SavedPrompt.id) < before)
             return s.exec(q.order_by(col(SavedPrompt.id).desc()).limit(limit)).all()
 
     def get(self, prompt_id: int) -> SavedPrompt | None:
-        with self.session() as s:
+        with self.db.read() as s:
             return s.get(SavedPrompt, prompt_id)
 
     def count_by(self, author: str) -> int:

@@ -41,29 +41,29 @@ class RevisionStore:
             return True
 
     def desired_revision(self) -> Revision | None:
-        with self.session() as s:
+        with self.db.read() as s:
             return s.exec(select(Revision).where(self._mine(), col(Revision.status).in_(ACTIVE))
                           .order_by(col(Revision.id).desc()).limit(1)).first()
 
     def desired_revision_id(self) -> int | None:
-        with self.session() as s:
+        with self.db.read() as s:
             return s.exec(select(Revision.id).where(self._mine(), col(Revision.status).in_(ACTIVE))
                           .order_by(col(Revision.id).desc()).limit(1)).first()
 
     def head_revision_id(self) -> int | None:
-        with self.session() as s:
+        with self.db.read() as s:
             return s.exec(select(Revision.id).where(self._mine()).order_by(col(Revision.id).desc()).limit(1)).first()
 
     def get_revision(self, revision_id: int) -> Revision:
         """One of this deployment's revisions (another deployment's is not found here)."""
-        with self.session() as s:
+        with self.db.read() as s:
             rev = s.get(Revision, revision_id)
             if rev is None or rev.deployment_id != self.deployment_id:
                 raise RevisionNotFoundError(revision_id)
             return rev
 
     def history(self, limit: int = 50, before: int | None = None) -> Sequence[Revision]:
-        with self.session() as s:
+        with self.db.read() as s:
             q = select(Revision).where(self._mine()).order_by(col(Revision.id).desc()).limit(limit)
             if before is not None:
                 q = q.where(col(Revision.id) < before)
@@ -143,7 +143,7 @@ class RevisionStore:
         """Failures diagnosed as out-of-memory, per revision (the OOM rate operators track)."""
         if not revision_ids:
             return {}
-        with self.session() as s:
+        with self.db.read() as s:
             rows = s.exec(
                 select(Event.revision_id, func.count()).where(
                     Event.kind == "diagnosis", col(Event.revision_id).in_(list(revision_ids)),

@@ -224,16 +224,19 @@ class Clients:
 
 
 class FlakySessions:
-    """The database's sessions, failing as a database that is down fails while ``down``."""
+    """The database's ways in (its sessions, its reads), failing as a database that is down fails while ``down``."""
 
     def __init__(self, db: Database) -> None:
-        self._session = db.session
         self.down = False
+        for name in ("session", "read", "read_connection"):
+            setattr(db, name, self._flaky(getattr(db, name)))
 
-    def __call__(self) -> Any:
-        if self.down:
-            raise OperationalError("SELECT 1", None, Exception("the database is down (a test's fault)"))
-        return self._session()
+    def _flaky(self, real: Callable[[], Any]) -> Callable[[], Any]:
+        def opened() -> Any:
+            if self.down:
+                raise OperationalError("SELECT 1", None, Exception("the database is down (a test's fault)"))
+            return real()
+        return opened
 
 
 class Scenario:
@@ -262,7 +265,6 @@ class Scenario:
     async def __aenter__(self) -> Scenario:
         self.db = open_database(migrated_sqlite(self.tmp_path))
         self.sessions = FlakySessions(self.db)
-        self.db.session = self.sessions  # type: ignore[method-assign]
         DeploymentStore(self.db).ensure_default("demo")
         self.revisions = RevisionStore(self.db)
         self.events = EventLog(self.db)

@@ -111,7 +111,7 @@ def _day(text: str | None, default: date, field: str) -> date:
 
 def _own(svc: Services, user_id: int | None) -> tuple[list[int], list[int]]:
     """The keys a user owns and their team (what a non-operator's usage shows)."""
-    with svc.db.session() as s:
+    with svc.db.read() as s:
         keys = [i for i in s.exec(select(ApiToken.id).where(ApiToken.user_id == user_id)).all()
                 if i is not None] if user_id is not None else []
         user = s.get(User, user_id) if user_id is not None else None

@@ -1,0 +1,107 @@
+"""What the console and on-call read while a write holds the database: every transaction of the engine waits for
+the one that holds it (SQLite's write lock, PostgreSQL's advisory lock), up to LOCK_TIMEOUT_S, then fails with a 503.
+The API's reads take no lock (Database.read()): a page answers during an apply's writes, a burst of the ledger's
+or a slow migration's, instead of waiting behind them and then failing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import cast
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlmodel import select
+
+from engine.app import create_app
+from engine.config import AppConfig
+from engine.db import Database
+from engine.db.tables import Team
+from tests.testkit.engine import ADMIN_PASSWORD
+from tests.testkit.wait import wait_until
+
+# What the console's pages and an on-call engineer's scripts read (the default deployment is named after its
+# model: "demo").
+READS = [
+    "/api/status", "/api/settings", "/api/settings/history", "/api/settings/1", "/api/capacity", "/api/events",
+    "/api/deployments", "/api/deployments/demo", "/api/deployments/demo/deletion", "/api/fleet",
+    "/api/models", "/api/deployments/demo/adapters", "/api/teams", "/api/usage", "/api/auth/me", "/api/users",
+    "/api/tokens", "/api/gpu", "/api/gpu/history", "/api/gateway", "/metrics", "/api/prompts", "/api/serving",
+    "/api/serving/history", "/api/serving/instances/history", "/api/serving/scaling/history", "/api/kpis",
+    "/api/audit", "/api/audit/tallies", "/api/benchmarks", "/api/alerts/channels", "/api/alerts/rules",
+    "/api/alerts/fired",
+]
+
+
+class HeldWrite:
+    """A transaction of the engine's database held open (a write in it) until ``release``."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.holding, self.released = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold)
+
+    def _hold(self) -> None:
+        with self.db.session() as s:
+            s.add(Team(name="held"))
+            s.flush()
+            self.holding.set()
+            self.released.wait(120)
+
+    def __enter__(self) -> HeldWrite:
+        self.thread.start()
+        assert self.holding.wait(10)
+        return self
+
+    @property
+    def held(self) -> bool:
+        return self.thread.is_alive() and not self.released.is_set()
+
+    def __exit__(self, *_: object) -> None:
+        self.released.set()
+        self.thread.join(30)
+
+
+@pytest.fixture
+def engine_app(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> FastAPI:
+    monkeypatch.setattr("engine.db.database.LOCK_TIMEOUT_S", 2)  # what waits for the lock fails in 2 s, not 10
+    return create_app(AppConfig(data_dir=data_dir, autostart=False, admin_password=ADMIN_PASSWORD))
+
+
+def test_the_console_s_reads_answer_while_a_write_holds_the_database(engine_app: FastAPI) -> None:
+    services = engine_app.state.services
+    admin = {"authorization": f"Bearer {services.auth.create_token('ops', 'admin')[0]}"}
+    with TestClient(engine_app, raise_server_exceptions=False) as client:
+        assert client.post("/api/prompts", headers=admin, json={"name": "p", "prompt": "hello"}).status_code == 201
+        before = {path: client.get(path, headers=admin) for path in READS}
+        assert {p: r.status_code for p, r in before.items() if r.status_code != 200} == {}
+        with HeldWrite(services.db) as write:
+            during = {path: client.get(path, headers=admin) for path in READS}
+            assert write.held  # every read answered while the write was held, not after it
+        refused = sorted(p for p, r in during.items() if r.status_code != 200)
+        assert refused == [], ", ".join(refused)
+        assert during["/api/prompts"].json()[0]["name"] == "p"  # what they read is what was committed
+        with services.db.read() as s:  # the write went on after them
+            assert [t.name for t in s.exec(select(Team)).all()] == ["held"]
+
+
+def test_a_token_first_used_while_a_write_holds_the_database_answers_and_its_use_is_recorded_after(
+        engine_app: FastAPI) -> None:
+    """A token's last use is written at most once a minute: that write waited for the lock on the request's path."""
+    services = engine_app.state.services
+    admin = {"authorization": f"Bearer {services.auth.create_token('ops', 'admin')[0]}"}
+    fresh, row = services.auth.create_token("on-call", "viewer")
+    with TestClient(engine_app, raise_server_exceptions=False) as client:
+        with HeldWrite(services.db) as write:
+            answer = client.get("/api/status", headers={"authorization": f"Bearer {fresh}"})
+            assert write.held
+        assert answer.status_code == 200, answer.text
+
+        def last_used() -> float | None:
+            tokens = client.get("/api/tokens", headers=admin).json()
+            return cast(float | None, next(t["last_used_at"] for t in tokens if t["id"] == row.id))
+
+        wait_until(lambda: last_used() is not None, 10, what="the token's use recorded once the write ended")
+        assert abs(cast(float, last_used()) - time.time()) < 60
