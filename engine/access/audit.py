@@ -42,7 +42,7 @@ from sqlmodel import col, delete, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.aio import cancel_and_wait
-from engine.db import AuditRecord, AuditTally, Database, portable
+from engine.db import READ_FLUSH_WAIT_S, UNAVAILABLE, AuditRecord, AuditTally, Database, portable
 from engine.schemas import CONSOLE_CLIENT_HEADER, CONSOLE_KEY_HEADER
 
 # a key that names a secret (password, hf_token, api_key, …), not one that merely contains the word
@@ -175,15 +175,18 @@ class AuditTallies:
             n, _ = self._pending.get(key, (0, 0.0))
             self._pending[key] = (n + 1, now)
 
-    def flush(self) -> int:
-        """Write what was counted; returns the keys written."""
-        with self._flush_lock:
+    def flush(self, wait_s: float | None = None) -> int:
+        """Write what was counted; returns the keys written. ``wait_s``: the longest wait for another flush and for
+        the database's lock (none written if that runs out: they are counted again at the next flush)."""
+        if not self._flush_lock.acquire(timeout=-1 if wait_s is None else wait_s):
+            return 0
+        try:
             with self._lock:
                 pending, self._pending = self._pending, {}
             if not pending:
                 return 0
             try:
-                self._write(pending)
+                self._write(pending, wait_s)
             except SQLAlchemyError:
                 with self._lock:  # counted again next time (bounded as before)
                     for key, (n, last) in pending.items():
@@ -191,14 +194,16 @@ class AuditTallies:
                         self._pending[key] = (m + n, max(t, last))
                 raise
             return len(pending)
+        finally:
+            self._flush_lock.release()
 
-    def _write(self, pending: dict[TallyKey, tuple[int, float]]) -> None:
+    def _write(self, pending: dict[TallyKey, tuple[int, float]], wait_s: float | None) -> None:
         # An upsert in either dialect (both spell it on_conflict_do_update); the larger of two values is max() in
         # SQLite and greatest() in PostgreSQL.
         pg = self.db.dialect == "postgresql"
         insert = postgresql.insert if pg else sqlite.insert
         newest = func.greatest if pg else func.max
-        with self.db.session() as s:
+        with self.db.session(wait_s) as s:
             room: dict[float, int] = {}
             for minute in {k.minute for k in pending}:
                 room[minute] = self.keys_per_minute - s.exec(
@@ -225,8 +230,12 @@ class AuditTallies:
     def query(self, *, since: float | None = None, until: float | None = None, source: str | None = None,
               action: str | None = None, target: str | None = None, result: int | None = None,
               limit: int = 500) -> Sequence[AuditTally]:
-        """Tallies newest minute first (what was counted until now included)."""
-        self.flush()
+        """Tallies newest minute first (what was counted until now included, when the database's lock can be had
+        within READ_FLUSH_WAIT_S: else what is committed, and the rest at the next flush)."""
+        try:
+            self.flush(READ_FLUSH_WAIT_S)
+        except UNAVAILABLE as exc:
+            log.info("audit tallies: not written before a read (%s); the read serves what is committed", exc)
         source, action, target = (portable(v, self.db.dialect) for v in (source, action, target))
         with self.db.read() as s:
             q = select(AuditTally)

@@ -19,10 +19,11 @@ from typing import Any
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, delete, func, select
 
 from engine.access.hashing import HashPool
-from engine.db import UNAVAILABLE, ApiToken, Database, LoginFailure, User
+from engine.db import ApiToken, Database, LoginFailure, User, unavailable_reason
 from engine.errors import EngineError
 from engine.schemas import ROLES, TokenState, check_name
 
@@ -420,27 +421,35 @@ class Auth:
             self._uses[token_id] = at
             if self._use_writer is not None:  # (it takes this one too before it ends)
                 return
-            self._use_writer = threading.Thread(target=self._write_uses, name="llmops-token-uses", daemon=True)
-            self._use_writer.start()
+            writer = threading.Thread(target=self._write_uses, name="llmops-token-uses", daemon=True)
+            writer.start()
+            self._use_writer = writer
 
     def _write_uses(self) -> None:
-        while True:
-            with self._uses_lock:
-                uses, self._uses = self._uses, {}
+        try:
+            while True:
+                with self._uses_lock:
+                    uses, self._uses = self._uses, {}
                 if not uses:
-                    self._use_writer = None
                     return
-            try:
-                with self.db.session() as s:
-                    for token_id, at in uses.items():
-                        row = s.get(ApiToken, token_id)
-                        if row is not None and (row.last_used_at or 0) < at:
-                            row.last_used_at = at
-                            s.add(row)
-            except UNAVAILABLE as exc:  # recorded at the token's next use after a minute
-                for token_id in uses:
-                    self._last_used.pop(token_id, None)
-                log.warning("tokens' last use could not be recorded (%s): it will be at their next use", exc)
+                try:
+                    with self.db.session() as s:
+                        for token_id, at in uses.items():
+                            row = s.get(ApiToken, token_id)
+                            if row is not None and (row.last_used_at or 0) < at:
+                                row.last_used_at = at
+                                s.add(row)
+                except SQLAlchemyError as exc:  # unavailable, read-only, …: tried again at a use a minute on
+                    log.warning("%d tokens' last use could not be recorded (%s): it will be at their next use "
+                                "after a minute", len(uses), unavailable_reason(exc))
+                    return
+        finally:
+            with self._uses_lock:
+                self._use_writer = None
+                if self._uses:  # came while it ended: another writer takes them
+                    writer = threading.Thread(target=self._write_uses, name="llmops-token-uses", daemon=True)
+                    writer.start()
+                    self._use_writer = writer
 
     def authenticate(self, token: str) -> Principal | None:
         """The principal a bearer token stands for, or None (unknown, revoked, expired, or its user disabled)."""

@@ -4,6 +4,7 @@ module, its schema migrated by Alembic revisions (engine/db/migrations) once at 
 from __future__ import annotations
 
 from engine.db.database import (
+    READ_FLUSH_WAIT_S,
     RETRY_AFTER_S,
     UNAVAILABLE,
     Database,
@@ -58,6 +59,7 @@ __all__ = [
     "INSTANCE_METRICS",
     "INSTANCE_MINUTE",
     "INSTANCE_RAW",
+    "READ_FLUSH_WAIT_S",
     "RETRY_AFTER_S",
     "SCALING_METRICS",
     "SCALING_MINUTE",

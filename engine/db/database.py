@@ -33,6 +33,8 @@ log = logging.getLogger("llmops.db")
 APPEND_ONLY = ("audit",)
 WRITE_LOCK = 0x6C6C6D6F7073  # "llmops": PostgreSQL's advisory lock that every transaction of the engine takes
 READ = "llmops_read"  # the execution option of Database.read()'s connections
+WAIT = "llmops_wait_s"  # the execution option of a session(wait_s=…): its own longest wait for the lock
+READ_FLUSH_WAIT_S = 0.5  # the longest a read waits for the lock to write first what it reads (buffered counts)
 LOCK_TIMEOUT_S = 10  # longest wait for that lock (SQLite: for its write lock), then the write fails with a 503
 CONNECT_TIMEOUT_S = 5
 UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeoutError)  # the database is down, gone or too busy now
@@ -93,10 +95,15 @@ def _sqlite_engine(url: URL) -> Engine:
         # pysqlite's own transaction handling is off (isolation_level=None): begin explicitly, and take the
         # write lock at once so that a compare-and-set on the desired revision cannot interleave. A read (READ
         # option) takes none: WAL gives it a snapshot, and query_only refuses any write in it.
-        read = bool(conn.get_execution_options().get(READ))
+        options = conn.get_execution_options()
+        read = bool(options.get(READ))
         if conn.info.get("query_only", False) != read:
             conn.exec_driver_sql(f"PRAGMA query_only={int(read)}")
             conn.info["query_only"] = read
+        wait_ms = round(1000 * float(options.get(WAIT, LOCK_TIMEOUT_S)))
+        if conn.info.get("busy_ms", LOCK_TIMEOUT_S * 1000) != wait_ms:  # (set at connect: LOCK_TIMEOUT_S)
+            conn.exec_driver_sql(f"PRAGMA busy_timeout={wait_ms}")
+            conn.info["busy_ms"] = wait_ms
         conn.exec_driver_sql("BEGIN" if read else "BEGIN IMMEDIATE")
 
     return engine
@@ -120,9 +127,12 @@ def _postgresql_engine(url: URL) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        if conn.get_execution_options().get(READ):  # a read: one snapshot, no lock, no write
+        options = conn.get_execution_options()
+        if options.get(READ):  # a read: one snapshot, no lock, no write
             conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             return
+        if WAIT in options:  # this transaction's own longest wait for the lock
+            conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{round(1000 * float(options[WAIT]))}ms'")
         # in READ COMMITTED each statement after the lock sees what the previous holder committed
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
 
@@ -157,9 +167,12 @@ class Database:
                                         f"({unavailable_reason(exc)}): start it, or correct LLMOPS_DATABASE_URL")
 
     @contextmanager
-    def session(self) -> Iterator[Session]:
-        """A transaction (committed on leaving, rolled back on an exception); rows stay readable after it."""
-        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+    def session(self, wait_s: float | None = None) -> Iterator[Session]:
+        """A transaction (committed on leaving, rolled back on an exception); rows stay readable after it.
+        ``wait_s``: its longest wait for the lock (default LOCK_TIMEOUT_S), for a write that may as well be done
+        later rather than hold up who asked for it (a flush before a read)."""
+        bind = self.engine if wait_s is None else self.engine.execution_options(**{WAIT: wait_s})
+        with Session(bind, expire_on_commit=False) as session, session.begin():
             yield session
 
     @contextmanager

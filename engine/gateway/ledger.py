@@ -24,7 +24,16 @@ from sqlalchemy.orm import defer
 from sqlmodel import col, select
 
 from engine.aio import cancel_and_wait
-from engine.db import DEFAULT_DEPLOYMENT, Database, Event, RequestLog, UsageDay, json_true
+from engine.db import (
+    DEFAULT_DEPLOYMENT,
+    READ_FLUSH_WAIT_S,
+    UNAVAILABLE,
+    Database,
+    Event,
+    RequestLog,
+    UsageDay,
+    json_true,
+)
 from engine.metrics import RequestMetrics
 
 log = logging.getLogger("llmops.ledger")
@@ -127,15 +136,16 @@ class Ledger:
                 except SQLAlchemyError:  # a locked or full database: keep the records (bounded), retry later
                     log.exception("request ledger: could not write; keeping the records for the next try")
 
-    def flush(self) -> int:
-        """Write buffered records (and, once an hour, drop rows older than the retention)."""
+    def flush(self, wait_s: float | None = None) -> int:
+        """Write buffered records (and, once an hour, drop rows older than the retention). ``wait_s``: the longest
+        wait for the database's lock (Database.session); the records are kept for the next flush if it fails."""
         with self._lock:
             batch, self._buffer = self._buffer, []
         prune = time.time() - self._pruned > 3600
         if not batch and not prune:
             return 0
         try:
-            with self.db.session() as s:
+            with self.db.session(wait_s) as s:
                 if batch:  # one executemany of plain rows: ORM objects cost 0.2 ms a row of the GIL the loop needs
                     s.execute(insert(RequestLog), [dict(vars(r)) for r in batch])  # (asdict: deep, slow)
                 _add_usage(s, batch)
@@ -148,6 +158,15 @@ class Ledger:
         if prune:
             self._pruned = time.time()
         return len(batch)
+
+    def flush_for_read(self) -> None:
+        """Before a read of the ledger (the KPIs): what was recorded until now, written if the database's lock can
+        be had within READ_FLUSH_WAIT_S; else the read serves what is committed, and the records are written at the
+        next flush. A page is not held up behind a write (an apply's, a burst's) for a second of requests."""
+        try:
+            self.flush(READ_FLUSH_WAIT_S)
+        except UNAVAILABLE as exc:
+            log.info("request ledger: not written before a read (%s); the read serves what is committed", exc)
 
     # --- reading ----------------------------------------------------------------------------------------------
 

@@ -72,7 +72,7 @@ class SettingsWriter:
         """A new desired revision: the base's values with ``changes``. ``base_revision=None`` writes on top of
         the desired revision without the stale check (benchmarks)."""
         base = self.revisions.get_revision(base_revision) if base_revision is not None else \
-            self.revisions.desired_revision()
+            self.revisions.desired_revision(for_change=True)
         base_values = base.values if base is not None else {}
         settings = self.validate(merge_values(base_values, changes))
         forced, findings = self._preflight(settings, force)
@@ -85,7 +85,7 @@ class SettingsWriter:
     def rollback(self, target_id: int, *, author: str, note: str = "", force: bool = False) -> Change:
         """A new desired revision equal to an earlier one."""
         target = self.revisions.get_revision(target_id)
-        current = self.revisions.desired_revision()
+        current = self.revisions.desired_revision(for_change=True)
         settings = self.validate(target.values)
         forced, findings = self._preflight(settings, force)
         rev = self.revisions.create_revision(settings.model_dump(), base_revision=None, author=author,

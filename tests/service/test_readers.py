@@ -8,17 +8,20 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy.exc import InternalError
 from sqlmodel import select
 
+from engine.access.auth import Auth
 from engine.app import create_app
 from engine.config import AppConfig
-from engine.db import Database
-from engine.db.tables import Team
+from engine.db import DEFAULT_DEPLOYMENT, ApiToken, Database, open_database
+from engine.db.tables import Revision, Team
+from engine.gateway.ledger import Record
 from tests.testkit.engine import ADMIN_PASSWORD
 from tests.testkit.wait import wait_until
 
@@ -105,3 +108,109 @@ def test_a_token_first_used_while_a_write_holds_the_database_answers_and_its_use
 
         wait_until(lambda: last_used() is not None, 10, what="the token's use recorded once the write ended")
         assert abs(cast(float, last_used()) - time.time()) < 60
+
+
+def test_the_kpis_and_the_audit_s_tallies_answer_while_a_write_holds_the_database_and_count_the_rest_after(
+        engine_app: FastAPI) -> None:
+    """Both write what they buffered (the ledger's requests, the refusals counted) before they read: that write
+    waited for the lock on the page's path. It waits READ_FLUSH_WAIT_S now, and the page shows what is committed."""
+    services = engine_app.state.services
+    admin = {"authorization": f"Bearer {services.auth.create_token('ops', 'admin')[0]}"}
+    with TestClient(engine_app, raise_server_exceptions=False) as client:
+        assert client.get("/api/kpis", headers=admin).status_code == 200  # (its hourly prune done)
+        with HeldWrite(services.db) as write:
+            services.ledger.record(Record(ts=time.time(), revision_id=1, model="demo", endpoint="/v1/completions",
+                                          stream=False, status=200, latency_s=0.1, client="held-up", input_tokens=3,
+                                          output_tokens=5, deployment_id=DEFAULT_DEPLOYMENT))
+            assert client.put("/api/settings", json={"values": {}}).status_code == 401  # tallied, not a row
+            kpis = client.get("/api/kpis", headers=admin, params={"client": "held-up"})
+            tallies = client.get("/api/audit/tallies", headers=admin)
+            assert write.held
+        assert (kpis.status_code, tallies.status_code) == (200, 200), (kpis.text, tallies.text)
+        assert kpis.json()["revisions"] == []  # what was committed: the request waits for the next flush
+
+        def counted() -> bool:
+            rows = client.get("/api/kpis", headers=admin, params={"client": "held-up"}).json()["revisions"]
+            refused = [t for t in client.get("/api/audit/tallies", headers=admin).json()
+                       if t["action"] == "settings.write" and t["result"] == 401]
+            return [r["requests"] for r in rows] == [1] and sum(t["count"] for t in refused) == 1
+
+        wait_until(counted, 15, what="the request and the refusal counted once the write ended")
+
+
+def test_a_token_s_use_the_database_refused_to_record_does_not_stop_later_uses_from_being_recorded(
+        db_target: Path | str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread that writes tokens' last uses ends on any database error (a read-only server after a failover,
+    a corrupt file), and the next use starts another: a writer that died unnoticed recorded none again."""
+    db = open_database(db_target)
+    auth = Auth(db, hash_workers=1)
+    first, _ = auth.create_token("first", "viewer")
+    second, row = auth.create_token("second", "viewer")
+    real, refused = db.session, threading.Event()
+
+    def read_only_once(wait_s: float | None = None) -> Any:
+        if threading.current_thread().name == "llmops-token-uses" and not refused.is_set():
+            refused.set()
+            raise InternalError("UPDATE api_token", None, Exception("cannot execute UPDATE in a read-only "
+                                                                     "transaction (a test's fault)"))
+        return real(wait_s)
+
+    monkeypatch.setattr(db, "session", read_only_once)
+
+    def writers() -> int:
+        return sum(t.name == "llmops-token-uses" for t in threading.enumerate())
+
+    assert auth.authenticate(first) is not None
+    wait_until(lambda: refused.is_set() and writers() == 0, 10, what="the first use's write refused, its writer ended")
+    assert auth.authenticate(second) is not None
+
+    def recorded() -> float | None:
+        with db.read() as s:
+            return cast(float | None, s.get(ApiToken, row.id).last_used_at)  # type: ignore[union-attr]
+
+    wait_until(lambda: recorded() is not None, 10, what="the second token's use recorded")
+    db.close()
+
+
+def test_a_write_on_top_of_the_desired_revision_waits_for_a_change_in_progress_and_builds_on_it(
+        engine_app: FastAPI) -> None:
+    """What a change is decided on is read under the lock (RevisionStore.desired_revision(for_change=True)): a
+    write on top of the desired revision (the benchmarks') read behind a colleague's change in progress would
+    quietly undo it."""
+    services = engine_app.state.services
+    with TestClient(engine_app, raise_server_exceptions=False):
+        runtime = services.fleet.runtimes[DEFAULT_DEPLOYMENT]
+        desired = runtime.revisions.desired_revision()
+        assert desired is not None and desired.values.get("max_num_seqs") != 6
+        holding, release = threading.Event(), threading.Event()
+
+        def colleague() -> None:  # their change, held before its commit
+            with services.db.session() as s:
+                s.add(Revision(deployment_id=DEFAULT_DEPLOYMENT, values={**desired.values, "max_num_seqs": 6},
+                               author="colleague", parent_id=desired.id, created_at=time.time()))
+                s.flush()
+                holding.set()
+                release.wait(60)
+
+        read, desired_revision = threading.Event(), runtime.revisions.desired_revision
+
+        def watched(*, for_change: bool = False) -> Revision | None:
+            found = cast(Revision | None, desired_revision(for_change=for_change))
+            read.set()
+            return found
+
+        runtime.revisions.desired_revision = watched
+        written: list[Revision] = []
+        theirs = threading.Thread(target=colleague)
+        theirs.start()
+        assert holding.wait(10)
+        mine = threading.Thread(target=lambda: written.append(runtime.writer.write(
+            None, {"max_model_len": 1024}, author="bench", force=True).revision))
+        mine.start()
+        # a read that does not wait for the change returns at once: give it that chance before the change ends
+        assert not read.wait(0.5), "the desired revision was read while a change was in progress"
+        release.set()
+        theirs.join(30)
+        mine.join(30)
+        assert len(written) == 1
+        assert (written[0].values["max_num_seqs"], written[0].values["max_model_len"]) == (6, 1024)

@@ -77,6 +77,6 @@ def kpis(svc: ServicesDep, runtime: RuntimeDep,
     """Per revision: requests, average input and output tokens, P50/P95/P99 latency, P95 time to first token,
     tokens/s, error rate and OOM rate, from the gateway's request ledger."""
     seconds = window_of(window, 400 * 86400)
-    svc.ledger.flush()
+    svc.ledger.flush_for_read()
     return KpisOut(window_s=seconds, revisions=[KpiRow.model_validate(r) for r in svc.ledger.kpis(
         seconds, revision, client=client, deployment_id=runtime.ref.id)])

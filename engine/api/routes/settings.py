@@ -105,7 +105,7 @@ def get_revision(revisions: RevisionsDep, revision: int = PathParam(ge=1, le=MAX
 def rollback(body: RollbackRequest, request: Request, writer: WriterDep, revisions: RevisionsDep,
              note: NoteDep) -> RevisionOut:
     """A new desired revision equal to an earlier one."""
-    desired = revisions.desired_revision()
+    desired = revisions.desired_revision(for_change=True)  # (a change in progress that turns it off is seen)
     if desired is None or not desired.values.get("trust_remote_code"):  # a rollback that turns it on
         admin_for_remote_code(request, revisions.get_revision(body.revision).values)
     change = writer.rollback(body.revision, author=actor(request), note=body.note, force=body.force)
