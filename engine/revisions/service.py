@@ -72,7 +72,7 @@ class SettingsWriter:
         """A new desired revision: the base's values with ``changes``. ``base_revision=None`` writes on top of
         the desired revision without the stale check (benchmarks)."""
         base = self.revisions.get_revision(base_revision) if base_revision is not None else \
-            self.revisions.desired_revision(for_change=True)
+            self.revisions.desired_revision()
         base_values = base.values if base is not None else {}
         settings = self.validate(merge_values(base_values, changes))
         forced, findings = self._preflight(settings, force)
@@ -82,13 +82,15 @@ class SettingsWriter:
             (" (forced)" if forced else "") + (f"; note: {note}" if note else "")
         return self._changed(rev, base_values, detail, forced)
 
-    def rollback(self, target_id: int, *, author: str, note: str = "", force: bool = False) -> Change:
-        """A new desired revision equal to an earlier one."""
+    def rollback(self, target_id: int, *, author: str, note: str = "", force: bool = False,
+                 base_revision: int | None = None) -> Change:
+        """A new desired revision equal to an earlier one. ``base_revision``: the desired revision it was decided
+        on, if that matters (StaleRevisionError if another is desired by the time it is written)."""
         target = self.revisions.get_revision(target_id)
-        current = self.revisions.desired_revision(for_change=True)
+        current = self.revisions.desired_revision()
         settings = self.validate(target.values)
         forced, findings = self._preflight(settings, force)
-        rev = self.revisions.create_revision(settings.model_dump(), base_revision=None, author=author,
+        rev = self.revisions.create_revision(settings.model_dump(), base_revision=base_revision, author=author,
                                              note=note or f"rollback to revision {target_id}", forced=forced,
                                              warnings=findings)
         return self._changed(rev, current.values if current else {},

@@ -40,10 +40,8 @@ class RevisionStore:
             s.add(Revision(deployment_id=self.deployment_id, values=values, author=author, note="initial settings"))
             return True
 
-    def desired_revision(self, *, for_change: bool = False) -> Revision | None:
-        """The desired revision as committed (a snapshot: no wait). ``for_change``: the one a change is decided on
-        (rollback's remote-code check, a write on top of it): it waits for a change in progress and sees it."""
-        with self.db.session() if for_change else self.db.read() as s:
+    def desired_revision(self) -> Revision | None:
+        with self.db.read() as s:
             return s.exec(select(Revision).where(self._mine(), col(Revision.status).in_(ACTIVE))
                           .order_by(col(Revision.id).desc()).limit(1)).first()
 

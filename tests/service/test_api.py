@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
@@ -12,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from engine.app import create_app
 from engine.config import AppConfig
+from engine.db import DEFAULT_DEPLOYMENT
 from engine.vllm import sandbox_for
 from tests.testkit.engine import ADMIN_PASSWORD
 from tests.testkit.wait import wait_until
@@ -309,6 +311,34 @@ def test_only_an_admin_turns_trust_remote_code_on(api: TestClient) -> None:
     assert off.status_code == 201  # turning it off is anyone's
     back = api.post("/api/settings/rollback", headers=operator, json={"revision": by_admin.json()["revision"]})
     assert back.status_code == 403 and "only an admin" in back.text
+
+
+def test_an_operator_s_rollback_decided_while_remote_code_was_on_is_refused_if_an_admin_turned_it_off_meanwhile(
+        api: TestClient) -> None:
+    """A rollback to a revision with trust_remote_code needs no admin while the desired revision has it on already.
+    That was read in one transaction and written in another: an admin's change that turned it off in between was
+    undone by an operator who may not turn it on. The write now holds to the desired revision it was decided on."""
+    services = api.app.state.services  # type: ignore[attr-defined]
+    token, _ = services.auth.create_token("op", "operator")
+    operator = {"authorization": f"Bearer {token}"}
+    base = api.get("/api/settings").json()["revision"]
+    on = api.put("/api/settings", json={"base_revision": base, "values": {"trust_remote_code": True}})
+    assert on.status_code == 201, on.text
+    revisions = services.fleet.runtimes[DEFAULT_DEPLOYMENT].revisions
+    read = revisions.desired_revision
+
+    def then_an_admin_turns_it_off() -> Any:  # right after the rollback's route read the desired revision
+        found = read()
+        revisions.desired_revision = read
+        revisions.create_revision({**found.values, "trust_remote_code": False}, base_revision=found.id,
+                                  author="admin", note="off again")
+        return found
+
+    revisions.desired_revision = then_an_admin_turns_it_off
+    back = api.post("/api/settings/rollback", headers=operator, json={"revision": on.json()["revision"]})
+    assert back.status_code == 409 and "stale" in back.text, back.text
+    now = api.get("/api/settings").json()
+    assert (now["author"], now["values"]["trust_remote_code"]) == ("admin", False)
 
 
 def test_the_engine_removes_its_folder_for_vllms_sockets_when_it_stops(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from engine.access.auth import Auth
 from engine.app import create_app
 from engine.config import AppConfig
 from engine.db import DEFAULT_DEPLOYMENT, ApiToken, Database, open_database
-from engine.db.tables import Revision, Team
+from engine.db.tables import Team
 from engine.gateway.ledger import Record
 from tests.testkit.engine import ADMIN_PASSWORD
 from tests.testkit.wait import wait_until
@@ -171,46 +171,3 @@ def test_a_token_s_use_the_database_refused_to_record_does_not_stop_later_uses_f
     wait_until(lambda: recorded() is not None, 10, what="the second token's use recorded")
     db.close()
 
-
-def test_a_write_on_top_of_the_desired_revision_waits_for_a_change_in_progress_and_builds_on_it(
-        engine_app: FastAPI) -> None:
-    """What a change is decided on is read under the lock (RevisionStore.desired_revision(for_change=True)): a
-    write on top of the desired revision (the benchmarks') read behind a colleague's change in progress would
-    quietly undo it."""
-    services = engine_app.state.services
-    with TestClient(engine_app, raise_server_exceptions=False):
-        runtime = services.fleet.runtimes[DEFAULT_DEPLOYMENT]
-        desired = runtime.revisions.desired_revision()
-        assert desired is not None and desired.values.get("max_num_seqs") != 6
-        holding, release = threading.Event(), threading.Event()
-
-        def colleague() -> None:  # their change, held before its commit
-            with services.db.session() as s:
-                s.add(Revision(deployment_id=DEFAULT_DEPLOYMENT, values={**desired.values, "max_num_seqs": 6},
-                               author="colleague", parent_id=desired.id, created_at=time.time()))
-                s.flush()
-                holding.set()
-                release.wait(60)
-
-        read, desired_revision = threading.Event(), runtime.revisions.desired_revision
-
-        def watched(*, for_change: bool = False) -> Revision | None:
-            found = cast(Revision | None, desired_revision(for_change=for_change))
-            read.set()
-            return found
-
-        runtime.revisions.desired_revision = watched
-        written: list[Revision] = []
-        theirs = threading.Thread(target=colleague)
-        theirs.start()
-        assert holding.wait(10)
-        mine = threading.Thread(target=lambda: written.append(runtime.writer.write(
-            None, {"max_model_len": 1024}, author="bench", force=True).revision))
-        mine.start()
-        # a read that does not wait for the change returns at once: give it that chance before the change ends
-        assert not read.wait(0.5), "the desired revision was read while a change was in progress"
-        release.set()
-        theirs.join(30)
-        mine.join(30)
-        assert len(written) == 1
-        assert (written[0].values["max_num_seqs"], written[0].values["max_model_len"]) == (6, 1024)

@@ -105,9 +105,13 @@ def get_revision(revisions: RevisionsDep, revision: int = PathParam(ge=1, le=MAX
 def rollback(body: RollbackRequest, request: Request, writer: WriterDep, revisions: RevisionsDep,
              note: NoteDep) -> RevisionOut:
     """A new desired revision equal to an earlier one."""
-    desired = revisions.desired_revision(for_change=True)  # (a change in progress that turns it off is seen)
-    if desired is None or not desired.values.get("trust_remote_code"):  # a rollback that turns it on
+    desired = revisions.desired_revision()
+    remote_code_on = desired is not None and bool(desired.values.get("trust_remote_code"))
+    if not remote_code_on:  # a rollback that turns it on
         admin_for_remote_code(request, revisions.get_revision(body.revision).values)
-    change = writer.rollback(body.revision, author=actor(request), note=body.note, force=body.force)
+    # decided on a desired revision with it on: written only if that is still the desired one (a change that
+    # turned it off meanwhile is not undone by who may not turn it on)
+    change = writer.rollback(body.revision, author=actor(request), note=body.note, force=body.force,
+                             base_revision=desired.id if remote_code_on and desired is not None else None)
     _note(note, change)
     return _out(revisions, change.revision)
