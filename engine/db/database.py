@@ -132,7 +132,8 @@ def _postgresql_engine(url: URL) -> Engine:
             conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             return
         if WAIT in options:  # this transaction's own longest wait for the lock
-            conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{round(1000 * float(options[WAIT]))}ms'")
+            # (at least 1 ms: 0 is no limit at all on PostgreSQL, where SQLite's busy_timeout 0 fails at once)
+            conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{max(1, round(1000 * float(options[WAIT])))}ms'")
         # in READ COMMITTED each statement after the lock sees what the previous holder committed
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
 
