@@ -231,11 +231,11 @@ class FlakySessions:
         for name in ("session", "read", "read_connection"):
             setattr(db, name, self._flaky(getattr(db, name)))
 
-    def _flaky(self, real: Callable[[], Any]) -> Callable[[], Any]:
-        def opened() -> Any:
+    def _flaky(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def opened(*args: Any, **kwargs: Any) -> Any:  # (session(wait_s) takes one)
             if self.down:
                 raise OperationalError("SELECT 1", None, Exception("the database is down (a test's fault)"))
-            return real()
+            return real(*args, **kwargs)
         return opened
 
 
