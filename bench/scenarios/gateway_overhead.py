@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -718,6 +719,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="at the end, an apply of these values (forced), its plan, ETA and outcome recorded: e.g. "
                    "gpu_memory_utilization=0.95 (a pause), then max_model_len=999999 (a bad revision: on CUDA the "
                    "old instance sleeps and is woken)")
+    p.add_argument("--then", action="append", default=[], metavar="KEY=JSON[,KEY=JSON]",
+                   help="after the runs, an apply of these values (forced), then every concurrency's runs again, "
+                   "labelled TREE KEY=JSON: a setting before and after in one run, e.g. "
+                   "'extra_args=[\"--stream-interval=4\"]'")
     p.add_argument("--keep-engine-logs", action=argparse.BooleanOptionalAction, default=False,
                    help="copy each engine's own log beside the results at the end (a GPU session's record)")
 
@@ -746,44 +751,17 @@ def run(a: argparse.Namespace) -> None:
             report["trees"][label]["plans"] = [probe(engine, item) for item in a.plan_probe]
             save()
             gateway = engine.url
-            floor = None
-            try:
-                floor = Floor(engine.direct_url, workdir, label) if a.floor and not a.plans_only else None
-                for conc in [] if a.plans_only else a.concurrency:
-                    run_once(engine, gateway, min(conc, 8), a, workdir, f"{label}-warmup-{conc}",
-                             prompts=4 * min(conc, 8))
-                    for rnd in range(a.rounds):
-                        pattern: list[tuple[str, str]] = [("direct", engine.direct_url), ("gateway", gateway)]
-                        if floor is not None:  # the byte proxy after the first gateway run
-                            pattern += [("floor", floor.url), ("floor", floor.url)]
-                        if a.runs_per_round == 4:
-                            pattern += [("gateway", gateway), ("direct", engine.direct_url)]
-                        for i, (path, url) in enumerate(pattern):
-                            run = run_once(engine, url, conc, a, workdir, f"{label}-{conc}-{rnd}-{i}-{path}",
-                                           floor=floor if path == "floor" else None)
-                            report["runs"].append({"label": label, "path": path, **run})
-                            save()
-                            print(f"{label} {conc} clients {path}: {run['output_tok_s']:.0f} tok/s, "
-                                  f"TTFT p99 {run['ttft_p99_ms']:.0f} ms, "
-                                  f"{'proxy' if path == 'floor' else 'engine'} CPU {run['engine_cpu_pct']} %, "
-                                  f"seed {run['seed']}, prefix cache hits {run['prefix_cache_hit_pct']} %"
-                                  + (f" — WARNING: {run['cache_warning']}" if run["cache_warning"] else ""),
-                                  flush=True)
-                    if a.py_spy:  # one more gateway run, profiled (its CPU is not in the table: py-spy perturbs it)
-                        stacks = a.out / f"py-spy-{label}-{conc}.txt"
-                        run = run_once(engine, gateway, conc, a, workdir, f"{label}-{conc}-profiled", profile=stacks)
-                        report["runs"].append({"label": label, "path": "gateway, profiled", **run})
-                        save()
-                        print(f"{label} {conc} clients, profiled: {stacks} "
-                              f"({'written' if stacks.exists() else 'not written: see its .log'})", flush=True)
-            finally:
-                if floor is not None:
-                    floor.stop()
+            for then in [None, *a.then]:  # the runs, then again after each --then apply (labelled by it)
+                if then is not None:
+                    done = apply_values(engine, _values(then), "bench: --then")
+                    report.setdefault("then", []).append(done)
+                    save()
+                    print(f"then {then}: {done['outcome']} in {done['apply_s']} s", flush=True)
+                runs_of(engine, label if then is None else f"{label} {then}", gateway, a, workdir, report, save)
             if a.cap_vs_restart:
                 cap_vs_restart(engine, a, workdir, report, save)
             for item in a.after:  # applies whose starts (and wake-ups) the engine estimates: issue 20 item 3
-                values = dict(kv.split("=", 1) for kv in item.split(","))
-                done = apply_values(engine, {k: json.loads(v) for k, v in values.items()}, "bench: --after")
+                done = apply_values(engine, _values(item), "bench: --after")
                 report.setdefault("after", []).append(done)
                 save()
                 engine.save_events()
@@ -801,3 +779,49 @@ def run(a: argparse.Namespace) -> None:
 if __name__ == "__main__":  # the subprocess of run_once: vLLM's benchmark, in a process of its own
     if len(sys.argv) > 2 and sys.argv[1] == "--vllm-bench":
         vllm_bench(sys.argv[sys.argv.index("--") + 1:], Path(sys.argv[2]))
+
+
+def runs_of(engine: Engine, label: str, gateway: str, a: argparse.Namespace, workdir: Path, report: dict[str, Any],
+            save: Callable[[], None]) -> None:
+    """Every concurrency's rounds (direct, gateway, the byte proxy with --floor), and a profiled run with --py-spy,
+    their runs labelled ``label``."""
+    tag = re.sub(r"[^\w.-]+", "_", label).strip("_")  # in file names
+    floor = None
+    try:
+        floor = Floor(engine.direct_url, workdir, tag) if a.floor and not a.plans_only else None
+        for conc in [] if a.plans_only else a.concurrency:
+            run_once(engine, gateway, min(conc, 8), a, workdir, f"{tag}-warmup-{conc}",
+                     prompts=4 * min(conc, 8))
+            for rnd in range(a.rounds):
+                pattern: list[tuple[str, str]] = [("direct", engine.direct_url), ("gateway", gateway)]
+                if floor is not None:  # the byte proxy after the first gateway run
+                    pattern += [("floor", floor.url), ("floor", floor.url)]
+                if a.runs_per_round == 4:
+                    pattern += [("gateway", gateway), ("direct", engine.direct_url)]
+                for i, (path, url) in enumerate(pattern):
+                    run = run_once(engine, url, conc, a, workdir, f"{tag}-{conc}-{rnd}-{i}-{path}",
+                                   floor=floor if path == "floor" else None)
+                    report["runs"].append({"label": label, "path": path, **run})
+                    save()
+                    print(f"{label} {conc} clients {path}: {run['output_tok_s']:.0f} tok/s, "
+                          f"TTFT p99 {run['ttft_p99_ms']:.0f} ms, "
+                          f"{'proxy' if path == 'floor' else 'engine'} CPU {run['engine_cpu_pct']} %, "
+                          f"seed {run['seed']}, prefix cache hits {run['prefix_cache_hit_pct']} %"
+                          + (f" — WARNING: {run['cache_warning']}" if run["cache_warning"] else ""),
+                          flush=True)
+            if a.py_spy:  # one more gateway run, profiled (its CPU is not in the table: py-spy perturbs it)
+                stacks = a.out / f"py-spy-{tag}-{conc}.txt"
+                run = run_once(engine, gateway, conc, a, workdir, f"{tag}-{conc}-profiled", profile=stacks)
+                report["runs"].append({"label": label, "path": "gateway, profiled", **run})
+                save()
+                print(f"{label} {conc} clients, profiled: {stacks} "
+                      f"({'written' if stacks.exists() else 'not written: see its .log'})", flush=True)
+    finally:
+        if floor is not None:
+            floor.stop()
+
+
+def _values(item: str) -> dict[str, Any]:
+    """KEY=JSON[,KEY=JSON] as settings values."""
+    pairs = dict(kv.split("=", 1) for kv in item.split(","))
+    return {k: json.loads(v) for k, v in pairs.items()}

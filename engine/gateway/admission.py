@@ -68,6 +68,7 @@ class Upstream:
     limit: int | None = None  # most requests in flight to it (its max_num_seqs under a higher ceiling); None: vLLM's
     kv_usage: float | None = None  # its KV cache's use, 0-1, by vLLM's own metrics (the serving monitor's scrape)
     cache_hit_pct: float | None = None  # vLLM's prefix-cache hit rate between the monitor's last two scrapes, %
+    tokens_per_event: int = 1  # tokens one event of its streams carries at most (its --stream-interval)
     routed: Routed = field(default_factory=Routed, repr=False)  # what routing knows of it (its index, counts)
     salt: int = field(init=False, repr=False)  # its weight's seed in rendezvous hashing (from the instance's name)
 
@@ -390,16 +391,17 @@ class Admission:
         upstream.down_until = time.monotonic() + seconds
 
     async def open(self, url: str, revision: int | None = None, instance: str = "a", api_key: str | None = None,
-                   limit: int | None = None, cache_tokens: int | None = None) -> Upstream:
+                   limit: int | None = None, cache_tokens: int | None = None, tokens_per_event: int = 1) -> Upstream:
         """Send to ``url`` (instance ``instance``, replacing an upstream of the same instance), with the instance's
-        own API key when it has one; ``cache_tokens``: its KV cache's size, when known (routing's index)."""
+        own API key when it has one; ``cache_tokens``: its KV cache's size, when known (routing's index);
+        ``tokens_per_event``: its vLLM's --stream-interval (a stream cut before its usage is metered by it)."""
         async with self._cond:
             old = next((u for u in self._open if u.instance == instance), None)
             same = old is not None and old.url == url  # the same vLLM: its requests and its cache go on
             routed = old.routed if same and old else Routed(PrefixIndex.for_tokens(cache_tokens))
             up = Upstream(url, revision, instance, old.outstanding if same and old else 0,
                           auth=(b"authorization", b"Bearer " + api_key.encode()) if api_key else None, admission=self,
-                          limit=limit, routed=routed)
+                          limit=limit, routed=routed, tokens_per_event=tokens_per_event)
             self._open = [u for u in self._open if u.instance != instance] + [up]
             self.refusal = None
             self._dispatch()

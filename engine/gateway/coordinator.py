@@ -204,7 +204,8 @@ class Coordinator:
             await _release(upstream, grant.flow if grant is not None else None)
             return
         conn.send(wire.Granted(ask.id, permit, upstream.url, upstream.revision, upstream.instance,
-                               admission.deployment_id, upstream.auth, len(admission.upstreams)))
+                               admission.deployment_id, upstream.auth, len(admission.upstreams),
+                               upstream.tokens_per_event))
 
 
     def _settle(self, grant: Grant | None, used: int | None) -> None:

@@ -229,10 +229,11 @@ class StreamMeter:
     passed on up to the last complete event; a partial one waits for its end (vLLM writes whole events, so this
     is almost never)."""
 
-    __slots__ = ("_tail", "error", "events", "hide_usage", "input_tokens", "output_tokens")
+    __slots__ = ("_tail", "error", "events", "hide_usage", "input_tokens", "output_tokens", "per_event")
 
-    def __init__(self, hide_usage: bool) -> None:
+    def __init__(self, hide_usage: bool, per_event: int = 1) -> None:
         self.hide_usage = hide_usage
+        self.per_event = per_event  # tokens an event carries (vLLM's --stream-interval; only the last may have fewer)
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
         self.error: str | None = None
@@ -241,11 +242,12 @@ class StreamMeter:
 
     def cut_estimate(self, chat: bool) -> int | None:
         """Completion tokens of a stream that ended without vLLM's usage chunk (a client that left, vLLM that
-        failed): vLLM sends one data event per token (less the role event of a chat), so the events relayed
-        count them; None when the usage came (it is exact) or nothing was relayed."""
+        failed): vLLM sends one data event per token, or per ``per_event`` tokens with its --stream-interval
+        (less the role event of a chat), so the events relayed count them (at most per_event - 1 over, where the
+        stream's last event was short); None when the usage came (it is exact) or nothing was relayed."""
         if self.output_tokens is not None or not self.events:
             return None
-        return max(0, self.events - (1 if chat else 0))
+        return max(0, self.events - (1 if chat else 0)) * self.per_event
 
     def feed(self, chunk: bytes) -> bytes:
         if self._tail:
@@ -477,7 +479,7 @@ class Gateway:
                 await send({"type": "http.response.body", "body": content})
                 self._done(rec, t0, head.status, None)
                 return
-            meter = StreamMeter(ex.hide_usage)
+            meter = StreamMeter(ex.hide_usage, upstream.tokens_per_event)
             await self._relay(conn, head, meter, headers, client_receive, send, rec, t0)
             rec.input_tokens, rec.output_tokens = meter.input_tokens, meter.output_tokens
             if meter.error is not None and ex.path in USAGE_PATHS:  # cut before the usage chunk: metered anyway

@@ -167,6 +167,7 @@ class Granted(msgspec.Struct, tag="granted", frozen=True):
     deployment_id: int | None
     auth: tuple[bytes, bytes] | None
     open: int  # instances of the deployment open now (a refused connection is retried only where another is)
+    tokens_per_event: int = 1  # the instance's --stream-interval (a stream cut before its usage is metered by it)
 
 
 class ModelList(msgspec.Struct, tag="model_list", frozen=True):

@@ -193,7 +193,7 @@ class RemoteAdmission(Admission):
         if isinstance(answer, wire.Granted):
             self._open_now = answer.open
             return RemoteUpstream(answer.url, answer.revision, answer.instance, auth=answer.auth, admission=self,
-                                  permit=answer.permit)
+                                  tokens_per_event=answer.tokens_per_event, permit=answer.permit)
         if isinstance(answer, wire.Refused):
             if answer.kind == "queue_full":
                 raise QueueFullError(answer.message)

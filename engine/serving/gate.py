@@ -53,7 +53,8 @@ class Gate:
         child = inst.child
         self.admission.routing = inst.settings.routing
         upstream = await self.admission.open(child.url, inst.revision.id, instance=inst.name, api_key=child.api_key,
-                                             limit=gateway_limit(inst), cache_tokens=inst.kv_tokens)
+                                             limit=gateway_limit(inst), cache_tokens=inst.kv_tokens,
+                                             tokens_per_event=inst.settings.tokens_per_event)
         inst.upstream = upstream
         self.progress.gap_closed()
         return upstream

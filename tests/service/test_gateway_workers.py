@@ -51,12 +51,12 @@ def spec(keys_required: bool = False, max_bytes: int = 1 << 20) -> WorkerSpec:
 
 @asynccontextmanager
 async def pool_of(url: str, count: int = 2, limit: int | None = None, keys_required: bool = False,
-                  events: list[tuple[str, dict[str, object]]] | None = None, limits: KeyLimits | None = None
-                  ) -> AsyncIterator[tuple[WorkerPool, Admission, Records, str]]:
+                  events: list[tuple[str, dict[str, object]]] | None = None, limits: KeyLimits | None = None,
+                  tokens_per_event: int = 1) -> AsyncIterator[tuple[WorkerPool, Admission, Records, str]]:
     """``count`` workers on a free data port, before one deployment ("a", model "m") whose one instance is ``url``
-    (held to ``limit`` requests at once)."""
+    (held to ``limit`` requests at once; its vLLM's --stream-interval ``tokens_per_event``)."""
     admission = Admission(16, 10.0, deployment_id=1, deployment="a")
-    await admission.open(url, revision=1, instance="a", limit=limit)
+    await admission.open(url, revision=1, instance="a", limit=limit, tokens_per_event=tokens_per_event)
     records = Records()
 
     def route(model: str | None) -> Admission | None:
@@ -263,4 +263,27 @@ def test_sixty_four_clients_on_one_key_through_two_workers_never_pass_its_budget
                 assert used <= budget, f"{used - budget} tokens past the budget"
                 assert used > budget - 64 * 200, "the budget refused long before it ran out"
                 await eventually(lambda: admission.in_flight == 0, 5, what="every slot given back")
+    run(body)
+
+
+def test_a_stream_a_client_left_through_a_worker_is_metered_at_its_instance_s_tokens_per_event() -> None:
+    """An instance started with vLLM's --stream-interval=4 sends 4 tokens an event: a stream its client left before
+    the usage chunk is metered by the events relayed, 4 tokens each, in the worker as in the engine's own port
+    (the worker learns it from the engine's grant)."""
+    async def body() -> None:
+        with stub_upstream(token_s=0.004) as (_, url):
+            async with pool_of(url, count=1, tokens_per_event=4) as (_, admission, records, base):
+                seen = 0
+                async with httpx.AsyncClient(timeout=30) as client, client.stream(
+                        "POST", f"{base}/v1/completions",
+                        json={"model": "m", "prompt": "hello", "max_tokens": 2000, "stream": True}) as resp:
+                    async for chunk in resp.aiter_bytes():
+                        seen += chunk.count(b"data: {")
+                        if seen >= 10:
+                            break  # the client leaves mid-stream
+                await eventually(lambda: len(records.records) == 1, 10, what="the request in the ledger")
+                tokens = records.records[0].output_tokens
+                assert records.records[0].error == "the client disconnected"
+                assert tokens is not None and tokens >= 4 * seen and tokens % 4 == 0, tokens
+                await eventually(lambda: admission.in_flight == 0, 5, what="the slot given back")
     run(body)

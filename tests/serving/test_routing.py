@@ -58,3 +58,14 @@ async def test_requests_sharing_a_system_prompt_reach_the_replica_that_holds_it(
             await sc.until(lambda: len(clients.results) >= 120)
         assert clients.failed == []
         assert sum(len(names) == 2 for names in where_each_went(sc, systems).values()) >= 6
+
+
+async def test_the_gateway_knows_each_instance_s_tokens_per_event_from_its_revision(tmp_path: Path) -> None:
+    """vLLM's --stream-interval=4 (4 tokens an event) reaches the gateway's upstream of every instance started with
+    it (a stream cut before its usage is metered by it), and a revision without it puts it back to 1."""
+    async with Scenario(tmp_path, values={"replicas": 2, "extra_args": ["--stream-interval=4"]}) as sc:
+        await sc.until(sc.serving_revision(1, instances=2))
+        assert [u.tokens_per_event for u in sc.admission.upstreams] == [4, 4]
+        rev = sc.write({"extra_args": []})  # a vLLM flag: each instance is replaced
+        await sc.until(sc.serving_revision(rev.id, instances=2))
+        assert [u.tokens_per_event for u in sc.admission.upstreams] == [1, 1]

@@ -141,6 +141,19 @@ def test_a_stream_is_recognised_as_vllm_reads_the_flag(value: object, expected: 
     assert asyncio.run(inspect_v1(big, 64)).stream is expected
 
 
+def test_a_cut_stream_is_estimated_at_the_tokens_its_events_carry() -> None:
+    """With vLLM's --stream-interval=4 each event carries 4 tokens: a stream cut before its usage counts 4 an
+    event (a chat's role event none); with the usage, the usage's count."""
+    events = b'data: {"choices":[{"text":"abcd"}]}\n\n' * 3
+    for per_event, chat, expected in ((1, False, 3), (4, False, 12), (4, True, 8)):
+        meter = StreamMeter(hide_usage=False, per_event=per_event)
+        assert meter.feed(events) == events
+        assert meter.cut_estimate(chat=chat) == expected
+    meter = StreamMeter(hide_usage=False, per_event=4)
+    meter.feed(events + b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":10}}\n\n')
+    assert meter.output_tokens == 10 and meter.cut_estimate(chat=False) is None
+
+
 def test_the_usage_chunk_is_read_and_hidden_even_when_split_across_reads() -> None:
     meter = StreamMeter(hide_usage=True)
     events = (b'data: {"choices":[{"text":"a"}]}\n\n'
@@ -254,15 +267,18 @@ def test_an_answer_garbled_from_its_start_is_a_502_and_frees_the_slot() -> None:
     asyncio.run(go())
 
 
-def test_a_client_that_hangs_up_ends_the_upstream_request_and_frees_the_slot() -> None:
+@pytest.mark.parametrize("per_event", [1, 4])
+def test_a_client_that_hangs_up_ends_the_upstream_request_and_frees_the_slot(per_event: int) -> None:
+    """per_event: vLLM's --stream-interval, tokens per event (the cut stream is metered by them, not one an event)."""
     upstream_saw_close = asyncio.Event()
+    event = b'data: {"choices":[{"text":"%b"}]}\n\n' % (b"a" * per_event)
 
     async def endless(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         try:
             for _ in range(10_000):
-                await resp.write(b'data: {"choices":[{"text":"a"}]}\n\n')
+                await resp.write(event)
                 await asyncio.sleep(0.005)
         except (ConnectionResetError, asyncio.CancelledError):
             upstream_saw_close.set()
@@ -272,7 +288,7 @@ def test_a_client_that_hangs_up_ends_the_upstream_request_and_frees_the_slot() -
     async def go() -> None:
         async for url in with_upstream(endless):
             admission = Admission(4, 1)
-            await admission.open(url, 1)
+            await admission.open(url, 1, tokens_per_event=per_event)
             path = make_path(admission)
             recorded: list[Any] = []
 
@@ -290,9 +306,10 @@ def test_a_client_that_hangs_up_ends_the_upstream_request_and_frees_the_slot() -
             assert status == 200 and time.monotonic() - t0 < 20  # not the 50 s of the whole stream
             assert admission.in_flight == 0
             # metered though it ended before vLLM's usage chunk (such streams were not, issue 31): by the events
-            # relayed, one token each
+            # relayed, per_event tokens each
             assert len(recorded) == 1 and recorded[0].error == "the client disconnected"
-            assert recorded[0].output_tokens is not None and recorded[0].output_tokens >= 5
+            tokens = recorded[0].output_tokens
+            assert tokens is not None and tokens >= 5 * per_event and tokens % per_event == 0
             await asyncio.wait_for(upstream_saw_close.wait(), 10)
             await path.gateway.aclose()
 

@@ -85,6 +85,20 @@ def test_extra_args_are_allow_listed(data_dir: Path) -> None:
     assert "--port" not in ALLOWED_EXTRA_FLAGS and "--model" not in ALLOWED_EXTRA_FLAGS
 
 
+def test_vllm_s_stream_interval_is_a_whole_number_the_gateway_reads(data_dir: Path) -> None:
+    """--stream-interval=N (tokens per event) is allowed, and read by the gateway to meter a stream cut before its
+    usage: so it must be a number vLLM takes, checked when written, not when vLLM fails to start on it."""
+    assert validate_settings(full(data_dir), data_dir).tokens_per_event == 1
+    four = validate_settings(full(data_dir, extra_args=["--seed=7", "--stream-interval=4"]), data_dir)
+    assert four.tokens_per_event == 4
+    assert validate_settings(full(data_dir, extra_args=["--stream-interval=2", "--stream-interval=8"]),
+                             data_dir).tokens_per_event == 8  # the last one wins, as in vLLM's parser
+    for bad in ("0", "-1", "1025", "4.5", "four", "\u0664", "99999999999999999999"):
+        found = bad_fields(data_dir, extra_args=[f"--stream-interval={bad}"])
+        assert "whole number from 1 to 1024" in found["extra_args"], bad
+    assert "whole number" in bad_fields(data_dir, extra_args=["--stream-interval"])["extra_args"]
+
+
 def test_partial_values_keep_the_base(data_dir: Path) -> None:
     base = full(data_dir)
     merged = merge_values(base, {"max_num_seqs": 4})
