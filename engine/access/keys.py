@@ -79,7 +79,7 @@ class GatewayKeys:
         try:
             principal = await asyncio.to_thread(self.auth.authenticate, token)  # SQLite: never on the event loop
         except UNAVAILABLE as exc:  # a key not in the cache cannot be checked while the database is down
-            raise KeyRefusedError(503, unavailable_message(exc),
+            raise KeyRefusedError(503, unavailable_message(exc, reading=True),
                                   [(b"retry-after", str(RETRY_AFTER_S).encode())]) from exc
         if len(self._cache) >= self.max_cached:
             self._cache.clear()

@@ -37,9 +37,10 @@ def _short(value: Any) -> Any:
     return f"{type(value).__name__}"
 
 
-def database_unavailable(exc: BaseException) -> JSONResponse:
-    """The answer to a request the database could not serve: 503, Retry-After, what happened and what to do."""
-    return JSONResponse({"detail": unavailable_message(exc)}, status_code=503,
+def database_unavailable(exc: BaseException, reading: bool = False) -> JSONResponse:
+    """The answer to a request the database could not serve: 503, Retry-After, what happened and what to do
+    (``reading``: a request that changes nothing)."""
+    return JSONResponse({"detail": unavailable_message(exc, reading)}, status_code=503,
                         headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
@@ -67,10 +68,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _missing(_: Request, exc: RevisionNotFoundError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=404)
 
-    async def _database(_: Request, exc: Exception) -> JSONResponse:
+    async def _database(request: Request, exc: Exception) -> JSONResponse:
         # a full disk, a read-only file, a lock held past the timeout, a PostgreSQL server down or restarting: the
         # request's own transaction was rolled back
-        return database_unavailable(exc)
+        return database_unavailable(exc, reading=request.method in ("GET", "HEAD"))
 
     for kind in UNAVAILABLE:
         app.add_exception_handler(kind, _database)

@@ -79,7 +79,7 @@ class AccessGate:
             try:
                 principal: Principal | None = await run_in_threadpool(self.auth.authenticate, token) if token else None
             except UNAVAILABLE as exc:  # the token cannot be checked now: 503, not a 500 from the middleware
-                await send_json(send, 503, {"detail": unavailable_message(exc)},
+                await send_json(send, 503, {"detail": unavailable_message(exc, reading=True)},
                                 [(b"retry-after", str(RETRY_AFTER_S).encode())])
                 return
             if principal is None:

@@ -268,9 +268,13 @@ def open_database(target: Path | str | URL) -> Database:
     return db
 
 
-def unavailable_message(exc: BaseException) -> str:
-    """What an API answer says of a request the database could not serve (with a 503 and Retry-After)."""
+def unavailable_message(exc: BaseException, reading: bool = False) -> str:
+    """What an API answer says of a request the database could not serve (with a 503 and Retry-After); ``reading``:
+    the request only reads (a GET, a token's check), so nothing was to be recorded."""
     reason = unavailable_reason(exc)
+    if isinstance(getattr(exc, "orig", None), sqlite3.Error) and reading:  # an I/O error, a damaged file
+        return (f"the engine's database could not be read ({reason}); nothing was changed: try again in a few "
+                "seconds, and if it persists check the disk and the database file under the data dir")
     if isinstance(getattr(exc, "orig", None), sqlite3.Error):  # a full disk, a read-only file, a lock held too long
         return (f"the engine's database could not be written ({reason}); the change was not recorded: free disk "
                 "space under the data dir, or try again")

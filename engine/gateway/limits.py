@@ -270,7 +270,7 @@ class KeyLimits:
             if cached is not None:  # the database is down: the limits last read hold, and are read again in
                 self._policies[key_id] = (now, cached[1], cached[2])  # cache_s (not by every request meanwhile)
                 return cached[2]
-            raise LimitsUnavailableError(unavailable_message(exc)) from exc
+            raise LimitsUnavailableError(unavailable_message(exc, reading=True)) from exc
         if len(self._policies) >= MAX_SCOPES:
             self._policies.clear()
         self._policies[key_id] = (now, changes, policy)
@@ -310,7 +310,7 @@ class KeyLimits:
         try:
             used = await asyncio.to_thread(self._read_used, scope, scope_id, start)
         except UNAVAILABLE as exc:
-            raise LimitsUnavailableError(unavailable_message(exc)) from exc
+            raise LimitsUnavailableError(unavailable_message(exc, reading=True)) from exc
         budget = self._budgets.setdefault(key, _Budget(period, start, ends, used))
         while len(self._budgets) > MAX_SCOPES:
             self._budgets.popitem(last=False)

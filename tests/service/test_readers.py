@@ -171,3 +171,34 @@ def test_a_token_s_use_the_database_refused_to_record_does_not_stop_later_uses_f
     wait_until(lambda: recorded() is not None, 10, what="the second token's use recorded")
     db.close()
 
+
+
+def test_a_read_the_sqlite_file_fails_says_it_could_not_be_read_and_a_write_that_it_could_not_be_written(
+        engine_app: FastAPI, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GET whose read SQLite refused (an I/O error, a damaged file) said the database "could not be written" and
+    "the change was not recorded": on-call went looking for a change and a full disk. Now a read says it could not
+    be read; a write still says it could not be written, and what to do."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from engine.events import EventLog
+    from engine.prompts import PromptStore
+
+    def fails(*_: object, **__: object) -> None:
+        raise OperationalError("SELECT", {}, sqlite3.OperationalError("disk I/O error"))
+
+    services = engine_app.state.services
+    admin = {"authorization": f"Bearer {services.auth.create_token('ops', 'admin')[0]}"}
+    with TestClient(engine_app, raise_server_exceptions=False) as client:
+        monkeypatch.setattr(EventLog, "events", fails)
+        read = client.get("/api/events", headers=admin)
+        assert read.status_code == 503 and read.headers["retry-after"] == "5"
+        assert "could not be read (disk I/O error)" in read.json()["detail"]
+        assert "written" not in read.json()["detail"] and "nothing was changed" in read.json()["detail"]
+        monkeypatch.setattr(PromptStore, "save_prompt", fails)
+        write = client.post("/api/prompts", headers=admin, json={"name": "p", "prompt": "hello"})
+        assert write.status_code == 503 and "could not be written (disk I/O error)" in write.json()["detail"]
+        monkeypatch.setattr(Auth, "authenticate", fails)  # the token's own check, before any route
+        checked = client.get("/api/settings", headers=admin)
+        assert checked.status_code == 503 and "could not be read (disk I/O error)" in checked.json()["detail"]
