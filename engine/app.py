@@ -323,6 +323,9 @@ def create_app(config: AppConfig, *, placement: Placement | None = None) -> Fast
             except SQLAlchemyError as exc:  # a database down as the engine stops: the stop goes on, loudly
                 logging.getLogger("llmops.engine").error("the request ledger's last records are lost: %s", exc)
             await gateway.aclose()
+            if not await asyncio.to_thread(auth.flush_uses, 5.0):
+                logging.getLogger("llmops.engine").warning("tokens' last uses were still being written after 5 s: "
+                                                           "some may be lost")
             try:
                 await events.emit("engine_stopped", "engine stopped")
             except SQLAlchemyError as exc:

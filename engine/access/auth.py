@@ -425,6 +425,19 @@ class Auth:
             writer.start()
             self._use_writer = writer
 
+    def flush_uses(self, timeout_s: float) -> bool:
+        """At shutdown: wait up to ``timeout_s`` for the tokens' last uses to be written (False: some are not)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._uses_lock:
+                writer = self._use_writer
+            if writer is None:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            writer.join(left)  # (a writer may hand over to another as it ends: looked at again)
+
     def _write_uses(self) -> None:
         try:
             while True:

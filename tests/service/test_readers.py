@@ -110,6 +110,20 @@ def test_a_token_first_used_while_a_write_holds_the_database_answers_and_its_use
         assert abs(cast(float, last_used()) - time.time()) < 60
 
 
+def test_the_engine_s_stop_waits_for_a_token_s_last_use_still_being_written(engine_app: FastAPI) -> None:
+    """The last use is written by a thread of its own (a daemon): an engine stopped while it waited for the database
+    lost it. The stop now waits for it (Auth.flush_uses, up to 5 s), and says when it could not."""
+    services = engine_app.state.services
+    fresh, row = services.auth.create_token("on-call", "viewer")
+    with HeldWrite(services.db):
+        assert services.auth.authenticate(fresh) is not None
+        assert not services.auth.flush_uses(0.2)  # its writer waits for the lock the held write has
+    assert services.auth.flush_uses(10)
+    with services.db.read() as s:
+        used = s.get(ApiToken, row.id)
+        assert used is not None and used.last_used_at is not None and abs(used.last_used_at - time.time()) < 60
+
+
 def test_the_kpis_and_the_audit_s_tallies_answer_while_a_write_holds_the_database_and_count_the_rest_after(
         engine_app: FastAPI) -> None:
     """Both write what they buffered (the ledger's requests, the refusals counted) before they read: that write
