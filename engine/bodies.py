@@ -256,6 +256,7 @@ class _Fields(msgspec.Struct):
     n: msgspec.Raw = msgspec.Raw()
     best_of: msgspec.Raw = msgspec.Raw()
     input: msgspec.Raw = msgspec.Raw()
+    stream_interval: msgspec.Raw = msgspec.Raw()
 
 
 _FIELDS = msgspec.json.Decoder(_Fields)
@@ -280,6 +281,7 @@ class V1Body:
     n: Any = None  # choices asked for per prompt (as sent: checked by ``RequestBounds``)
     best_of: Any = None
     prompts: int = 1  # prompts in the request: a completion's list of prompts, an embedding's list of inputs
+    stream_interval: int | None = None  # tokens an event it asked vLLM for (vLLM takes the larger of it and its own)
 
     def prompt_bytes(self, limit: int) -> bytes | memoryview | None:
         """The prompt or messages as JSON, at most its first ``limit`` bytes (what routing by prefix reads): as
@@ -376,6 +378,13 @@ class RequestBounds:
                             f"{self.max_asked_tokens:,} (v1_max_asked_tokens): lower max_tokens, n or the prompts")
 
 
+def asked_stream_interval(value: object) -> int | None:
+    """The stream_interval a /v1 request asks for, as vLLM's lax pydantic reads it (None: not a positive one, which
+    vLLM refuses or leaves at its own)."""
+    interval = _lax_int(value)
+    return interval if interval is not None and interval >= 1 else None
+
+
 def asked_max_tokens(data: object) -> int | None:
     """The max_tokens (or max_completion_tokens) a /v1 request body asks for, when it is a sane integer (as vLLM's
     lax pydantic reads it: 64.0 and "64" are 64)."""
@@ -442,7 +451,9 @@ def _lean(body: bytes) -> V1Body:
                   stream_options=_small(options), stream_options_raw=bytes(options) if len(options) <= _SMALL_FIELD
                   else b"", prompt=prompt if len(prompt) else None, n=_small(fields.n) if len(fields.n) else None,
                   best_of=_small(fields.best_of) if len(fields.best_of) else None,
-                  prompts=_raw_prompt_count(listed) if len(listed) else 1)
+                  prompts=_raw_prompt_count(listed) if len(listed) else 1,
+                  stream_interval=asked_stream_interval(_small(fields.stream_interval))
+                  if len(fields.stream_interval) else None)
 
 
 def _full(body: bytes, max_depth: int) -> V1Body:
@@ -454,7 +465,8 @@ def _full(body: bytes, max_depth: int) -> V1Body:
                   has_stream_options="stream_options" in data, stream_options=data.get("stream_options"),
                   prompt=data.get("messages", data.get("prompt")), max_tokens=asked_max_tokens(data), data=data,
                   n=data.get("n"), best_of=data.get("best_of"),
-                  prompts=prompt_count(data["prompt"] if "prompt" in data else data.get("input")))
+                  prompts=prompt_count(data["prompt"] if "prompt" in data else data.get("input")),
+                  stream_interval=asked_stream_interval(data.get("stream_interval")))
 
 
 async def inspect_v1(body: bytes, max_depth: int) -> V1Body:

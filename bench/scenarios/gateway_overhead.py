@@ -721,13 +721,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "old instance sleeps and is woken)")
     p.add_argument("--then", action="append", default=[], metavar="KEY=JSON[,KEY=JSON]",
                    help="after the runs, an apply of these values (forced), then every concurrency's runs again, "
-                   "labelled TREE KEY=JSON: a setting before and after in one run, e.g. "
+                   "labelled TREE KEY=JSON: a setting before and after in one run (--cap-vs-restart and --after "
+                   "then run on the last of them), e.g. "
                    "'extra_args=[\"--stream-interval=4\"]'")
     p.add_argument("--keep-engine-logs", action=argparse.BooleanOptionalAction, default=False,
                    help="copy each engine's own log beside the results at the end (a GPU session's record)")
 
 
 def run(a: argparse.Namespace) -> None:
+    for item in [*a.then, *a.after]:  # a typo is said now, not after the runs before it
+        _values(item)
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in a.tree] or [("this", REPO)]
     report: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "args": vars(a) | {"out": str(a.out)},
                               "runs": [], "trees": {}}
@@ -757,6 +760,10 @@ def run(a: argparse.Namespace) -> None:
                     report.setdefault("then", []).append(done)
                     save()
                     print(f"then {then}: {done['outcome']} in {done['apply_s']} s", flush=True)
+                    if done["outcome"] not in ("applied", "in effect"):  # the old revision serves: not these values
+                        print(f"then {then}: not in effect, so not measured; the --then after it are skipped",
+                              flush=True)
+                        break
                 runs_of(engine, label if then is None else f"{label} {then}", gateway, a, workdir, report, save)
             if a.cap_vs_restart:
                 cap_vs_restart(engine, a, workdir, report, save)
@@ -774,11 +781,6 @@ def run(a: argparse.Namespace) -> None:
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     save()
     print(table(report["summary"]))
-
-
-if __name__ == "__main__":  # the subprocess of run_once: vLLM's benchmark, in a process of its own
-    if len(sys.argv) > 2 and sys.argv[1] == "--vllm-bench":
-        vllm_bench(sys.argv[sys.argv.index("--") + 1:], Path(sys.argv[2]))
 
 
 def runs_of(engine: Engine, label: str, gateway: str, a: argparse.Namespace, workdir: Path, report: dict[str, Any],
@@ -822,6 +824,14 @@ def runs_of(engine: Engine, label: str, gateway: str, a: argparse.Namespace, wor
 
 
 def _values(item: str) -> dict[str, Any]:
-    """KEY=JSON[,KEY=JSON] as settings values."""
-    pairs = dict(kv.split("=", 1) for kv in item.split(","))
-    return {k: json.loads(v) for k, v in pairs.items()}
+    """KEY=JSON[,KEY=JSON] as settings values (a comma inside a value's JSON, as in a list, is the value's)."""
+    pairs = (kv.split("=", 1) for kv in re.split(r",(?=[A-Za-z_]\w*=)", item))
+    try:
+        return {k: json.loads(v) for k, v in pairs}
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"{item!r} is not KEY=JSON[,KEY=JSON]: {exc}") from None
+
+
+if __name__ == "__main__":  # the subprocess of run_once: vLLM's benchmark, in a process of its own
+    if len(sys.argv) > 2 and sys.argv[1] == "--vllm-bench":
+        vllm_bench(sys.argv[sys.argv.index("--") + 1:], Path(sys.argv[2]))

@@ -175,5 +175,6 @@ class DataPath:
                         headers=[(k, v) for k, v in headers if k not in HOP_HEADERS and k != b"x-llmops-client"],
                         body=asked or body, stream=stream, hide_usage=asked is not None, record=record,
                         admission=admission, claim=claim,
+                        stream_interval=(fields.stream_interval or 1) if fields is not None else 1,
                         prompt=fields.prompt_bytes(PREFIX_BYTES) if fields is not None and admission is not None
                         and admission.by_prefix else None)

@@ -99,6 +99,7 @@ class Exchange:
     admission: Admission | None = None  # of the deployment the request's model names (None: no such deployment)
     prompt: bytes | memoryview | None = None  # its prompt or messages as JSON (routing by prefix reads it)
     claim: Claim | None = None  # what it asks of its key's limits
+    stream_interval: int = 1  # tokens an event it asked vLLM for (its stream_interval; 1: none)
     grant: Grant | None = None  # what its limits reserved for it (settled when it ends)
 
     def sent(self) -> None:
@@ -240,14 +241,19 @@ class StreamMeter:
         self.events = 0  # data events relayed: a stream cut before vLLM's usage chunk is metered by them
         self._tail = b""
 
-    def cut_estimate(self, chat: bool) -> int | None:
+    def cut_estimate(self, chat: bool, most: int | None = None) -> int | None:
         """Completion tokens of a stream that ended without vLLM's usage chunk (a client that left, vLLM that
-        failed): vLLM sends one data event per token, or per ``per_event`` tokens with its --stream-interval
-        (less the role event of a chat), so the events relayed count them (at most per_event - 1 over, where the
-        stream's last event was short); None when the usage came (it is exact) or nothing was relayed."""
+        failed), by the events relayed (less the role event of a chat): vLLM sends one per token, or with a
+        stream interval of N (its --stream-interval, or the request's own) the first token alone and then N an
+        event, the last one maybe fewer (so at most N - 1 over); never more than ``most``, what the request could
+        ask for. None when the usage came (it is exact) or nothing was relayed."""
         if self.output_tokens is not None or not self.events:
             return None
-        return max(0, self.events - (1 if chat else 0)) * self.per_event
+        content = max(0, self.events - (1 if chat else 0))
+        if self.per_event == 1:
+            return content  # (exact)
+        estimate = 1 + (content - 1) * self.per_event if content else 0
+        return estimate if most is None else min(estimate, most)
 
     def feed(self, chunk: bytes) -> bytes:
         if self._tail:
@@ -479,11 +485,12 @@ class Gateway:
                 await send({"type": "http.response.body", "body": content})
                 self._done(rec, t0, head.status, None)
                 return
-            meter = StreamMeter(ex.hide_usage, upstream.tokens_per_event)
+            meter = StreamMeter(ex.hide_usage, max(upstream.tokens_per_event, ex.stream_interval))
             await self._relay(conn, head, meter, headers, client_receive, send, rec, t0)
             rec.input_tokens, rec.output_tokens = meter.input_tokens, meter.output_tokens
             if meter.error is not None and ex.path in USAGE_PATHS:  # cut before the usage chunk: metered anyway
-                estimate = meter.cut_estimate(chat=ex.path.endswith("/chat/completions"))
+                estimate = meter.cut_estimate(chat=ex.path.endswith("/chat/completions"),
+                                              most=ex.claim.tokens - ex.claim.prompt if ex.claim else None)
                 if estimate is not None:
                     rec.output_tokens = estimate
             self._done(rec, t0, head.status, meter.error)

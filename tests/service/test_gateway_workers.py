@@ -267,11 +267,12 @@ def test_sixty_four_clients_on_one_key_through_two_workers_never_pass_its_budget
 
 
 def test_a_stream_a_client_left_through_a_worker_is_metered_at_its_instance_s_tokens_per_event() -> None:
-    """An instance started with vLLM's --stream-interval=4 sends 4 tokens an event: a stream its client left before
-    the usage chunk is metered by the events relayed, 4 tokens each, in the worker as in the engine's own port
-    (the worker learns it from the engine's grant)."""
+    """An instance started with vLLM's --stream-interval=4 sends the first token alone, then 4 an event: a stream its
+    client left before the usage chunk is metered so by the events relayed, in the worker as in the engine's own
+    port (the worker learns it from the engine's grant). An event every 20 ms: metered at one an event, the 10 the
+    client read would need 27 more relayed after it left (540 ms) to pass."""
     async def body() -> None:
-        with stub_upstream(token_s=0.004) as (_, url):
+        with stub_upstream(token_s=0.02) as (_, url):
             async with pool_of(url, count=1, tokens_per_event=4) as (_, admission, records, base):
                 seen = 0
                 async with httpx.AsyncClient(timeout=30) as client, client.stream(
@@ -284,6 +285,6 @@ def test_a_stream_a_client_left_through_a_worker_is_metered_at_its_instance_s_to
                 await eventually(lambda: len(records.records) == 1, 10, what="the request in the ledger")
                 tokens = records.records[0].output_tokens
                 assert records.records[0].error == "the client disconnected"
-                assert tokens is not None and tokens >= 4 * seen and tokens % 4 == 0, tokens
+                assert tokens is not None and tokens >= 1 + 4 * (seen - 1) and (tokens - 1) % 4 == 0, tokens
                 await eventually(lambda: admission.in_flight == 0, 5, what="the slot given back")
     run(body)

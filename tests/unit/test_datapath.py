@@ -141,14 +141,27 @@ def test_a_stream_is_recognised_as_vllm_reads_the_flag(value: object, expected: 
     assert asyncio.run(inspect_v1(big, 64)).stream is expected
 
 
+@pytest.mark.parametrize(("value", "expected"), [(8, 8), ("8", 8), (8.0, 8), (1, 1), (0, None), (-3, None),
+                                                ("many", None), (True, None), (None, None), (2.5, None)])
+def test_the_stream_interval_a_request_asks_for_is_read_as_vllm_reads_it(value: object, expected: int | None) -> None:
+    """vLLM takes a request's stream_interval (lax: "8" and 8.0 are 8) over its own when larger: the gateway must
+    know it to meter a stream cut before its usage, on the small bodies' path and the lean one alike."""
+    body = json.dumps({"model": "m", "stream": True, "stream_interval": value}).encode()
+    assert fields(body).stream_interval == expected
+    big = json.dumps({"model": "m", "stream": True, "stream_interval": value, "prompt": "x" * (2 << 20)}).encode()
+    assert asyncio.run(inspect_v1(big, 64)).stream_interval == expected
+
+
 def test_a_cut_stream_is_estimated_at_the_tokens_its_events_carry() -> None:
-    """With vLLM's --stream-interval=4 each event carries 4 tokens: a stream cut before its usage counts 4 an
-    event (a chat's role event none); with the usage, the usage's count."""
+    """With a stream interval of 4 (vLLM's --stream-interval, or the request's stream_interval) vLLM sends the first
+    token alone, then 4 an event: a stream cut before its usage counts so (a chat's role event none), never more
+    than the request could ask for; with the usage, the usage's count."""
     events = b'data: {"choices":[{"text":"abcd"}]}\n\n' * 3
-    for per_event, chat, expected in ((1, False, 3), (4, False, 12), (4, True, 8)):
+    for per_event, chat, most, expected in ((1, False, None, 3), (1, False, 2, 3), (4, False, None, 9),
+                                            (4, True, None, 5), (4, False, 6, 6), (1000, False, 64, 64)):
         meter = StreamMeter(hide_usage=False, per_event=per_event)
         assert meter.feed(events) == events
-        assert meter.cut_estimate(chat=chat) == expected
+        assert meter.cut_estimate(chat=chat, most=most) == expected
     meter = StreamMeter(hide_usage=False, per_event=4)
     meter.feed(events + b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":10}}\n\n')
     assert meter.output_tokens == 10 and meter.cut_estimate(chat=False) is None
@@ -267,10 +280,14 @@ def test_an_answer_garbled_from_its_start_is_a_502_and_frees_the_slot() -> None:
     asyncio.run(go())
 
 
-@pytest.mark.parametrize("per_event", [1, 4])
-def test_a_client_that_hangs_up_ends_the_upstream_request_and_frees_the_slot(per_event: int) -> None:
-    """per_event: vLLM's --stream-interval, tokens per event (the cut stream is metered by them, not one an event)."""
+@pytest.mark.parametrize(("instance", "asked"), [(1, None), (4, None), (1, 8), (8, 2)])
+def test_a_client_that_hangs_up_ends_the_upstream_request_and_frees_the_slot(instance: int, asked: int | None
+                                                                             ) -> None:
+    """``instance``: its vLLM's --stream-interval; ``asked``: the request's own stream_interval (vLLM takes the
+    larger): tokens an event, by which a cut stream is metered (a client could ask for 1,000 an event and leave
+    before the usage, metered at one an event)."""
     upstream_saw_close = asyncio.Event()
+    per_event = max(instance, asked or 1)
     event = b'data: {"choices":[{"text":"%b"}]}\n\n' % (b"a" * per_event)
 
     async def endless(request: web.Request) -> web.StreamResponse:
@@ -288,7 +305,7 @@ def test_a_client_that_hangs_up_ends_the_upstream_request_and_frees_the_slot(per
     async def go() -> None:
         async for url in with_upstream(endless):
             admission = Admission(4, 1)
-            await admission.open(url, 1, tokens_per_event=per_event)
+            await admission.open(url, 1, tokens_per_event=instance)
             path = make_path(admission)
             recorded: list[Any] = []
 
@@ -301,15 +318,16 @@ def test_a_client_that_hangs_up_ends_the_upstream_request_and_frees_the_slot(per
 
             path.gateway.ledger = Ledger()
             t0 = time.monotonic()
-            status, _, _, _ = await drive(path, "POST", "/v1/completions", b'{"stream": true, "prompt": "x"}',
-                                          {"content-type": "application/json"}, hang_up_after=5)
+            body = {"stream": True, "prompt": "x", **({"stream_interval": asked} if asked else {})}
+            status, _, out, _ = await drive(path, "POST", "/v1/completions", json.dumps(body).encode(),
+                                            {"content-type": "application/json"}, hang_up_after=5)
             assert status == 200 and time.monotonic() - t0 < 20  # not the 50 s of the whole stream
             assert admission.in_flight == 0
             # metered though it ended before vLLM's usage chunk (such streams were not, issue 31): by the events
-            # relayed, per_event tokens each
+            # relayed: the first token alone, then per_event tokens each
             assert len(recorded) == 1 and recorded[0].error == "the client disconnected"
-            tokens = recorded[0].output_tokens
-            assert tokens is not None and tokens >= 5 * per_event and tokens % per_event == 0
+            relayed = out.count(b"data: {")
+            assert relayed >= 5 and recorded[0].output_tokens == 1 + (relayed - 1) * per_event
             await asyncio.wait_for(upstream_saw_close.wait(), 10)
             await path.gateway.aclose()
 
