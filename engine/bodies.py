@@ -281,7 +281,12 @@ class V1Body:
     n: Any = None  # choices asked for per prompt (as sent: checked by ``RequestBounds``)
     best_of: Any = None
     prompts: int = 1  # prompts in the request: a completion's list of prompts, an embedding's list of inputs
-    stream_interval: int | None = None  # tokens an event it asked vLLM for (vLLM takes the larger of it and its own)
+    stream_interval_sent: Any = None  # its stream_interval as sent (None: none, or null)
+
+    @property
+    def stream_interval(self) -> int | None:
+        """Tokens an event it asked vLLM for (vLLM takes the larger of it and its own --stream-interval)."""
+        return asked_stream_interval(self.stream_interval_sent)
 
     def prompt_bytes(self, limit: int) -> bytes | memoryview | None:
         """The prompt or messages as JSON, at most its first ``limit`` bytes (what routing by prefix reads): as
@@ -369,6 +374,11 @@ class RequestBounds:
                 raise BodyError(400, f"{name} is {value:,}; one request may ask for at most {self.max_n} choices "
                                 "(v1_max_n): send several requests")
             choices = max(choices, value)
+        if body.stream_interval_sent is not None and body.stream_interval is None:
+            # the gateway meters a stream cut before its usage by it: a value it cannot read would let one pass for
+            # fewer tokens than it took (vLLM's pydantic takes "8.0" and 1e16 too)
+            raise BodyError(400, f"stream_interval must be a whole number from 1 to {MAX_STREAM_INTERVAL:,} "
+                            f"(tokens an event); got {str(body.stream_interval_sent)[:40]!r}")
         if body.prompts > self.max_prompts:
             raise BodyError(400, f"the request holds {body.prompts:,} prompts; one request may hold at most "
                             f"{self.max_prompts:,} (v1_max_prompts): send them in several requests")
@@ -378,20 +388,26 @@ class RequestBounds:
                             f"{self.max_asked_tokens:,} (v1_max_asked_tokens): lower max_tokens, n or the prompts")
 
 
+MAX_STREAM_INTERVAL = 1024  # tokens an event a request may ask for (as the --stream-interval a revision may set)
+
+
 def asked_stream_interval(value: object) -> int | None:
-    """The stream_interval a /v1 request asks for, as vLLM's lax pydantic reads it (None: not a positive one, which
-    vLLM refuses or leaves at its own)."""
+    """The stream_interval a /v1 request asks for, as vLLM's lax pydantic reads it: a whole number from 1 to
+    MAX_STREAM_INTERVAL, else None (RequestBounds refuses such a request before vLLM sees it)."""
     interval = _lax_int(value)
-    return interval if interval is not None and interval >= 1 else None
+    return interval if interval is not None and 1 <= interval <= MAX_STREAM_INTERVAL else None
 
 
 def asked_max_tokens(data: object) -> int | None:
     """The max_tokens (or max_completion_tokens) a /v1 request body asks for, when it is a sane integer (as vLLM's
-    lax pydantic reads it: 64.0 and "64" are 64)."""
+    lax pydantic reads it: 64.0 and "64" are 64). With both, the larger: vLLM's chat takes max_completion_tokens
+    unless it is null, its completions only max_tokens, so a small one of the two beside a large one must not pass
+    for what the request may use (v1_max_asked_tokens, the limits' reservation)."""
     if not isinstance(data, dict):
         return None
-    value = _lax_int(data.get("max_completion_tokens", data.get("max_tokens")))
-    return value if value is not None and 0 < value < 2**31 else None
+    values = [v for v in (_lax_int(data.get("max_completion_tokens")), _lax_int(data.get("max_tokens")))
+              if v is not None and 0 < v < 2**31]
+    return max(values) if values else None
 
 
 def _small(raw: msgspec.Raw) -> Any:
@@ -452,8 +468,8 @@ def _lean(body: bytes) -> V1Body:
                   else b"", prompt=prompt if len(prompt) else None, n=_small(fields.n) if len(fields.n) else None,
                   best_of=_small(fields.best_of) if len(fields.best_of) else None,
                   prompts=_raw_prompt_count(listed) if len(listed) else 1,
-                  stream_interval=asked_stream_interval(_small(fields.stream_interval))
-                  if len(fields.stream_interval) else None)
+                  stream_interval_sent=(_small(fields.stream_interval) if len(fields.stream_interval) <= _SMALL_FIELD
+                                        else "(a value too long to read)") if len(fields.stream_interval) else None)
 
 
 def _full(body: bytes, max_depth: int) -> V1Body:
@@ -466,7 +482,7 @@ def _full(body: bytes, max_depth: int) -> V1Body:
                   prompt=data.get("messages", data.get("prompt")), max_tokens=asked_max_tokens(data), data=data,
                   n=data.get("n"), best_of=data.get("best_of"),
                   prompts=prompt_count(data["prompt"] if "prompt" in data else data.get("input")),
-                  stream_interval=asked_stream_interval(data.get("stream_interval")))
+                  stream_interval_sent=data.get("stream_interval"))
 
 
 async def inspect_v1(body: bytes, max_depth: int) -> V1Body:

@@ -253,7 +253,7 @@ class StreamMeter:
         if self.per_event == 1:
             return content  # (exact)
         estimate = 1 + (content - 1) * self.per_event if content else 0
-        return estimate if most is None else min(estimate, most)
+        return estimate if most is None else max(content, min(estimate, most))
 
     def feed(self, chunk: bytes) -> bytes:
         if self._tail:
@@ -489,8 +489,9 @@ class Gateway:
             await self._relay(conn, head, meter, headers, client_receive, send, rec, t0)
             rec.input_tokens, rec.output_tokens = meter.input_tokens, meter.output_tokens
             if meter.error is not None and ex.path in USAGE_PATHS:  # cut before the usage chunk: metered anyway
-                estimate = meter.cut_estimate(chat=ex.path.endswith("/chat/completions"),
-                                              most=ex.claim.tokens - ex.claim.prompt if ex.claim else None)
+                estimate = meter.cut_estimate(  # at most what it asked for, when it said (not limits' reservation)
+                    chat=ex.path.endswith("/chat/completions"),
+                    most=ex.claim.tokens - ex.claim.prompt if ex.claim and rec.max_tokens is not None else None)
                 if estimate is not None:
                     rec.output_tokens = estimate
             self._done(rec, t0, head.status, meter.error)

@@ -111,6 +111,9 @@ def test_the_gateway_records_the_max_tokens_a_request_asks_for() -> None:
 
     assert asked_max_tokens({"max_tokens": 128}) == 128
     assert asked_max_tokens({"max_completion_tokens": 64, "max_tokens": 9}) == 64
+    # with both, the larger: vLLM's completions read max_tokens only, its chat max_completion_tokens unless null
+    assert asked_max_tokens({"max_completion_tokens": 1, "max_tokens": 4000}) == 4000
+    assert asked_max_tokens({"max_completion_tokens": None, "max_tokens": 9}) == 9
     assert asked_max_tokens({"max_tokens": "9"}) == asked_max_tokens({"max_tokens": 9.0}) == 9  # as vLLM reads it
     assert [asked_max_tokens(x) for x in ({}, {"max_tokens": "nine"}, {"max_tokens": True}, {"max_tokens": -1},
                                            {"max_tokens": 2**40}, {"max_tokens": 9.5}, None, [1])] == [None] * 8

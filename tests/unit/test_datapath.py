@@ -141,8 +141,9 @@ def test_a_stream_is_recognised_as_vllm_reads_the_flag(value: object, expected: 
     assert asyncio.run(inspect_v1(big, 64)).stream is expected
 
 
-@pytest.mark.parametrize(("value", "expected"), [(8, 8), ("8", 8), (8.0, 8), (1, 1), (0, None), (-3, None),
-                                                ("many", None), (True, None), (None, None), (2.5, None)])
+@pytest.mark.parametrize(("value", "expected"), [(8, 8), ("8", 8), (8.0, 8), (1, 1), (1024, 1024), (0, None),
+                                                (-3, None), (1025, None), ("many", None), (True, None),
+                                                (None, None), (2.5, None)])
 def test_the_stream_interval_a_request_asks_for_is_read_as_vllm_reads_it(value: object, expected: int | None) -> None:
     """vLLM takes a request's stream_interval (lax: "8" and 8.0 are 8) over its own when larger: the gateway must
     know it to meter a stream cut before its usage, on the small bodies' path and the lean one alike."""
@@ -155,10 +156,11 @@ def test_the_stream_interval_a_request_asks_for_is_read_as_vllm_reads_it(value: 
 def test_a_cut_stream_is_estimated_at_the_tokens_its_events_carry() -> None:
     """With a stream interval of 4 (vLLM's --stream-interval, or the request's stream_interval) vLLM sends the first
     token alone, then 4 an event: a stream cut before its usage counts so (a chat's role event none), never more
-    than the request could ask for; with the usage, the usage's count."""
+    than the max_tokens it asked for (nor fewer than the events relayed); with the usage, the usage's count."""
     events = b'data: {"choices":[{"text":"abcd"}]}\n\n' * 3
     for per_event, chat, most, expected in ((1, False, None, 3), (1, False, 2, 3), (4, False, None, 9),
-                                            (4, True, None, 5), (4, False, 6, 6), (1000, False, 64, 64)):
+                                            (4, True, None, 5), (4, False, 6, 6), (1000, False, 64, 64),
+                                            (4, False, 2, 3)):  # (never under the events relayed)
         meter = StreamMeter(hide_usage=False, per_event=per_event)
         assert meter.feed(events) == events
         assert meter.cut_estimate(chat=chat, most=most) == expected
@@ -666,14 +668,24 @@ def test_one_request_cannot_ask_for_more_than_the_bounds(big: bool) -> None:
         ({"prompt": ["a", "b"] * 100, "max_tokens": 1000}, "v1_max_asked_tokens"),
         # as vLLM's lax pydantic reads them: a float or a numeric string is the integer it names
         ({"prompt": "x", "n": "1024"}, "v1_max_n"), ({"prompt": "x", "n": 1024.0}, "v1_max_n"),
-        ({"prompt": "x", "n": 16, "max_tokens": "100000"}, "v1_max_asked_tokens")]
+        ({"prompt": "x", "n": 16, "max_tokens": "100000"}, "v1_max_asked_tokens"),
+        # vLLM's completions read max_tokens only: a small max_completion_tokens beside it does not pass for it
+        ({"prompt": "x", "max_completion_tokens": 1, "max_tokens": 100_000}, "v1_max_asked_tokens"),
+        ({"prompt": "x", "max_completion_tokens": None, "max_tokens": 100_000}, "v1_max_asked_tokens"),
+        # tokens an event, by which a stream cut before its usage is metered: only what the gateway can read
+        ({"prompt": "x", "stream_interval": "8.0"}, "stream_interval"),
+        ({"prompt": "x", "stream_interval": 1e16}, "stream_interval"),
+        ({"prompt": "x", "stream_interval": 2000}, "stream_interval"),
+        ({"prompt": "x", "stream_interval": 0}, "stream_interval"), ({"prompt": "x", "stream_interval": True},
+                                                                     "stream_interval")]
     for fields, named in refusals:
         status, answer = ask(**fields)
         assert status == 400 and named in answer["error"]["message"], (fields.keys(), status, answer)
         assert answer["error"]["type"] == "invalid_request_error"
     allowed: list[dict[str, Any]] = [{"prompt": "x", "n": 4, "max_tokens": 64},
                                      {"prompt": list(range(5000)), "max_tokens": 10},
-                                     {"prompt": ["x"] * 64, "max_tokens": 256}, {"prompt": "x", "n": "many"}]
+                                     {"prompt": ["x"] * 64, "max_tokens": 256}, {"prompt": "x", "n": "many"},
+                                     {"prompt": "x", "stream_interval": 8}, {"prompt": "x", "stream_interval": None}]
     for fields in allowed:
         status, answer = ask(**fields)
         assert status != 400, (fields.keys(), answer)  # past the bounds, on to vLLM (none here: 503)
