@@ -253,6 +253,7 @@ class _Fields(msgspec.Struct):
     prompt: msgspec.Raw = msgspec.Raw()
     max_tokens: msgspec.Raw = msgspec.Raw()
     max_completion_tokens: msgspec.Raw = msgspec.Raw()
+    max_output_tokens: msgspec.Raw = msgspec.Raw()
     n: msgspec.Raw = msgspec.Raw()
     best_of: msgspec.Raw = msgspec.Raw()
     input: msgspec.Raw = msgspec.Raw()
@@ -399,13 +400,14 @@ def asked_stream_interval(value: object) -> int | None:
 
 
 def asked_max_tokens(data: object) -> int | None:
-    """The max_tokens (or max_completion_tokens) a /v1 request body asks for, when it is a sane integer (as vLLM's
-    lax pydantic reads it: 64.0 and "64" are 64). With both, the larger: vLLM's chat takes max_completion_tokens
-    unless it is null, its completions only max_tokens, so a small one of the two beside a large one must not pass
-    for what the request may use (v1_max_asked_tokens, the limits' reservation)."""
+    """The max_tokens (or max_completion_tokens, or the Responses API's max_output_tokens) a /v1 request body asks
+    for, when it is a sane integer (as vLLM's lax pydantic reads it: 64.0 and "64" are 64). With several, the
+    largest: vLLM's chat takes max_completion_tokens unless it is null, its completions only max_tokens, so a small
+    one beside a large one must not pass for what the request may use (v1_max_asked_tokens, the limits'
+    reservation)."""
     if not isinstance(data, dict):
         return None
-    values = [v for v in (_lax_int(data.get("max_completion_tokens")), _lax_int(data.get("max_tokens")))
+    values = [v for v in (_lax_int(data.get(k)) for k in ("max_completion_tokens", "max_tokens", "max_output_tokens"))
               if v is not None and 0 < v < 2**31]
     return max(values) if values else None
 
@@ -460,7 +462,8 @@ def _lean(body: bytes) -> V1Body:
     options = fields.stream_options
     prompt = fields.messages if len(fields.messages) else fields.prompt
     asked = {k: _small(v) for k, v in (("max_tokens", fields.max_tokens),
-                                        ("max_completion_tokens", fields.max_completion_tokens)) if len(v)}
+                                        ("max_completion_tokens", fields.max_completion_tokens),
+                                        ("max_output_tokens", fields.max_output_tokens)) if len(v)}
     listed = fields.prompt if len(fields.prompt) else fields.input
     return V1Body(is_object=True, model=model if isinstance(model, str) else None, max_tokens=asked_max_tokens(asked),
                   stream=streams(_small(fields.stream)), has_stream_options=len(options) > 0,

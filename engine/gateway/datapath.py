@@ -18,7 +18,9 @@ from engine.bodies import BodyBudget, BodyError, BodyHold, RequestBounds, header
 from engine.gateway.ledger import Record
 from engine.gateway.limits import asked_tokens
 from engine.gateway.proxy import (
+    GENERATING_PATHS,
     HOP_HEADERS,
+    METERED_PATHS,
     USAGE_PATHS,
     Claim,
     Exchange,
@@ -166,11 +168,13 @@ class DataPath:
                         key_id=principal.token_id if principal is not None else None)
         limits = self.limits
         prompt, tokens = asked_tokens(len(body), fields.max_tokens, fields.n, fields.best_of, fields.prompts,
-                                      limits.bytes_per_token, limits.unasked_max_tokens) if fields else (0, 0)
+                                      limits.bytes_per_token,
+                                      limits.unasked_max_tokens if checked in GENERATING_PATHS else 0
+                                      ) if fields else (0, 0)
         # without a key a request's flow is its peer's address (the x-llmops-client header is the client's own
         # word: one that changed it on every request would jump the fair queue each time)
         peer = scope["client"][0] if scope.get("client") else ""
-        claim = Claim(record.key_id, peer, prompt, tokens, checked in USAGE_PATHS)
+        claim = Claim(record.key_id, peer, prompt, tokens, checked in METERED_PATHS)
         return Exchange(method=method, path=checked, query=forward_query(scope.get("query_string", b"")),
                         headers=[(k, v) for k, v in headers if k not in HOP_HEADERS and k != b"x-llmops-client"],
                         body=asked or body, stream=stream, hide_usage=asked is not None, record=record,

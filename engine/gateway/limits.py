@@ -2,13 +2,13 @@
 before its body is read), tokens per minute and a token budget per UTC day or month — and the flow each request
 belongs to in a deployment's fair queue (its team, else its key, else its client).
 
-A request's tokens are reserved when it is admitted — its prompt, estimated from its body's size (``bytes_per_token``:
-1 never reserves too few for the byte-level tokenizers of Llama 3, Qwen, Mistral, GPT-2…), and the completion tokens
-it may ask for (``max_tokens`` or ``max_completion_tokens``, times ``n`` and its prompts; ``unasked_max_tokens``
-when it names none) — and settled with what vLLM says it used when it ends. A request is admitted only when what is
-used and reserved, with it, fits every limit: concurrent requests cannot overshoot a budget by more than what their
-reservations under-estimated. Refused: ``LimitExceededError`` (HTTP 429, with Retry-After, the limit named and when
-it resets).
+A request's tokens are reserved when it is admitted — its prompt, estimated from its body's size (``bytes_per_token``: 1
+never reserves too few for the byte-level tokenizers of Llama 3, Qwen, Mistral, GPT-2…), and the completion tokens it
+may ask for (``max_tokens``, ``max_completion_tokens`` or ``max_output_tokens``, times ``n`` and its prompts;
+``unasked_max_tokens`` when it names none) — and settled with what vLLM says it used when it ends. A request is admitted
+only when what is used and reserved, with it, fits every limit: concurrent requests cannot overshoot a budget by more
+than what their reservations under-estimated. Refused: ``LimitExceededError`` (HTTP 429, with Retry-After, the limit
+named and when it resets).
 
 What was used lives in the store (table usage_day, written with the request ledger): a budget's state is read from
 it the first time a key or team is seen in a period, and counted here since, so budgets survive restarts. The

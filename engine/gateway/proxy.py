@@ -46,7 +46,11 @@ HOP_HEADERS = frozenset({
     b"authorization", b"x-api-key",  # the gateway's own API key or token: vLLM has no business with it
 })
 _SECRET_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "token", "access_token", "password", "secret"})
-USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})  # usage asked for (stream_options) when streamed
+# what vLLM answers with its usage, counted against keys' and teams' token limits: the OpenAI completions, the
+# Responses API and Anthropic's Messages (their streams carry it always), embeddings (their inputs)
+METERED_PATHS = USAGE_PATHS | {"/v1/responses", "/v1/messages", "/v1/embeddings"}
+GENERATING_PATHS = METERED_PATHS - {"/v1/embeddings"}  # (a request of these is reserved its completion tokens)
 DOWN_S = 2.0  # an upstream that refused a connection gets no new request for this long while another can take it
 _USAGE = b'"usage":{'
 
@@ -187,14 +191,31 @@ _USAGE_OF = msgspec.json.Decoder(_Usage)
 
 
 def usage_of(content: bytes) -> tuple[int | None, int | None]:
-    """(prompt_tokens, completion_tokens) of a non-streamed OpenAI response (only its usage is built)."""
+    """(prompt_tokens, completion_tokens) of a non-streamed answer (only its usage is built)."""
     try:
         usage = _USAGE_OF.decode(content).usage
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None, None
+    return tokens_of(usage)
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def tokens_of(usage: object) -> tuple[int | None, int | None]:
+    """(input, output) tokens of a usage object in any of the shapes vLLM answers with: OpenAI's completions
+    (prompt_tokens, completion_tokens), the Responses API (input_tokens, output_tokens), Anthropic's Messages
+    (input_tokens less what came from the prefix cache: cache_read_input_tokens and cache_creation_input_tokens
+    are added back)."""
     if not isinstance(usage, dict):
         return None, None
-    return usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if "prompt_tokens" in usage or "completion_tokens" in usage:
+        return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+    inputs = _count(usage.get("input_tokens"))
+    if inputs is not None:
+        inputs += sum(_count(usage.get(k)) or 0 for k in ("cache_read_input_tokens", "cache_creation_input_tokens"))
+    return inputs, _count(usage.get("output_tokens"))
 
 
 ERROR_BODY_LIMIT = 64 * 1024  # an upstream error answer past this is replaced by a short one (it may echo input)
@@ -285,16 +306,25 @@ class StreamMeter:
     def _usage(self, chunk: bytes) -> bytes:
         kept = []
         for event in chunk.split(b"\n\n")[:-1]:
-            if _USAGE in event and event.startswith(b"data: "):
+            # "data: {...}", or "event: NAME\ndata: {...}" (the Responses API's and Anthropic's Messages' streams)
+            at = 0 if event.startswith(b"data: ") else event.find(b"\ndata: ") + 1 if event.startswith(b"event: ") \
+                else -1
+            if _USAGE in event and at >= 0 and event.startswith(b"data: ", at):
                 try:
-                    data = json.loads(event[6:])
+                    data = json.loads(event[at + 6:])
                 except ValueError:
                     kept.append(event)
                     continue
-                usage = data.get("usage") if isinstance(data, dict) else None
+                usage = None
+                if isinstance(data, dict):  # at the top (completions, a message_delta), or in the response/message
+                    usage = data.get("usage")
+                    for outer in ("response", "message"):
+                        if usage is None and isinstance(data.get(outer), dict):
+                            usage = data[outer].get("usage")
+                inputs, outputs = tokens_of(usage)
                 if isinstance(usage, dict):
-                    self.input_tokens = usage.get("prompt_tokens", self.input_tokens)
-                    self.output_tokens = usage.get("completion_tokens", self.output_tokens)
+                    self.input_tokens = inputs if inputs is not None else self.input_tokens
+                    self.output_tokens = outputs if outputs is not None else self.output_tokens
                     if self.hide_usage and not data.get("choices"):
                         continue
             kept.append(event)
@@ -479,7 +509,7 @@ class Gateway:
                     await send_simple(send, 502, _error(502, f"vLLM's answer could not be read: {exc}",
                                                         "upstream_error"))
                     return
-                rec.input_tokens, rec.output_tokens = usage_of(content) if ex.path in USAGE_PATHS else (None, None)
+                rec.input_tokens, rec.output_tokens = usage_of(content) if ex.path in METERED_PATHS else (None, None)
                 await send({"type": "http.response.start", "status": head.status,
                             "headers": [*headers, (b"content-length", str(len(content)).encode())]})
                 await send({"type": "http.response.body", "body": content})
@@ -488,7 +518,7 @@ class Gateway:
             meter = StreamMeter(ex.hide_usage, max(upstream.tokens_per_event, ex.stream_interval))
             await self._relay(conn, head, meter, headers, client_receive, send, rec, t0)
             rec.input_tokens, rec.output_tokens = meter.input_tokens, meter.output_tokens
-            if meter.error is not None and ex.path in USAGE_PATHS:  # cut before the usage chunk: metered anyway
+            if meter.error is not None and ex.path in METERED_PATHS:  # cut before the usage chunk: metered anyway
                 estimate = meter.cut_estimate(  # at most what it asked for, when it said (not limits' reservation)
                     chat=ex.path.endswith("/chat/completions"),
                     most=ex.claim.tokens - ex.claim.prompt if ex.claim and rec.max_tokens is not None else None)

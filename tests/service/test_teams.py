@@ -185,6 +185,61 @@ def test_a_budget_refuses_with_429_naming_it_survives_a_restart_and_usage_is_bil
         assert complete(api, key, 100).status_code == 200
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_responses_api_and_anthropic_messages_are_metered_against_a_budget_like_completions(
+        data_dir: Path, upstream: str, stream: bool) -> None:
+    """vLLM serves OpenAI's Responses API and Anthropic's Messages too: they were passed on unmetered, so a key with
+    a token budget (or tokens per minute) used them without limit and they showed no tokens in its usage. Now
+    their usage (in the answer, or in the stream's response.completed / message_delta events) is counted, and
+    they are refused with 429 once the budget is used, as completions are."""
+    with signed_in(engine_app(data_dir)) as api:
+        serve_from(api, upstream)
+        made = api.post("/api/tokens", json={"name": "agents", "kind": "gateway", "role": "prompter",
+                                             "token_budget": 1000, "budget_period": "day"}).json()
+        key = {"authorization": f"Bearer {made['token']}"}
+        asks = [("/v1/responses", {"input": PROMPT, "max_output_tokens": 100}),
+                ("/v1/messages", {"model": "demo", "max_tokens": 100,
+                                  "messages": [{"role": "user", "content": PROMPT}]})]
+        used, statuses = 0, []
+        for i in range(20):
+            path, body = asks[i % 2]
+            resp = api.post(path, headers=key, json={**body, "stream": stream})
+            statuses.append(resp.status_code)
+            if resp.status_code != 200:
+                break
+            if stream:
+                assert resp.text.count("event: ") > 100  # relayed whole: every named event
+            used += 8 + 100  # the stub's 8 prompt tokens (Anthropic's: 6 and 2 from the cache) and 100 out
+        assert statuses[-1] == 429, statuses  # the budget refused: they are metered
+        assert resp.json()["error"]["limit"] == "token_budget" and resp.json()["error"]["used"] == used
+        assert used <= 1000 and statuses[:-1] == [200] * (len(statuses) - 1)
+
+        def billed() -> dict[str, Any] | None:
+            rows = api.get("/api/usage", params={"group_by": "key"}).json()["rows"]
+            row = next((r for r in rows if r["group"] == "agents"), None)
+            return row if row and row["requests"] == len(statuses) else None
+        row = wait_until(billed, 10, what="the ledger's usage of the key")
+        assert (row["input_tokens"], row["output_tokens"]) == (8 * (len(statuses) - 1), 100 * (len(statuses) - 1))
+
+
+def test_embeddings_count_their_inputs_against_a_budget(data_dir: Path, upstream: str) -> None:
+    """Embeddings were passed on unmetered: their inputs now count (vLLM's usage), and they reserve no completion
+    tokens (a budget does not refuse them for 1,024 tokens they will never generate)."""
+    with signed_in(engine_app(data_dir)) as api:
+        serve_from(api, upstream)
+        made = api.post("/api/tokens", json={"name": "search", "kind": "gateway", "role": "prompter",
+                                             "token_budget": 200, "budget_period": "day"}).json()
+        key = {"authorization": f"Bearer {made['token']}"}
+        statuses: list[int] = []
+        while len(statuses) < 60:
+            statuses.append(api.post("/v1/embeddings", headers=key, json={"input": PROMPT}).status_code)
+            if statuses[-1] != 200:
+                break
+        assert statuses[-1] == 429 and len(statuses) > 15, statuses  # 8 tokens each, not 1,024 reserved
+        refusal = api.post("/v1/embeddings", headers=key, json={"input": PROMPT}).json()["error"]
+        assert refusal["limit"] == "token_budget" and refusal["used"] == 8 * (len(statuses) - 1)
+
+
 def test_tokens_per_minute_of_a_team_hold_for_its_keys_together(data_dir: Path, upstream: str) -> None:
     with signed_in(engine_app(data_dir)) as api:
         serve_from(api, upstream)

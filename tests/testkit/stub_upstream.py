@@ -1,7 +1,9 @@
-"""A stub upstream, for tests and benchmarks only (not a vLLM: no model, no tokenizer): an HTTP/1.1 server that
-answers ``/v1/completions`` and ``/v1/chat/completions`` as vLLM streams them — one server-sent event per token,
-a usage chunk, ``[DONE]`` — as fast as it can, or ``token_s`` apart. It counts the requests it holds at once
-(``peak``), so a test can prove a cap that several processes share; ``/health`` answers 200.
+"""A stub upstream, for tests and benchmarks only (not a vLLM: no model, no tokenizer): an HTTP/1.1 server that answers
+``/v1/completions`` and ``/v1/chat/completions`` as vLLM streams them — one server-sent event per token, a usage chunk,
+``[DONE]`` — as fast as it can, or ``token_s`` apart; ``/v1/responses`` and ``/v1/messages`` in the shapes of vLLM's
+Responses API and Anthropic Messages (their usage, their named events; 8 prompt tokens, 2 of them from the prefix cache
+in Anthropic's count); ``/v1/embeddings`` with an embedding of 4 zeros for 8 prompt tokens. It counts the requests it
+holds at once (``peak``), so a test can prove a cap that several processes share; ``/health`` answers 200.
 
 Run alone (a benchmark's upstream): ``python -m tests.testkit.stub_upstream --port P [--token-s S]``."""
 
@@ -61,7 +63,8 @@ class StubUpstream:
 
     async def _answer(self, path: str, data: dict[str, object], writer: asyncio.StreamWriter) -> None:
         chat = path.endswith("/chat/completions")
-        asked = data.get("max_tokens") or data.get("max_completion_tokens") or self.tokens
+        asked = data.get("max_tokens") or data.get("max_completion_tokens") or data.get("max_output_tokens") \
+            or self.tokens
         n = int(asked) if isinstance(asked, int | float | str) else self.tokens
         prompt = data.get("messages", data.get("prompt"))
         self.prompts.append(json.dumps(prompt)[:200])
@@ -69,6 +72,16 @@ class StubUpstream:
         self.peak = max(self.peak, self.current)
         try:
             usage = {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}
+            if path == "/v1/embeddings":
+                out = json.dumps({"object": "list", "data": [{"object": "embedding", "index": 0,
+                                                              "embedding": [0.0] * 4}],
+                                  "usage": {"prompt_tokens": 8, "total_tokens": 8}}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                             + str(len(out)).encode() + b"\r\n\r\n" + out)
+                return
+            if path in ("/v1/responses", "/v1/messages"):
+                await self._named_events(path, n, bool(data.get("stream")), writer)
+                return
             if not data.get("stream"):
                 text = " tok" * n
                 choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else \
@@ -101,6 +114,49 @@ class StubUpstream:
         finally:
             self.current -= 1
             self.served += 1
+
+    async def _named_events(self, path: str, n: int, stream: bool, writer: asyncio.StreamWriter) -> None:
+        """The Responses API's and Anthropic Messages' answers, as vLLM writes them."""
+        text = " tok" * n
+        if path == "/v1/responses":
+            usage: dict[str, object] = {"input_tokens": 8, "input_tokens_details": {"cached_tokens": 0},
+                                        "output_tokens": n, "output_tokens_details": {"reasoning_tokens": 0},
+                                        "total_tokens": 8 + n}
+            whole: dict[str, object] = {
+                "id": "resp_stub", "object": "response", "status": "completed", "usage": usage,
+                "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text",
+                                                                                  "text": text}]}]}
+            events: list[tuple[str, dict[str, object]]] = [
+                ("response.created", {"type": "response.created", "response": {**whole, "status":
+                                                                                    "in_progress", "usage": None}})]
+            events += [("response.output_text.delta", {"type": "response.output_text.delta", "delta": " tok"})] * n
+            events.append(("response.completed", {"type": "response.completed", "response": whole}))
+        else:
+            usage = {"input_tokens": 6, "cache_read_input_tokens": 2, "output_tokens": n}
+            whole = {"id": "msg_stub", "type": "message", "role": "assistant", "usage": usage,
+                     "content": [{"type": "text", "text": text}]}
+            events = [("message_start", {"type": "message_start", "message": {**whole, "content": [], "usage": {
+                **usage, "output_tokens": 0}}}), ("content_block_start", {"type": "content_block_start",
+                                                                           "index": 0, "content_block": {
+                                                                               "type": "text", "text": ""}})]
+            events += [("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                 "delta": {"type": "text_delta", "text": " tok"}})] * n
+            events += [("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                       ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "max_tokens"},
+                                          "usage": usage}), ("message_stop", {"type": "message_stop"})]
+        if not stream:
+            out = json.dumps(whole).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                         + str(len(out)).encode() + b"\r\n\r\n" + out)
+            return
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for name, data in events:
+            event = f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()  # (pydantic's)
+            writer.write(f"{len(event):x}\r\n".encode() + event + b"\r\n")
+            if self.token_s:
+                await asyncio.sleep(self.token_s)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
 
     async def _vllm_stream(self, chat: bool, n: int, usage: dict[str, int], writer: asyncio.StreamWriter) -> None:
         loop = asyncio.get_running_loop()

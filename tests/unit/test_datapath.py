@@ -20,6 +20,7 @@ from aiohttp import web
 from engine.access import GatewayKeys, RateLimiter
 from engine.bodies import BodyBudget, BodyError, V1Body, inspect_v1
 from engine.gateway import Admission, BodyLimits, DataPath, Gateway, StreamMeter, check_path, forward_query, with_usage
+from engine.gateway.proxy import usage_of
 from tests.testkit.wait import eventually
 
 
@@ -167,6 +168,36 @@ def test_a_cut_stream_is_estimated_at_the_tokens_its_events_carry() -> None:
     meter = StreamMeter(hide_usage=False, per_event=4)
     meter.feed(events + b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":10}}\n\n')
     assert meter.output_tokens == 10 and meter.cut_estimate(chat=False) is None
+
+
+def test_the_usage_of_the_responses_api_and_of_anthropic_messages_is_read_from_their_named_events() -> None:
+    """Their streams name each event ("event: NAME" before its data) and carry the usage inside the response or
+    the message, or in message_delta; Anthropic counts the tokens read from the prefix cache apart. Every byte goes
+    on to the client (their usage is theirs: nothing is hidden), split across reads as it may be."""
+    def relayed(stream: bytes) -> tuple[StreamMeter, bytes]:
+        meter = StreamMeter(hide_usage=False)
+        out = b"".join(meter.feed(stream[i:i + 7]) for i in range(0, len(stream), 7)) + meter.rest()
+        return meter, out
+
+    responses = (b'event: response.created\ndata: {"type":"response.created","response":{"usage":null}}\n\n'
+                 b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"a"}\n\n'
+                 b'event: response.completed\ndata: {"type":"response.completed","response":{"status":"completed",'
+                 b'"usage":{"input_tokens":12,"input_tokens_details":{"cached_tokens":4},"output_tokens":3,'
+                 b'"total_tokens":15}}}\n\n')
+    meter, out = relayed(responses)
+    assert out == responses and (meter.input_tokens, meter.output_tokens) == (12, 3)
+    messages = (b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":6,'
+                b'"cache_read_input_tokens":4,"output_tokens":0}}}\n\n'
+                b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"text":"a"}}\n\n'
+                b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+                b'"usage":{"input_tokens":6,"cache_read_input_tokens":4,"cache_creation_input_tokens":1,'
+                b'"output_tokens":9}}\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n')
+    meter, out = relayed(messages)
+    assert out == messages and (meter.input_tokens, meter.output_tokens) == (11, 9)
+    assert usage_of(b'{"id":"r","usage":{"input_tokens":5,"output_tokens":2}}') == (5, 2)
+    assert usage_of(b'{"usage":{"input_tokens":5,"cache_read_input_tokens":3,"output_tokens":2}}') == (8, 2)
+    assert usage_of(b'{"usage":{"prompt_tokens":7,"total_tokens":7}}') == (7, None)  # embeddings
+    assert usage_of(b'{"usage":{"prompt_tokens":-1,"completion_tokens":true}}') == (None, None)
 
 
 def test_the_usage_chunk_is_read_and_hidden_even_when_split_across_reads() -> None:
