@@ -19,7 +19,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.schemas import BenchmarkRunOut, GatewayCounts, GatewayWorkerOut, StatusOut
+from engine.schemas import BenchmarkRunOut, GatewayCounts, GatewayWorkerOut, KpiRow, StatusOut
 from engine.vllm import group_members
 from tests.system.test_adapters_system import ADAPTER, register_demo_adapter
 from tests.testkit.engine import COLD_START_S, ENGINE_ONLY_ENV, HF_TOKEN, EngineHandle
@@ -537,3 +537,43 @@ def test_idle_it_scales_to_zero_and_the_first_request_after_is_answered(engine: 
         engine.client.put_settings(current.revision, {"scale_to_zero_after_s": None}, note="test: never again")
         wait_until(lambda: (s := engine.client.status()).state == "ready" and len(s.instances) == 1, COLD_START_S,
                    what="serving again")
+
+
+def test_the_responses_api_and_anthropic_messages_through_the_gateway_are_metered_as_vllm_counts_them(
+        engine: EngineHandle) -> None:
+    """Real vLLM's Responses API and Anthropic Messages, streamed and not, through the gateway: each answers, and
+    the ledger (KPIs, usage, budgets) counts the tokens vLLM itself reported for it. They were passed on unmetered
+    (the service tier proves the budgets over a stub; this proves vLLM's own shapes)."""
+    engine.client.wait_for({"ready"}, COLD_START_S)
+    tag = {"x-llmops-client": "named-events-test"}
+    reported: list[tuple[int, int]] = []
+    asks: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/responses", {"model": "demo", "input": "Describe a file.", "max_output_tokens": 8}),
+        ("/v1/messages", {"model": "demo", "max_tokens": 8, "messages": [{"role": "user", "content": "Describe it."}]})]
+    for path, body in asks:
+        answer = httpx.post(f"{engine.url}{path}", json=body, headers=tag, timeout=120)
+        assert answer.status_code == 200, answer.text
+        usage = answer.json()["usage"]
+        reported.append((usage["input_tokens"] + (usage.get("cache_read_input_tokens") or 0)
+                         + (usage.get("cache_creation_input_tokens") or 0), usage["output_tokens"]))
+        with httpx.stream("POST", f"{engine.url}{path}", json={**body, "stream": True}, headers=tag,
+                          timeout=120) as resp:
+            assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+            events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: {")]
+        final: dict[str, Any] = {}
+        for event in events:  # the last usage vLLM sent (response.completed; message_start, then message_delta)
+            for usage in (event.get("usage"), (event.get("response") or {}).get("usage"),
+                          (event.get("message") or {}).get("usage")):
+                if isinstance(usage, dict):
+                    final = {**final, **usage}
+        assert final, f"{path}: no usage in the stream"
+        reported.append((final["input_tokens"] + (final.get("cache_read_input_tokens") or 0)
+                         + (final.get("cache_creation_input_tokens") or 0), final["output_tokens"]))
+    def recorded() -> KpiRow | None:
+        rows = engine.client.kpis("10m", client="named-events-test")
+        return rows[0] if rows and rows[0].requests == 4 else None
+
+    k = wait_until(recorded, 30, what="the four requests in the ledger")
+    assert k.succeeded == 4 and k.avg_output_tokens is not None and k.avg_input_tokens is not None
+    assert k.avg_input_tokens == pytest.approx(sum(i for i, _ in reported) / 4)
+    assert k.avg_output_tokens == pytest.approx(sum(o for _, o in reported) / 4)
