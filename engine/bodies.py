@@ -19,7 +19,7 @@ import json
 import math
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -254,6 +254,7 @@ class _Fields(msgspec.Struct):
     max_tokens: msgspec.Raw = msgspec.Raw()
     max_completion_tokens: msgspec.Raw = msgspec.Raw()
     max_output_tokens: msgspec.Raw = msgspec.Raw()
+    background: msgspec.Raw = msgspec.Raw()
     n: msgspec.Raw = msgspec.Raw()
     best_of: msgspec.Raw = msgspec.Raw()
     input: msgspec.Raw = msgspec.Raw()
@@ -277,12 +278,27 @@ class V1Body:
     stream_options: Any = None  # the value, when small enough to read
     stream_options_raw: bytes = b""  # its JSON as sent (past LEAN_BYTES; up to _SMALL_FIELD)
     prompt: Any = None  # the prompt or messages: the value, or its raw JSON past LEAN_BYTES
-    max_tokens: int | None = None  # what it asked for (max_completion_tokens, else max_tokens), when sane
+    max_tokens: int | None = None  # the largest of the completion tokens it names (see max_tokens_for), when sane
+    asked_by: dict[str, int] = field(default_factory=dict)  # each of those fields it sent, when sane
+    background: Any = None  # the Responses API's background, as sent
     data: Any = None
     n: Any = None  # choices asked for per prompt (as sent: checked by ``RequestBounds``)
     best_of: Any = None
     prompts: int = 1  # prompts in the request: a completion's list of prompts, an embedding's list of inputs
     stream_interval_sent: Any = None  # its stream_interval as sent (None: none, or null)
+
+    def max_tokens_for(self, path: str) -> int | None:
+        """The most completion tokens it asks for as vLLM's route at ``path`` reads them: chat takes
+        max_completion_tokens unless it is null, else max_tokens; completions and Anthropic's Messages max_tokens;
+        the Responses API max_output_tokens; another route, the largest named."""
+        by = self.asked_by
+        if path == "/v1/chat/completions":
+            return by.get("max_completion_tokens", by.get("max_tokens"))
+        if path in ("/v1/completions", "/v1/messages"):
+            return by.get("max_tokens")
+        if path == "/v1/responses":
+            return by.get("max_output_tokens")
+        return self.max_tokens
 
     @property
     def stream_interval(self) -> int | None:
@@ -364,8 +380,12 @@ class RequestBounds:
     max_prompts: int = 2048
     max_asked_tokens: int = 65_536
 
-    def check(self, body: V1Body) -> None:
-        """BodyError(400) naming the field and the setting, when the request asks for more than one may."""
+    def check(self, body: V1Body, path: str = "") -> None:
+        """BodyError(400) naming the field and the setting, when the request (to vLLM's route ``path``) asks for
+        more than one may, or for what the gateway could not meter."""
+        if path == "/v1/responses" and body.background not in (None, False):
+            raise BodyError(400, "background responses are not served through the gateway: their tokens could not "
+                            "be counted against the key's limits (send the request without background)")
         choices = 1
         for name, raw in (("n", body.n), ("best_of", body.best_of)):
             value = _lax_int(raw)  # as vLLM's pydantic reads it: 1024.0 and "1024" are 1024
@@ -375,7 +395,8 @@ class RequestBounds:
                 raise BodyError(400, f"{name} is {value:,}; one request may ask for at most {self.max_n} choices "
                                 "(v1_max_n): send several requests")
             choices = max(choices, value)
-        if body.stream_interval_sent is not None and body.stream_interval is None:
+        if body.stream_interval_sent is not None and body.stream_interval is None and \
+                path in ("", "/v1/chat/completions", "/v1/completions"):  # (the routes that take it)
             # the gateway meters a stream cut before its usage by it: a value it cannot read would let one pass for
             # fewer tokens than it took (vLLM's pydantic takes "8.0" and 1e16 too)
             raise BodyError(400, f"stream_interval must be a whole number from 1 to {MAX_STREAM_INTERVAL:,} "
@@ -383,9 +404,10 @@ class RequestBounds:
         if body.prompts > self.max_prompts:
             raise BodyError(400, f"the request holds {body.prompts:,} prompts; one request may hold at most "
                             f"{self.max_prompts:,} (v1_max_prompts): send them in several requests")
-        if body.max_tokens is not None and (asked := choices * body.prompts * body.max_tokens) > self.max_asked_tokens:
+        most = body.max_tokens_for(path) if path else body.max_tokens
+        if most is not None and (asked := choices * body.prompts * most) > self.max_asked_tokens:
             raise BodyError(400, f"the request asks for up to {asked:,} tokens ({body.prompts:,} prompt(s) × "
-                            f"{choices} choice(s) × max_tokens {body.max_tokens:,}); one request may ask for at most "
+                            f"{choices} choice(s) × max_tokens {most:,}); one request may ask for at most "
                             f"{self.max_asked_tokens:,} (v1_max_asked_tokens): lower max_tokens, n or the prompts")
 
 
@@ -399,17 +421,24 @@ def asked_stream_interval(value: object) -> int | None:
     return interval if interval is not None and 1 <= interval <= MAX_STREAM_INTERVAL else None
 
 
+MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def asked_by(data: object) -> dict[str, int]:
+    """Each of MAX_TOKENS_FIELDS a /v1 request body sends as a sane integer (as vLLM's lax pydantic reads it)."""
+    if not isinstance(data, dict):
+        return {}
+    values = ((k, _lax_int(data.get(k))) for k in MAX_TOKENS_FIELDS)
+    return {k: v for k, v in values if v is not None and 0 < v < 2**31}
+
+
 def asked_max_tokens(data: object) -> int | None:
     """The max_tokens (or max_completion_tokens, or the Responses API's max_output_tokens) a /v1 request body asks
     for, when it is a sane integer (as vLLM's lax pydantic reads it: 64.0 and "64" are 64). With several, the
     largest: vLLM's chat takes max_completion_tokens unless it is null, its completions only max_tokens, so a small
     one beside a large one must not pass for what the request may use (v1_max_asked_tokens, the limits'
     reservation)."""
-    if not isinstance(data, dict):
-        return None
-    values = [v for v in (_lax_int(data.get(k)) for k in ("max_completion_tokens", "max_tokens", "max_output_tokens"))
-              if v is not None and 0 < v < 2**31]
-    return max(values) if values else None
+    return max(asked_by(data).values(), default=None)
 
 
 def _small(raw: msgspec.Raw) -> Any:
@@ -466,6 +495,7 @@ def _lean(body: bytes) -> V1Body:
                                         ("max_output_tokens", fields.max_output_tokens)) if len(v)}
     listed = fields.prompt if len(fields.prompt) else fields.input
     return V1Body(is_object=True, model=model if isinstance(model, str) else None, max_tokens=asked_max_tokens(asked),
+                  asked_by=asked_by(asked), background=_small(fields.background) if len(fields.background) else None,
                   stream=streams(_small(fields.stream)), has_stream_options=len(options) > 0,
                   stream_options=_small(options), stream_options_raw=bytes(options) if len(options) <= _SMALL_FIELD
                   else b"", prompt=prompt if len(prompt) else None, n=_small(fields.n) if len(fields.n) else None,
@@ -483,6 +513,7 @@ def _full(body: bytes, max_depth: int) -> V1Body:
     return V1Body(is_object=True, model=model if isinstance(model, str) else None, stream=streams(data.get("stream")),
                   has_stream_options="stream_options" in data, stream_options=data.get("stream_options"),
                   prompt=data.get("messages", data.get("prompt")), max_tokens=asked_max_tokens(data), data=data,
+                  asked_by=asked_by(data), background=data.get("background"),
                   n=data.get("n"), best_of=data.get("best_of"),
                   prompts=prompt_count(data["prompt"] if "prompt" in data else data.get("input")),
                   stream_interval_sent=data.get("stream_interval"))

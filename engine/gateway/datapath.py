@@ -147,7 +147,7 @@ class DataPath:
                 if body and (not content_type or "json" in content_type):
                     fields = await inspect_v1(body, self.limits.max_depth)
                     if fields.is_object:
-                        self.limits.bounds.check(fields)
+                        self.limits.bounds.check(fields, checked)
         except BodyError as exc:
             await send_simple(send, exc.status, _error(exc.status, str(exc), BODY_KINDS[exc.status]),
                               [(b"connection", b"close"), *exc.headers])
@@ -162,13 +162,13 @@ class DataPath:
         admission = await self.gateway.resolve(model)
         record = Record(ts=0.0, revision_id=None, model=model[:200] if model else "",
                         endpoint=checked, stream=stream, status=0, latency_s=0.0, client=client[:200],
-                        max_tokens=fields.max_tokens if fields is not None else None,
+                        max_tokens=fields.max_tokens_for(checked) if fields is not None else None,
                         prompt=fields.prompt_text() if fields is not None and ledger is not None
                         and ledger.sample_prompt() else None,
                         key_id=principal.token_id if principal is not None else None)
         limits = self.limits
-        prompt, tokens = asked_tokens(len(body), fields.max_tokens, fields.n, fields.best_of, fields.prompts,
-                                      limits.bytes_per_token,
+        prompt, tokens = asked_tokens(len(body), fields.max_tokens_for(checked), fields.n, fields.best_of,
+                                      fields.prompts, limits.bytes_per_token,
                                       limits.unasked_max_tokens if checked in GENERATING_PATHS else 0
                                       ) if fields else (0, 0)
         # without a key a request's flow is its peer's address (the x-llmops-client header is the client's own
@@ -179,6 +179,7 @@ class DataPath:
                         headers=[(k, v) for k, v in headers if k not in HOP_HEADERS and k != b"x-llmops-client"],
                         body=asked or body, stream=stream, hide_usage=asked is not None, record=record,
                         admission=admission, claim=claim,
-                        stream_interval=(fields.stream_interval or 1) if fields is not None else 1,
+                        stream_interval=(fields.stream_interval or 1) if fields is not None
+                        and checked in USAGE_PATHS else 1,  # (the Responses API and Messages do not take it)
                         prompt=fields.prompt_bytes(PREFIX_BYTES) if fields is not None and admission is not None
                         and admission.by_prefix else None)

@@ -51,6 +51,8 @@ USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})  # usage as
 # Responses API and Anthropic's Messages (their streams carry it always), embeddings (their inputs)
 METERED_PATHS = USAGE_PATHS | {"/v1/responses", "/v1/messages", "/v1/embeddings"}
 GENERATING_PATHS = METERED_PATHS - {"/v1/embeddings"}  # (a request of these is reserved its completion tokens)
+# the events of a named-event stream that carry tokens (the others: its start, its parts, its end), as they begin
+TOKEN_EVENTS = {"/v1/messages": b"event: content_block_delta\n", "/v1/responses": b".delta\ndata: {"}
 DOWN_S = 2.0  # an upstream that refused a connection gets no new request for this long while another can take it
 _USAGE = b'"usage":{'
 
@@ -251,15 +253,16 @@ class StreamMeter:
     passed on up to the last complete event; a partial one waits for its end (vLLM writes whole events, so this
     is almost never)."""
 
-    __slots__ = ("_tail", "error", "events", "hide_usage", "input_tokens", "output_tokens", "per_event")
+    __slots__ = ("_tail", "error", "events", "hide_usage", "input_tokens", "marker", "output_tokens", "per_event")
 
-    def __init__(self, hide_usage: bool, per_event: int = 1) -> None:
+    def __init__(self, hide_usage: bool, per_event: int = 1, marker: bytes = b"data: {") -> None:
         self.hide_usage = hide_usage
         self.per_event = per_event  # tokens an event carries (vLLM's --stream-interval; only the last may have fewer)
+        self.marker = marker  # what begins an event that carries tokens (TOKEN_EVENTS: named events' deltas)
         self.input_tokens: int | None = None
-        self.output_tokens: int | None = None
+        self.output_tokens: int | None = None  # vLLM's count, once its usage came
         self.error: str | None = None
-        self.events = 0  # data events relayed: a stream cut before vLLM's usage chunk is metered by them
+        self.events = 0  # events with tokens relayed: a stream cut before vLLM's usage is metered by them
         self._tail = b""
 
     def cut_estimate(self, chat: bool, most: int | None = None) -> int | None:
@@ -286,7 +289,7 @@ class StreamMeter:
                 self._tail = chunk
                 return b""
             chunk, self._tail = chunk[:cut], chunk[cut:]
-        self.events += chunk.count(b"data: {")  # (not [DONE]; C speed: nothing parsed)
+        self.events += chunk.count(self.marker)  # (not [DONE]; C speed: nothing parsed)
         if _USAGE in chunk:
             return self._usage(chunk)
         return chunk
@@ -296,7 +299,7 @@ class StreamMeter:
         no usage in them, nothing held back before it. Counted if so."""
         if self._tail or _USAGE in framed or not framed.endswith(b"\n\n\r\n"):
             return False
-        self.events += framed.count(b"data: {")
+        self.events += framed.count(self.marker)
         return True
 
     def rest(self) -> bytes:
@@ -324,7 +327,8 @@ class StreamMeter:
                 inputs, outputs = tokens_of(usage)
                 if isinstance(usage, dict):
                     self.input_tokens = inputs if inputs is not None else self.input_tokens
-                    self.output_tokens = outputs if outputs is not None else self.output_tokens
+                    if data.get("type") != "message_start":  # (its output_tokens is 0: the count is message_delta's)
+                        self.output_tokens = outputs if outputs is not None else self.output_tokens
                     if self.hide_usage and not data.get("choices"):
                         continue
             kept.append(event)
@@ -515,10 +519,12 @@ class Gateway:
                 await send({"type": "http.response.body", "body": content})
                 self._done(rec, t0, head.status, None)
                 return
-            meter = StreamMeter(ex.hide_usage, max(upstream.tokens_per_event, ex.stream_interval))
+            meter = StreamMeter(ex.hide_usage, max(upstream.tokens_per_event, ex.stream_interval),
+                                TOKEN_EVENTS.get(ex.path, b"data: {"))
             await self._relay(conn, head, meter, headers, client_receive, send, rec, t0)
             rec.input_tokens, rec.output_tokens = meter.input_tokens, meter.output_tokens
-            if meter.error is not None and ex.path in METERED_PATHS:  # cut before the usage chunk: metered anyway
+            if meter.output_tokens is None and ex.path in METERED_PATHS:  # cut, or ended on an error, before vLLM's
+                # usage: metered anyway
                 estimate = meter.cut_estimate(  # at most what it asked for, when it said (not limits' reservation)
                     chat=ex.path.endswith("/chat/completions"),
                     most=ex.claim.tokens - ex.claim.prompt if ex.claim and rec.max_tokens is not None else None)

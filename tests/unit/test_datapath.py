@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from engine.access import GatewayKeys, RateLimiter
-from engine.bodies import BodyBudget, BodyError, V1Body, inspect_v1
+from engine.bodies import BodyBudget, BodyError, RequestBounds, V1Body, inspect_v1
 from engine.gateway import Admission, BodyLimits, DataPath, Gateway, StreamMeter, check_path, forward_query, with_usage
 from engine.gateway.proxy import usage_of
 from tests.testkit.wait import eventually
@@ -194,10 +194,42 @@ def test_the_usage_of_the_responses_api_and_of_anthropic_messages_is_read_from_t
                 b'"output_tokens":9}}\n\nevent: message_stop\ndata: {"type":"message_stop"}\n\n')
     meter, out = relayed(messages)
     assert out == messages and (meter.input_tokens, meter.output_tokens) == (11, 9)
+    # cut before the final usage: message_start's output_tokens (0) is not the count; the deltas are, and only they
+    deltas = b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{"text":"a"}}\n\n'
+    cut = messages.split(b"event: content_block_delta")[0] + b'event: content_block_start\ndata: {"type":' \
+        b'"content_block_start"}\n\n' + deltas * 5
+    meter = StreamMeter(hide_usage=False, marker=b"event: content_block_delta\n")
+    meter.feed(cut)
+    assert (meter.input_tokens, meter.output_tokens, meter.cut_estimate(chat=False)) == (10, None, 5)
+    meter = StreamMeter(hide_usage=False, marker=b".delta\ndata: {")
+    meter.feed(responses.split(b"event: response.completed")[0] * 1)  # created, one delta: the end cut off
+    assert (meter.output_tokens, meter.cut_estimate(chat=False)) == (None, 1)
     assert usage_of(b'{"id":"r","usage":{"input_tokens":5,"output_tokens":2}}') == (5, 2)
     assert usage_of(b'{"usage":{"input_tokens":5,"cache_read_input_tokens":3,"output_tokens":2}}') == (8, 2)
     assert usage_of(b'{"usage":{"prompt_tokens":7,"total_tokens":7}}') == (7, None)  # embeddings
     assert usage_of(b'{"usage":{"prompt_tokens":-1,"completion_tokens":true}}') == (None, None)
+
+
+def test_the_tokens_a_request_asks_for_are_read_as_each_of_vllm_s_routes_reads_them() -> None:
+    """Chat takes max_completion_tokens unless null, else max_tokens; completions and Anthropic's Messages only
+    max_tokens; the Responses API only max_output_tokens: a field the route ignores neither lowers what is reserved
+    nor raises what is bounded."""
+    body = fields(b'{"max_completion_tokens": 10, "max_tokens": 100000, "max_output_tokens": 7}')
+    assert [body.max_tokens_for(p) for p in ("/v1/chat/completions", "/v1/completions", "/v1/messages",
+                                             "/v1/responses", "/v1/embeddings")] == [10, 100000, 100000, 7, 100000]
+    assert fields(b'{"max_completion_tokens": null, "max_tokens": 9}').max_tokens_for("/v1/chat/completions") == 9
+    assert fields(b'{"max_tokens": 1}').max_tokens_for("/v1/responses") is None  # unasked: limits' default
+    bounds = RequestBounds(max_asked_tokens=1000)
+    bounds.check(body, "/v1/chat/completions")  # 10 asked: vLLM's chat never reads the 100,000
+    with pytest.raises(BodyError) as refused:
+        bounds.check(body, "/v1/completions")
+    assert refused.value.status == 400 and "v1_max_asked_tokens" in str(refused.value)
+    for sent in (b'{"input": "x", "background": true}', b'{"input": "x", "background": "yes"}'):
+        with pytest.raises(BodyError) as refused:  # generated after the answer, fetched by GET: never metered
+            bounds.check(fields(sent), "/v1/responses")
+        assert refused.value.status == 400 and "background" in str(refused.value)
+    bounds.check(fields(b'{"input": "x", "background": false}'), "/v1/responses")
+    bounds.check(fields(b'{"prompt": "x", "stream_interval": "8.0"}'), "/v1/responses")  # (a route that ignores it)
 
 
 def test_the_usage_chunk_is_read_and_hidden_even_when_split_across_reads() -> None:
