@@ -183,9 +183,9 @@ class AppConfig(BaseSettings):
     v1_max_prompts: int = Field(2048, ge=1, description="The most prompts one /v1 request may hold (a completion's "
                                 "list of prompts, an embedding's list of inputs); past it: 400.")
     v1_max_asked_tokens: int = Field(65_536, ge=1, description="The most tokens one /v1 request may ask vLLM to "
-                                     "generate: prompts × choices (n or best_of) × max_tokens (the larger of "
-                                     "max_tokens and max_completion_tokens when both are sent); past it: 400 naming "
-                                     "the three.")
+                                     "generate: prompts × choices (n or best_of) × max_tokens (as its route reads "
+                                     "it: chat's max_completion_tokens, the Responses API's max_output_tokens); past "
+                                     "it: 400 naming the three.")
     body_first_byte_s: float = Field(5.0, gt=0, description="Longest a request body's first byte may take to "
                                      "arrive once the headers have; past it: 408 (a connection that declares a "
                                      "body and sends nothing is let go at once, not after body_timeout_s).")
