@@ -298,7 +298,7 @@ class V1Body:
             return by.get("max_tokens")
         if path == "/v1/responses":
             return by.get("max_output_tokens")
-        return self.max_tokens
+        return None if path else self.max_tokens  # (another route generates nothing: embeddings, scores…)
 
     @property
     def stream_interval(self) -> int | None:
@@ -325,6 +325,15 @@ class V1Body:
 
 
 TRUE_TEXTS = frozenset({"1", "true", "yes", "on", "t", "y"})
+FALSE_TEXTS = frozenset({"0", "false", "no", "off", "f", "n"})
+
+
+def lax_false(value: Any) -> bool:
+    """Whether vLLM's pydantic reads ``value`` as a false boolean (or it is absent: null)."""
+    if value is None or value is False or (isinstance(value, int | float) and not isinstance(value, bool)
+                                           and value == 0):
+        return True
+    return isinstance(value, str) and value.lower() in FALSE_TEXTS
 
 
 def streams(value: Any) -> bool:
@@ -359,15 +368,20 @@ def _raw_prompt_count(raw: msgspec.Raw) -> int:
 
 
 def _lax_int(value: Any) -> int | None:
-    """An integer as pydantic's lax mode takes one (an int, an integral float, a numeric string), else None."""
+    """An integer as pydantic's lax mode takes one (an int, an integral float, a numeric string: "8", " 8 ",
+    "1_000", "60000.0"), else None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d{1,18}\s*", value):
-        return int(value)
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
+    if isinstance(value, str) and len(value) <= 64:
+        text = value.strip()
+        if re.fullmatch(r"[+-]?\d+(?:_\d+)*", text):
+            return int(text)
+        if re.fullmatch(r"[+-]?\d+(?:_\d+)*\.0*", text):  # (a whole number written as a float)
+            return int(text.split(".")[0])
     return None
 
 
@@ -383,7 +397,7 @@ class RequestBounds:
     def check(self, body: V1Body, path: str = "") -> None:
         """BodyError(400) naming the field and the setting, when the request (to vLLM's route ``path``) asks for
         more than one may, or for what the gateway could not meter."""
-        if path == "/v1/responses" and body.background not in (None, False):
+        if path == "/v1/responses" and not lax_false(body.background):
             raise BodyError(400, "background responses are not served through the gateway: their tokens could not "
                             "be counted against the key's limits (send the request without background)")
         choices = 1

@@ -216,7 +216,7 @@ def test_the_tokens_a_request_asks_for_are_read_as_each_of_vllm_s_routes_reads_t
     nor raises what is bounded."""
     body = fields(b'{"max_completion_tokens": 10, "max_tokens": 100000, "max_output_tokens": 7}')
     assert [body.max_tokens_for(p) for p in ("/v1/chat/completions", "/v1/completions", "/v1/messages",
-                                             "/v1/responses", "/v1/embeddings")] == [10, 100000, 100000, 7, 100000]
+                                             "/v1/responses", "/v1/embeddings")] == [10, 100000, 100000, 7, None]
     assert fields(b'{"max_completion_tokens": null, "max_tokens": 9}').max_tokens_for("/v1/chat/completions") == 9
     assert fields(b'{"max_tokens": 1}').max_tokens_for("/v1/responses") is None  # unasked: limits' default
     bounds = RequestBounds(max_asked_tokens=1000)
@@ -224,11 +224,13 @@ def test_the_tokens_a_request_asks_for_are_read_as_each_of_vllm_s_routes_reads_t
     with pytest.raises(BodyError) as refused:
         bounds.check(body, "/v1/completions")
     assert refused.value.status == 400 and "v1_max_asked_tokens" in str(refused.value)
-    for sent in (b'{"input": "x", "background": true}', b'{"input": "x", "background": "yes"}'):
+    for sent in (b'{"input": "x", "background": true}', b'{"input": "x", "background": "yes"}',
+                 b'{"input": "x", "background": 1}', b'{"input": "x", "background": "TRUE"}'):
         with pytest.raises(BodyError) as refused:  # generated after the answer, fetched by GET: never metered
             bounds.check(fields(sent), "/v1/responses")
         assert refused.value.status == 400 and "background" in str(refused.value)
-    bounds.check(fields(b'{"input": "x", "background": false}'), "/v1/responses")
+    for harmless in (b"false", b"null", b"0", b'"false"', b'"Off"', b'"0"'):  # as vLLM's pydantic reads them
+        bounds.check(fields(b'{"input": "x", "background": %b}' % harmless), "/v1/responses")
     bounds.check(fields(b'{"prompt": "x", "stream_interval": "8.0"}'), "/v1/responses")  # (a route that ignores it)
 
 
@@ -736,7 +738,10 @@ def test_one_request_cannot_ask_for_more_than_the_bounds(big: bool) -> None:
         ({"prompt": "x", "max_completion_tokens": 1, "max_tokens": 100_000}, "v1_max_asked_tokens"),
         ({"prompt": "x", "max_completion_tokens": None, "max_tokens": 100_000}, "v1_max_asked_tokens"),
         # tokens an event, by which a stream cut before its usage is metered: only what the gateway can read
-        ({"prompt": "x", "stream_interval": "8.0"}, "stream_interval"),
+        ({"prompt": "x", "stream_interval": "8.5"}, "stream_interval"),
+        # vLLM's pydantic reads "60000.0" and "1_000" as whole numbers: so does the bound
+        ({"prompt": "x", "max_tokens": "60000.0", "n": 2}, "v1_max_asked_tokens"),
+        ({"prompt": "x", "n": "1_024"}, "v1_max_n"),
         ({"prompt": "x", "stream_interval": 1e16}, "stream_interval"),
         ({"prompt": "x", "stream_interval": 2000}, "stream_interval"),
         ({"prompt": "x", "stream_interval": 0}, "stream_interval"), ({"prompt": "x", "stream_interval": True},
