@@ -48,9 +48,10 @@ HOP_HEADERS = frozenset({
 _SECRET_PARAMS = frozenset({"api_key", "api-key", "apikey", "key", "token", "access_token", "password", "secret"})
 USAGE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})  # usage asked for (stream_options) when streamed
 # what vLLM answers with its usage, counted against keys' and teams' token limits: the OpenAI completions, the
-# Responses API and Anthropic's Messages (their streams carry it always), embeddings (their inputs)
-METERED_PATHS = USAGE_PATHS | {"/v1/responses", "/v1/messages", "/v1/embeddings"}
-GENERATING_PATHS = METERED_PATHS - {"/v1/embeddings"}  # (a request of these is reserved its completion tokens)
+# Responses API and Anthropic's Messages (their streams carry it always), embeddings, scores and reranks (inputs)
+INPUT_ONLY_PATHS = frozenset({"/v1/embeddings", "/v1/score", "/v1/rerank"})
+METERED_PATHS = USAGE_PATHS | {"/v1/responses", "/v1/messages"} | INPUT_ONLY_PATHS
+GENERATING_PATHS = METERED_PATHS - INPUT_ONLY_PATHS  # (a request of these is reserved its completion tokens)
 # the events of a named-event stream that carry tokens (the others: its start, its parts, its end), as they begin
 TOKEN_EVENTS = {"/v1/messages": b"event: content_block_delta\n", "/v1/responses": b".delta\ndata: {"}
 DOWN_S = 2.0  # an upstream that refused a connection gets no new request for this long while another can take it

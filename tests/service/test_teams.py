@@ -222,9 +222,13 @@ def test_the_responses_api_and_anthropic_messages_are_metered_against_a_budget_l
         assert (row["input_tokens"], row["output_tokens"]) == (8 * (len(statuses) - 1), 100 * (len(statuses) - 1))
 
 
-def test_embeddings_count_their_inputs_against_a_budget(data_dir: Path, upstream: str) -> None:
-    """Embeddings were passed on unmetered: their inputs now count (vLLM's usage), and they reserve no completion
-    tokens (a budget does not refuse them for 1,024 tokens they will never generate)."""
+@pytest.mark.parametrize(("path", "body"), [("/v1/embeddings", {"input": PROMPT}),
+                                            ("/v1/score", {"text_1": "a", "text_2": PROMPT}),
+                                            ("/v1/rerank", {"query": "a", "documents": [PROMPT]})])
+def test_embeddings_scores_and_reranks_count_their_inputs_against_a_budget(data_dir: Path, upstream: str, path: str,
+                                                                           body: dict[str, Any]) -> None:
+    """Embeddings, scores and reranks were passed on unmetered: their inputs now count (vLLM's usage), and they
+    reserve no completion tokens (a budget does not refuse them for 1,024 tokens they will never generate)."""
     with signed_in(engine_app(data_dir)) as api:
         serve_from(api, upstream)
         made = api.post("/api/tokens", json={"name": "search", "kind": "gateway", "role": "prompter",
@@ -232,11 +236,11 @@ def test_embeddings_count_their_inputs_against_a_budget(data_dir: Path, upstream
         key = {"authorization": f"Bearer {made['token']}"}
         statuses: list[int] = []
         while len(statuses) < 60:
-            statuses.append(api.post("/v1/embeddings", headers=key, json={"input": PROMPT}).status_code)
+            statuses.append(api.post(path, headers=key, json=body).status_code)
             if statuses[-1] != 200:
                 break
-        assert statuses[-1] == 429 and len(statuses) > 15, statuses  # 8 tokens each, not 1,024 reserved
-        refusal = api.post("/v1/embeddings", headers=key, json={"input": PROMPT}).json()["error"]
+        assert statuses[-1] == 429 and len(statuses) > 10, statuses  # 8 tokens each, not 1,024 reserved
+        refusal = api.post(path, headers=key, json=body).json()["error"]
         assert refusal["limit"] == "token_budget" and refusal["used"] == 8 * (len(statuses) - 1)
 
 

@@ -2,7 +2,8 @@
 ``/v1/completions`` and ``/v1/chat/completions`` as vLLM streams them — one server-sent event per token, a usage chunk,
 ``[DONE]`` — as fast as it can, or ``token_s`` apart; ``/v1/responses`` and ``/v1/messages`` in the shapes of vLLM's
 Responses API and Anthropic Messages (their usage, their named events; 8 prompt tokens, 2 of them from the prefix cache
-in Anthropic's count); ``/v1/embeddings`` with an embedding of 4 zeros for 8 prompt tokens. It counts the requests it
+in Anthropic's count); ``/v1/embeddings`` (an embedding of 4 zeros), ``/v1/score`` and ``/v1/rerank`` for 8 prompt
+tokens. It counts the requests it
 holds at once (``peak``), so a test can prove a cap that several processes share; ``/health`` answers 200.
 
 Run alone (a benchmark's upstream): ``python -m tests.testkit.stub_upstream --port P [--token-s S]``."""
@@ -72,9 +73,10 @@ class StubUpstream:
         self.peak = max(self.peak, self.current)
         try:
             usage = {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}
-            if path == "/v1/embeddings":
+            if path in ("/v1/embeddings", "/v1/score", "/v1/rerank"):
                 out = json.dumps({"object": "list", "data": [{"object": "embedding", "index": 0,
-                                                              "embedding": [0.0] * 4}],
+                                                              "embedding": [0.0] * 4}] if path == "/v1/embeddings"
+                                  else [{"index": 0, "score": 0.5}],
                                   "usage": {"prompt_tokens": 8, "total_tokens": 8}}).encode()
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
                              + str(len(out)).encode() + b"\r\n\r\n" + out)
