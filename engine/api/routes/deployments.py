@@ -103,9 +103,12 @@ def _check_gpus(svc: ServicesDep, gpus: list[int] | None) -> None:
 
 
 @router.get("/api/deployments", response_model=list[DeploymentOut], dependencies=access("viewer"))
-def deployments(fleet: FleetDep) -> list[DeploymentOut]:
-    """Every deployment, with its state, revisions, instances and the memory they hold."""
-    return [deployment_out(fleet, r) for r in sorted(fleet.runtimes.values(), key=lambda r: r.ref.id)]
+def deployments(fleet: FleetDep, store: DeploymentsDep) -> list[DeploymentOut]:
+    """Every deployment, with its state, revisions, instances and the memory they hold; enabled and placed as its
+    row says now (a change just written shows at once, before the registry takes it over within a second)."""
+    rows = {row.id: row for row in store.all()}
+    return [deployment_out(fleet, r, rows.get(r.ref.id)) for r in sorted(fleet.runtimes.values(),
+                                                                         key=lambda r: r.ref.id)]
 
 
 @router.post("/api/deployments", status_code=201, response_model=CreatedDeploymentOut,
@@ -160,8 +163,9 @@ def create(body: DeploymentIn, request: Request, svc: ServicesDep, fleet: FleetD
 
 
 @router.get("/api/deployments/{name}", response_model=DeploymentOut, dependencies=access("viewer"))
-def one(fleet: FleetDep, name: str = NAME_PATH) -> DeploymentOut:
-    return deployment_out(fleet, _runtime(fleet, name))
+def one(fleet: FleetDep, store: DeploymentsDep, name: str = NAME_PATH) -> DeploymentOut:
+    runtime = _runtime(fleet, name)
+    return deployment_out(fleet, runtime, store.by_id(runtime.ref.id))
 
 
 @router.patch("/api/deployments/{name}", response_model=DeploymentOut,
