@@ -278,14 +278,18 @@ class V1Body:
     stream_options: Any = None  # the value, when small enough to read
     stream_options_raw: bytes = b""  # its JSON as sent (past LEAN_BYTES; up to _SMALL_FIELD)
     prompt: Any = None  # the prompt or messages: the value, or its raw JSON past LEAN_BYTES
-    max_tokens: int | None = None  # the largest of the completion tokens it names (see max_tokens_for), when sane
-    asked_by: dict[str, int] = field(default_factory=dict)  # each of those fields it sent, when sane
+    asked_by: dict[str, int] = field(default_factory=dict)  # each of MAX_TOKENS_FIELDS it sent, when sane
     background: Any = None  # the Responses API's background, as sent
     data: Any = None
     n: Any = None  # choices asked for per prompt (as sent: checked by ``RequestBounds``)
     best_of: Any = None
     prompts: int = 1  # prompts in the request: a completion's list of prompts, an embedding's list of inputs
     stream_interval_sent: Any = None  # its stream_interval as sent (None: none, or null)
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The largest of the completion tokens it names (a route's own reading: max_tokens_for)."""
+        return max(self.asked_by.values(), default=None)
 
     def max_tokens_for(self, path: str) -> int | None:
         """The most completion tokens it asks for as vLLM's route at ``path`` reads them: chat takes
@@ -508,8 +512,8 @@ def _lean(body: bytes) -> V1Body:
                                         ("max_completion_tokens", fields.max_completion_tokens),
                                         ("max_output_tokens", fields.max_output_tokens)) if len(v)}
     listed = fields.prompt if len(fields.prompt) else fields.input
-    return V1Body(is_object=True, model=model if isinstance(model, str) else None, max_tokens=asked_max_tokens(asked),
-                  asked_by=asked_by(asked), background=_small(fields.background) if len(fields.background) else None,
+    return V1Body(is_object=True, model=model if isinstance(model, str) else None, asked_by=asked_by(asked),
+                  background=_small(fields.background) if len(fields.background) else None,
                   stream=streams(_small(fields.stream)), has_stream_options=len(options) > 0,
                   stream_options=_small(options), stream_options_raw=bytes(options) if len(options) <= _SMALL_FIELD
                   else b"", prompt=prompt if len(prompt) else None, n=_small(fields.n) if len(fields.n) else None,
@@ -526,8 +530,8 @@ def _full(body: bytes, max_depth: int) -> V1Body:
     model = data.get("model")
     return V1Body(is_object=True, model=model if isinstance(model, str) else None, stream=streams(data.get("stream")),
                   has_stream_options="stream_options" in data, stream_options=data.get("stream_options"),
-                  prompt=data.get("messages", data.get("prompt")), max_tokens=asked_max_tokens(data), data=data,
-                  asked_by=asked_by(data), background=data.get("background"),
+                  prompt=data.get("messages", data.get("prompt")), data=data, asked_by=asked_by(data),
+                  background=data.get("background"),
                   n=data.get("n"), best_of=data.get("best_of"),
                   prompts=prompt_count(data["prompt"] if "prompt" in data else data.get("input")),
                   stream_interval_sent=data.get("stream_interval"))
