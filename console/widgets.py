@@ -187,9 +187,13 @@ def kept_expander(label: str, key: str) -> DeltaGenerator:
     """An expander that stays as the person left it, open or closed, when the page draws itself again with more or
     fewer elements above it or with a new label (a revision's status in it changes): a plain one is made anew
     then, closed. An operator opened a history entry during an apply; the page drew itself again when the apply
-    ended, and the entry, with its rollback button, was gone. ``key``: the thing it shows, unique on the page."""
-    return st.expander(label, key=key, expanded=bool(st.session_state.get(f"{key}:open")), on_change=_kept,
-                       args=(key,))
+    ended, and the entry, with its rollback button, was gone. ``key``: the thing it shows, unique on the page.
+
+    Its state comes through Session State, and ``expanded`` stays the same: Streamlit makes it part of the
+    expander's identity, so opening it drew it anew, and whatever had been typed in it before that answer came was
+    lost (a slow console: the refusal an operator typed a value for never came)."""
+    st.session_state[key] = bool(st.session_state.get(f"{key}:open"))
+    return st.expander(label, key=key, expanded=False, on_change=_kept, args=(key,))
 
 
 def _kept(key: str) -> None:

@@ -179,3 +179,48 @@ def test_a_page_opened_during_someone_else_s_apply_follows_it_to_the_end(page: A
     no_error_on(page)
     shot(page, "apply-followed-after")
     assert engine.client.status().running_revision == rev.revision
+
+
+def test_a_value_typed_in_a_section_just_opened_is_kept_while_the_page_answers_slowly(page: Any,
+                                                                                      console_url: str) -> None:
+    """An operator opens "Replicas, autoscaling and scale to zero" and types at once, while the console (loaded,
+    or far away) has not yet answered the click. The answer drew the section anew, so what had been typed went
+    back to the revision's value unseen, and the refusal the operator waited for never came (a browser journey on
+    CI). The console's answers are held back here, as a slow one would be, until the value is typed."""
+    held: list[Any] = []
+    state: dict[str, Any] = {"hold": False, "page_ws": None}
+
+    def relay(ws: Any) -> None:
+        server = ws.connect_to_server()
+        state["page_ws"] = ws
+
+        def from_server(message: Any) -> None:
+            if state["hold"]:
+                held.append(message)
+            else:
+                ws.send(message)
+
+        server.on_message(from_server)
+        ws.on_message(server.send)
+
+    page.route_web_socket(re.compile(r"/_stcore/stream"), relay)
+    page.reload()  # (a new connection: through the relay from now on)
+    wait_rendered(page, "Overview")
+    open_page(page, "Engine settings")
+    section = page.get_by_text("Replicas, autoscaling and scale to zero")
+    section.wait_for()
+    page.get_by_text("Capacity preview").wait_for()
+    state["hold"] = True
+    section.click()
+    idle = page.get_by_role("spinbutton", name="scale_to_zero_after_s (0 = never)", exact=True)
+    idle.fill("3")
+    state["hold"] = False
+    for message in held:  # the console's answer to the click, late
+        state["page_ws"].send(message)
+    held.clear()
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=30_000)
+    expect(idle).to_have_value("3")  # still what was typed
+    idle.press("Tab")
+    page.get_by_text(re.compile(r"scale_to_zero_after_s: .*greater than or equal to 5")).wait_for()
+    expect(page.get_by_role("button", name="Apply & restart")).to_be_disabled()
+    no_error_on(page)
