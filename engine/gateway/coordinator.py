@@ -44,10 +44,13 @@ class _Conn:
     permits: dict[int, Upstream] = field(default_factory=dict)
     grants: dict[int, Grant] = field(default_factory=dict)  # what each permit's limits reserved
     waits: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    out: wire.Outbox = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.out = wire.Outbox(self.writer)
 
     def send(self, message: wire.Answer) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(wire.frame(message))
+        self.out.put(message)
 
 
 class Coordinator:

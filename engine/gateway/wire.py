@@ -189,6 +189,31 @@ def frame(message: Ask | Answer) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
+class Outbox:
+    """The messages to one end, written once per turn of the event loop: all those of a turn in one write. Each
+    message was a write of its own, and a request through a worker costs three of them (a slot asked, its end, its
+    record) and the engine one; under load many requests' messages fall in the same turn."""
+
+    __slots__ = ("_frames", "writer")
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._frames: list[bytes] = []
+
+    def put(self, message: Ask | Answer) -> None:
+        if not self._frames:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._frames.append(frame(message))
+
+    def flush(self) -> None:
+        """Write what was put (nothing when the other end is gone: as a write to it would)."""
+        if not self._frames:
+            return
+        frames, self._frames = self._frames, []
+        if not self.writer.is_closing():
+            self.writer.write(frames[0] if len(frames) == 1 else b"".join(frames))
+
+
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
     try:
         head = await reader.readexactly(4)

@@ -31,7 +31,7 @@ from engine.access.auth import Principal
 from engine.access.keys import KeyRefusedError, bearer
 from engine.bodies import BodyBudget, RequestBounds
 from engine.edge import HeadLimits, HostCheck, edge_protocol, host_of, refuse_host
-from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
+from engine.errors import EngineError, QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.gateway import wire
 from engine.gateway.admission import Admission, Flow, Upstream
 from engine.gateway.datapath import BodyLimits, DataPath
@@ -51,6 +51,7 @@ class EngineLink:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.out = wire.Outbox(writer)
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[wire.Answer]] = {}
         self.lost: str | None = None
@@ -75,8 +76,8 @@ class EngineLink:
             self._waiting.clear()
 
     def tell(self, message: wire.Ask) -> None:
-        if self.lost is None and not self.writer.is_closing():
-            self.writer.write(wire.frame(message))
+        if self.lost is None:
+            self.out.put(message)
 
     async def ask(self, make: Callable[[int], wire.Ask], timeout: float = ANSWER_S) -> wire.Answer:
         """The engine's answer to the question ``make`` writes; UpstreamUnavailableError without one in
@@ -84,22 +85,37 @@ class EngineLink:
         if self.lost is not None:
             raise UpstreamUnavailableError(f"the engine is gone ({self.lost})")
         ask_id = next(self._ids)
-        future: asyncio.Future[wire.Answer] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[wire.Answer] = loop.create_future()
         self._waiting[ask_id] = future
         message = make(ask_id)
-        self.writer.write(wire.frame(message))
+        self.out.put(message)
+        # (a timer on the future, not asyncio.timeout and shield around it: a request asks twice, and those cost
+        # a task lookup, a context and an outer future each time)
+        timer = loop.call_later(timeout, _no_answer, future)
         try:
-            async with asyncio.timeout(timeout):
-                return await asyncio.shield(future)
-        except (asyncio.CancelledError, TimeoutError) as exc:
-            self._waiting.pop(ask_id, None)
-            if future.done() and not future.cancelled() and isinstance(granted := future.result(), wire.Granted):
+            return await future
+        except (asyncio.CancelledError, _NoAnswerError) as exc:
+            self._waiting.pop(ask_id, None)  # (an answer that comes later is dropped; a slot is given back)
+            if future.done() and not future.cancelled() and future.exception() is None and isinstance(
+                    granted := future.result(), wire.Granted):
                 self.tell(wire.Done(granted.permit, used=0))  # granted as the client left: the slot goes back
             elif isinstance(message, wire.Acquire):
                 self.tell(wire.Cancel(ask_id))
-            if isinstance(exc, TimeoutError):
+            if isinstance(exc, _NoAnswerError):
                 raise UpstreamUnavailableError(f"the engine did not answer within {timeout:g} s") from None
             raise
+        finally:
+            timer.cancel()
+
+
+class _NoAnswerError(EngineError):
+    """The engine did not answer a question in time (EngineLink.ask)."""
+
+
+def _no_answer(future: asyncio.Future[wire.Answer]) -> None:
+    if not future.done():
+        future.set_exception(_NoAnswerError())
 
 
 class RemoteKeys:
@@ -172,7 +188,7 @@ class RemoteAdmission(Admission):
         self.link = link
         self.model = model
         self._by_prefix = route.by_prefix
-        self._open_now = 1
+        self.open_now = 1
 
     @property
     def by_prefix(self) -> bool:
@@ -180,7 +196,7 @@ class RemoteAdmission(Admission):
 
     @property
     def upstreams(self) -> list[Upstream]:
-        return [Upstream("", None)] * self._open_now  # how many are open (the retry after a refused connection)
+        return [Upstream("", None)] * self.open_now  # how many are open (the retry after a refused connection)
 
     async def acquire(self, deadline: float, keys: Sequence[int] | None = None, flow: Flow | None = None,
                       claim: object = None) -> Upstream:
@@ -191,7 +207,7 @@ class RemoteAdmission(Admission):
                                                             c.prompt, c.tokens, c.metered),
                                      timeout=wait_s + ANSWER_S)
         if isinstance(answer, wire.Granted):
-            self._open_now = answer.open
+            self.open_now = answer.open
             return RemoteUpstream(answer.url, answer.revision, answer.instance, auth=answer.auth, admission=self,
                                   tokens_per_event=answer.tokens_per_event, permit=answer.permit)
         if isinstance(answer, wire.Refused):
@@ -217,7 +233,8 @@ class WorkerGateway(Gateway):
     def __init__(self, link: EngineLink, upstream_timeout_s: float, ledger: RemoteLedger) -> None:
         super().__init__(lambda _: None, upstream_timeout_s, ledger)
         self.link = link
-        self._routes: dict[str | None, tuple[float, wire.Route]] = {}
+        # a model's route as the engine said, and its admission (one for the route's life, not one a request)
+        self._routes: dict[str | None, tuple[float, RemoteAdmission | None]] = {}
 
     async def resolve(self, model: str | None) -> Admission | None:
         now = time.monotonic()
@@ -228,9 +245,11 @@ class WorkerGateway(Gateway):
                 raise UpstreamUnavailableError(f"the engine answered a model's route with {type(answer).__name__}")
             if len(self._routes) >= 1024:
                 self._routes.clear()
-            self._routes[model] = cached = (now, answer)
-        route = cached[1]
-        return None if route.deployment is None else RemoteAdmission(self.link, model, route)
+            admission = None if answer.deployment is None else RemoteAdmission(self.link, model, answer)
+            if admission is not None and cached is not None and cached[1] is not None:
+                admission.open_now = cached[1].open_now  # (as the last grant said)
+            self._routes[model] = cached = (now, admission)
+        return cached[1]
 
 
 class WorkerDataPath(DataPath):
@@ -299,6 +318,7 @@ async def serve(spec: wire.WorkerSpec, listener: socket.socket, engine: socket.s
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
         await gateway.aclose()
+        link.out.flush()
         writer.close()
 
 
