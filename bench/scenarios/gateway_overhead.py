@@ -10,8 +10,9 @@ engine's gateway, alternated in one run, at several concurrencies.
 Each ``--tree`` is a checkout of this project: its engine is started in turn (one at a time, same settings),
 so "before" and "after" are measured side by side in one run. For each concurrency and round it runs
 direct, gateway, gateway, direct (so drift does not favour either) and records vLLM's figures, the
-inter-token gaps of every request, and the CPU of the engine process (and of vLLM's API server) during the
-run. Prints the ratio table and writes ``gateway-overhead.json`` and ``gateway-overhead.md`` under ``--out``.
+inter-token gaps of every request, and the CPU of the engine process (with ``--data-port``, and of its gateway
+workers, which then relay the gateway's runs; and of vLLM's API server) during the run. Prints the ratio table
+and writes ``gateway-overhead.json`` and ``gateway-overhead.md`` under ``--out``.
 
 Every run sends fresh prompts: vLLM's random dataset is drawn from a new seed each run (recorded with it; ``--seed``
 fixes one on purpose, a cache test), since the same prompts a second time are served from vLLM's prefix cache and
@@ -106,6 +107,13 @@ class Engine:
         env = {**os.environ, "LLMOPS_ADMIN_PASSWORD": ADMIN_PASSWORD, "LLMOPS_AUTOSTART": "false",
                "LLMOPS_STARTUP_TIMEOUT_S": "1200",
                "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        self.data_url: str | None = None  # the gateway workers' port (--data-port)
+        if getattr(args, "workers", None) is not None:
+            env["LLMOPS_GATEWAY_WORKERS"] = str(args.workers)
+        if getattr(args, "data_port", False):
+            data_port = _free_port()
+            env["LLMOPS_GATEWAY_PORT"] = str(data_port)
+            self.data_url = f"http://127.0.0.1:{data_port}"
         if args.model:
             env["LLMOPS_MODEL_ROOTS"] = json.dumps([str(Path(args.model).resolve().parent)])
         else:
@@ -125,6 +133,21 @@ class Engine:
         wait_up(f"{self.url}/healthz", self.proc, 120, f"engine {label} did not come up: see {self.log.name}")
         token = self.http.post("/api/auth/login", json={"username": "admin", "password": ADMIN_PASSWORD}).json()
         self.http.headers["authorization"] = f"Bearer {token['token']}"
+
+    def pids(self) -> list[int]:
+        """The engine's process and, with --data-port, its gateway workers' (what relays the gateway's runs)."""
+        if self.data_url is None:
+            return [self.proc.pid]
+        try:
+            children = psutil.Process(self.proc.pid).children()
+        except psutil.Error:
+            return [self.proc.pid]
+        workers = []
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                if "engine.gateway.worker" in " ".join(child.cmdline()):
+                    workers.append(child.pid)
+        return [self.proc.pid, *workers]
 
     def serve(self) -> None:
         a = self.args
@@ -441,6 +464,16 @@ def _cpu(pid: int) -> float:
         return 0.0
 
 
+def _cpu_of(pids: list[int]) -> dict[int, float]:
+    return {pid: _cpu(pid) for pid in pids}
+
+
+def _used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds of the processes between two looks (one that ended meanwhile: what it had at the first)."""
+    return sum(after.get(pid, t) - t for pid, t in before.items()) + sum(
+        t for pid, t in after.items() if pid not in before)
+
+
 _TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
@@ -538,9 +571,12 @@ def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace
             "--seed", str(seed), "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(workdir),
             "--result-filename", f"{tag}-detail.json", *(extra or [])]
     metrics_before = scrape(engine)
-    measured = floor.proc.pid if floor is not None else engine.proc.pid
-    loop_before, calls_before = _main_thread_cpu(engine.proc.pid), _syscalls(measured)
-    before = (_cpu(measured), _cpu(engine.vllm_pid), time.monotonic())
+    # what relays the run: the byte proxy, or the engine (with --data-port, and its gateway workers)
+    measured = [floor.proc.pid] if floor is not None else engine.pids() if isinstance(engine, Engine) else [
+        engine.proc.pid]
+    loop_before, calls_before = _main_thread_cpu(engine.proc.pid), sum(_syscalls(pid) for pid in measured)
+    cpu_before = _cpu_of(measured)
+    before = (_cpu(engine.vllm_pid), time.monotonic())
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     if engine.vllm_key and (base_url == engine.direct_url or floor is not None):  # sent as its bearer token
         env["OPENAI_API_KEY"] = engine.vllm_key
@@ -552,8 +588,9 @@ def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace
                                    stderr=spy_log)
     done = subprocess.run([sys.executable, "-m", __name__, "--vllm-bench", str(out), "--", *argv], cwd=REPO,
                           capture_output=True, text=True, check=False, env=env)
-    after = (_cpu(measured), _cpu(engine.vllm_pid), time.monotonic())
-    loop_after, calls_after = _main_thread_cpu(engine.proc.pid), _syscalls(measured)
+    relay_cpu = _used(cpu_before, _cpu_of(measured))
+    after = (_cpu(engine.vllm_pid), time.monotonic())
+    loop_after, calls_after = _main_thread_cpu(engine.proc.pid), sum(_syscalls(pid) for pid in measured)
     if spy is not None:
         spy.send_signal(signal.SIGINT)  # py-spy writes what it recorded when interrupted
         try:
@@ -569,7 +606,7 @@ def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace
     if detail.exists():  # per-request inter-token gaps: written by --save-detailed, not returned
         r["itls"] = json.loads(detail.read_text()).get("itls") or []
         detail.unlink()
-    wall = float(r.get("duration") or (after[2] - before[2]))  # the traffic's own span: the engine idles meanwhile
+    wall = float(r.get("duration") or (after[1] - before[1]))  # the traffic's own span: the engine idles meanwhile
     gaps = [g for itl in r.get("itls") or [] for g in itl]
     return {
         "tag": tag, "concurrency": concurrency, "prompts": prompts, "completed": r.get("completed"),
@@ -580,12 +617,13 @@ def run_once(engine: Any, base_url: str, concurrency: int, a: argparse.Namespace
         "itl_p50_ms": r.get("median_itl_ms"), "itl_p99_ms": r.get("p99_itl_ms"),
         "gaps_under_0_5ms": round(sum(1 for g in gaps if g < 0.0005) / len(gaps), 4) if gaps else None,
         "gap_p10_ms": _pct(gaps, 0.10), "gap_p50_ms": _pct(gaps, 0.5), "gap_p90_ms": _pct(gaps, 0.9),
-        "engine_cpu_pct": round(100 * (after[0] - before[0]) / wall, 1),
+        "engine_cpu_pct": round(100 * relay_cpu / wall, 1),
+        "relay_processes": len(measured),
         "engine_loop_cpu_pct": round(100 * (loop_after - loop_before) / wall, 1),
         # the measured process's reads and writes (the engine's, or the byte proxy's) per output token
         "syscalls_per_token": round((calls_after - calls_before) / r["total_output_tokens"], 3)
         if r.get("total_output_tokens") else None,
-        "vllm_api_cpu_pct": round(100 * (after[1] - before[1]) / wall, 1), "wall_s": round(wall, 1),
+        "vllm_api_cpu_pct": round(100 * (after[0] - before[0]) / wall, 1), "wall_s": round(wall, 1),
         "seed": seed, "prefix_cache_hit_pct": use.hit_pct if use is not None else None,
         "cache_warning": cache_warning(use.hit_pct if use is not None else None),
         "load_1m": round(os.getloadavg()[0], 2),
@@ -724,6 +762,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "labelled TREE KEY=JSON: a setting before and after in one run (--cap-vs-restart and --after "
                    "then run on the last of them), e.g. "
                    "'extra_args=[\"--stream-interval=4\"]'")
+    p.add_argument("--data-port", action="store_true",
+                   help="the gateway's runs through the engine's data port (gateway_port: its worker processes, as "
+                   "clients on a host of 4 cores or more are told to use), their CPU the engine's and its workers' "
+                   "together; without it, the engine's own port")
+    p.add_argument("--workers", type=int, default=None,
+                   help="the engine's gateway_workers (default: the engine's own, by the cores)")
     p.add_argument("--keep-engine-logs", action=argparse.BooleanOptionalAction, default=False,
                    help="copy each engine's own log beside the results at the end (a GPU session's record)")
 
@@ -754,6 +798,12 @@ def run(a: argparse.Namespace) -> None:
             report["trees"][label]["plans"] = [probe(engine, item) for item in a.plan_probe]
             save()
             gateway = engine.url
+            if engine.data_url is not None:  # the gateway's runs through its workers, as clients of a host with
+                # the cores for them are told to send (the Overview's snippets)
+                wait_up(f"{engine.data_url}/v1/models", engine.proc, 120,
+                        f"engine {label}'s data port did not answer: see {engine.log.name}")
+                gateway = engine.data_url
+                report["trees"][label]["gateway_workers"] = len(engine.pids()) - 1
             for then in [None, *a.then]:  # the runs, then again after each --then apply (labelled by it)
                 if then is not None:
                     done = apply_values(engine, _values(then), "bench: --then")
