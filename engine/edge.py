@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -58,6 +58,9 @@ class EdgeProtocol(HttpToolsProtocol):
     _line_last = 0  # the last byte of that unfinished line (a lone CR: the line may yet be blank)
     _lines = 0  # complete lines of this head (0: the request line is still arriving)
     _upgraded = False
+    # told when the connection is lost (the gateway's relay of a stream: its client left), instead of a task that
+    # waits for the ASGI disconnect, one a request
+    on_lost: Callable[[], None] | None = None
 
     # --- the header timeout -------------------------------------------------------------------------------------
 
@@ -82,6 +85,9 @@ class EdgeProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        if self.on_lost is not None:
+            told, self.on_lost = self.on_lost, None
+            told()
 
     # --- the head bound -----------------------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from starlette.types import Message, Receive, Send
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from engine.bodies import V1Body
+from engine.edge import EdgeProtocol
 from engine.errors import QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.gateway.admission import Admission, Upstream
 from engine.gateway.ledger import Record, RecordSink
@@ -543,16 +544,20 @@ class Gateway:
         closed, and vLLM aborts the request). Under uvicorn's own HTTP/1.1 cycle (the engine's and the workers'
         servers) each read of vLLM's socket is written to the client's from the socket's callback (``_direct``);
         under any other ASGI server, one read and one send per event."""
-        gone = asyncio.ensure_future(_disconnected(client_receive))
+        await send({"type": "http.response.start", "status": head.status, "headers": headers})
+        cycle = getattr(send, "__self__", None)
+        direct = RELAY_FROM_CALLBACK and isinstance(cycle, RequestResponseCycle) and bool(cycle.chunked_encoding)
+        protocol = getattr(getattr(cycle, "on_response", None), "__self__", None) if direct else None
+        # a client that leaves: the edge's protocol says so (uvicorn's own cycle, the engine's and the workers'
+        # servers), else a task waits for the ASGI disconnect
+        edge = protocol if isinstance(protocol, EdgeProtocol) else None
+        gone = None if edge is not None else asyncio.ensure_future(_disconnected(client_receive))
         try:
-            await send({"type": "http.response.start", "status": head.status, "headers": headers})
-            cycle = getattr(send, "__self__", None)
-            direct = RELAY_FROM_CALLBACK and isinstance(cycle, RequestResponseCycle) and bool(cycle.chunked_encoding)
             try:
                 if direct:
-                    if not await _direct(conn, cast(RequestResponseCycle, cycle), meter, gone, rec, t0):
+                    if not await _direct(conn, cast(RequestResponseCycle, cycle), meter, gone, rec, t0, edge):
                         return
-                elif not await _by_events(conn, send, meter, gone, rec, t0):
+                elif not await _by_events(conn, send, meter, cast(asyncio.Future[None], gone), rec, t0):
                     return
                 tail = meter.rest()
             except UpstreamError as exc:  # vLLM died, timed out or garbled its answer mid-stream
@@ -561,14 +566,20 @@ class Gateway:
             if not direct:
                 await send({"type": "http.response.body", "body": tail, "more_body": False})
                 return
+            last = {"type": "http.response.body", "body": tail, "more_body": False}
+            flow = cast(RequestResponseCycle, cycle).flow
+            if not flow.write_paused:  # (uvicorn writes it at once: nothing to wait for)
+                await send(last)
+                return
             try:  # the last bytes wait for a client that takes them, as long as the stream's did and no longer
                 async with asyncio.timeout(conn.read_timeout_s):
-                    await send({"type": "http.response.body", "body": tail, "more_body": False})
+                    await send(last)
             except TimeoutError:
                 meter.error = _stalled(conn.read_timeout_s)
                 cast(RequestResponseCycle, cycle).transport.abort()
         finally:
-            gone.cancel()
+            if gone is not None:
+                gone.cancel()
 
 
 async def _by_events(conn: Connection, send: Send, meter: StreamMeter, gone: asyncio.Future[None], rec: Record,
@@ -588,8 +599,8 @@ async def _by_events(conn: Connection, send: Send, meter: StreamMeter, gone: asy
     return True
 
 
-async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMeter, gone: asyncio.Future[None],
-                  rec: Record, t0: float) -> bool:
+async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMeter,
+                  gone: asyncio.Future[None] | None, rec: Record, t0: float, edge: EdgeProtocol | None = None) -> bool:
     """The stream written to the client's transport from vLLM's socket callback, in the chunked framing uvicorn
     began with the head (it writes the last chunk): no task wake-up, no ASGI message per event. When the client's
     transport is over its high-water mark, reading from vLLM pauses until it drains; a client that takes nothing for
@@ -619,12 +630,18 @@ async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMe
     def wake(_: asyncio.Future[None]) -> None:
         conn.wake()
 
-    gone.add_done_callback(wake)
+    def left() -> bool:
+        return cycle.disconnected or (gone is not None and gone.done())
+
+    if gone is not None:
+        gone.add_done_callback(wake)
+    if edge is not None:
+        edge.on_lost = conn.wake
     conn.relay_to(sink, whole)
     try:
         while True:
-            ended = False if gone.done() or cycle.disconnected else await conn.relay_wait()
-            if gone.done() or cycle.disconnected:
+            ended = False if left() else await conn.relay_wait()
+            if left():
                 meter.error = "the client disconnected"
                 return False
             if ended:
@@ -640,7 +657,10 @@ async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMe
                 conn.relay_resume()
     finally:
         conn.relay_to(None)
-        gone.remove_done_callback(wake)  # the connection goes back to the pool: another request's from now on
+        if gone is not None:  # the connection goes back to the pool: another request's from now on
+            gone.remove_done_callback(wake)
+        if edge is not None:
+            edge.on_lost = None
 
 
 def _stalled(timeout_s: float) -> str:

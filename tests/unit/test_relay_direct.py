@@ -257,3 +257,17 @@ def test_a_client_that_hangs_up_mid_stream_ends_vllms_request_and_frees_the_slot
         wait_until(lambda: app.ledger.records and app.admission.in_flight == 0, 10, what="the slot freed")
         rec = app.ledger.records[0]
         assert rec.error == "the client disconnected" and rec.output_tokens is not None and rec.output_tokens >= 5
+
+
+@pytest.mark.usefixtures("only_direct")
+def test_a_client_that_hangs_up_while_vllm_sends_nothing_is_seen_at_once() -> None:
+    """vLLM in a long prefill, or stalled: no event comes to notice the client's hang-up by. Its connection's loss
+    ends vLLM's request and frees the slot at once, not at vLLM's next token (30 s later here)."""
+    upstream = ScriptedUpstream([token(0), token(1)], pace_s=30.0)
+    with gateway(upstream) as (port, app):
+        with ask(port) as sock:
+            got = b""
+            while b"data: {" not in got:
+                got += sock.recv(65536)
+        wait_until(lambda: app.ledger.records and app.admission.in_flight == 0, 5, what="the slot freed")
+        assert app.ledger.records[0].error == "the client disconnected"
