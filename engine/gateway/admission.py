@@ -374,8 +374,9 @@ class Admission:
         if self._watchers:
             await self._notify()
 
-    def release_nowait(self, upstream: Upstream, flow: str | None = None) -> None:
-        """``release`` from code that cannot wait (a worker's message): those who wait hear of it in a moment."""
+    def release_nowait(self, upstream: Upstream, flow: str | None = None, used: int | None = None) -> None:
+        """``release`` from code that cannot or need not wait (a worker's message, a request's end): those who wait
+        hear of it in a moment."""
         self._ended(upstream, flow)
         if self._watchers:
             task = asyncio.ensure_future(self._notify())

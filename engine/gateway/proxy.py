@@ -474,7 +474,7 @@ class Gateway:
             return 502, _error(502, f"vLLM's answer could not be read: {exc}", "upstream_error")
         finally:
             conn.finish()
-            await asyncio.shield(_release(upstream, None, None))
+            _release(upstream, None, None)
         ex.record.input_tokens, ex.record.output_tokens = usage_of(content)
         self._done(ex.record, t0, head.status, None)
         return head.status, content
@@ -535,8 +535,8 @@ class Gateway:
             self._done(rec, t0, head.status, meter.error)
         finally:
             conn.finish()  # read to its end: back to the pool; else closed, and vLLM aborts the request
-            await asyncio.shield(_release(upstream, used_tokens(rec, ex.claim.prompt) if ex.claim else None,
-                                          ex.grant.flow if ex.grant is not None else None))
+            _release(upstream, used_tokens(rec, ex.claim.prompt) if ex.claim else None,
+                     ex.grant.flow if ex.grant is not None else None)
 
     async def _relay(self, conn: Connection, head: Head, meter: StreamMeter, headers: list[tuple[bytes, bytes]],
                      client_receive: Receive, send: Send, rec: Record, t0: float) -> None:
@@ -667,9 +667,11 @@ def _stalled(timeout_s: float) -> str:
     return f"the client took nothing for {timeout_s:g} s (upstream_timeout_s): its stream was ended"
 
 
-async def _release(upstream: Upstream, used: int | None, flow: str | None) -> None:
+def _release(upstream: Upstream, used: int | None, flow: str | None) -> None:
+    """A request's slot given back as it ends, whatever way it ends (nothing to wait for, so nothing a cancelled
+    request could leave half done; it was a task a request, shielded)."""
     if upstream.admission is not None:
-        await upstream.admission.release(upstream, used, flow)
+        upstream.admission.release_nowait(upstream, flow, used)
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -223,6 +223,9 @@ class RemoteAdmission(Admission):
         raise UpstreamUnavailableError(f"the engine answered a slot's request with {type(answer).__name__}")
 
     async def release(self, upstream: Upstream, used: int | None = None, flow: str | None = None) -> None:
+        self.release_nowait(upstream, flow, used)
+
+    def release_nowait(self, upstream: Upstream, flow: str | None = None, used: int | None = None) -> None:
         if isinstance(upstream, RemoteUpstream):
             self.link.tell(wire.Done(upstream.permit, down=upstream.down_until > time.monotonic(), used=used))
 
