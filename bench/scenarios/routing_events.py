@@ -420,8 +420,16 @@ def replicas_up(a: argparse.Namespace, folder: Path) -> Iterator[list[Replica]]:
     try:
         for name in ("replica-0", "replica-1"):
             reps.append(start_replica(a, name, folder))
+            if a.model:  # one GPU: the second starts once the first has its memory (started side by side, the
+                # first try on an H100 failed as vLLM's engine core started; its cause was cut from the log's tail)
+                wait_ready(reps[-1:], 1800)
         wait_ready(reps, 1800)
         yield reps
+    except SystemExit:
+        for rep in reps:  # what each replica said, beside the results (the message keeps only a log's tail)
+            with contextlib.suppress(OSError):
+                shutil.copy(rep.log, a.out / rep.log.name)
+        raise
     finally:
         stop_replicas(reps)
 
