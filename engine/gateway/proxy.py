@@ -607,9 +607,6 @@ async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMe
     upstream_timeout_s is cut off. False if the client left or was cut off."""
     transport, flow = cycle.transport, cycle.flow
     first = True
-    # the connection was lost, as the edge's protocol said: uvicorn marks only its newest cycle disconnected, which
-    # is not this stream's when another request was pipelined behind it
-    lost = False
 
     def sink(data: bytes) -> bool:
         nonlocal first
@@ -617,7 +614,7 @@ async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMe
             rec.ttft_s = time.monotonic() - t0
             first = False
         out = meter.feed(data)
-        if out and not (lost or cycle.disconnected):
+        if out and not cycle.disconnected:
             transport.write(b"%x\r\n%b\r\n" % (len(out), out))
         return not flow.write_paused
 
@@ -626,26 +623,20 @@ async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMe
         which is the client's too: no parse, no copy, no re-framing."""
         if first or not meter.passes(framed):
             return None  # (the first read sets the time to first token)
-        if not (lost or cycle.disconnected):
+        if not cycle.disconnected:
             transport.write(framed)
         return not flow.write_paused
 
     def wake(_: asyncio.Future[None]) -> None:
         conn.wake()
 
-    def gone_now() -> None:
-        nonlocal lost
-        lost = True
-        conn.wake()
-
     def left() -> bool:
-        return lost or cycle.disconnected or (gone is not None and gone.done())
+        return cycle.disconnected or (gone is not None and gone.done())
 
     if gone is not None:
         gone.add_done_callback(wake)
     if edge is not None:
-        edge.on_lost = gone_now
-        flow.resume_reading()  # (a request pipelined behind this one paused reading: a hang-up is read all the same)
+        edge.on_lost = conn.wake
     conn.relay_to(sink, whole)
     try:
         while True:
