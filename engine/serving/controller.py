@@ -379,14 +379,11 @@ class Controller:
             self._desired_seen = (False, None)
 
     async def _next(self) -> None:
-        """Between operations: failures first, then what operators asked, then the desired revision."""
-        for inst in self.instances:
-            if inst.child.exited and not inst.child.stop_requested and not inst.gone and not inst.busy \
-                    and inst.role != "starting":
-                code = inst.child.returncode
-                why = f" with code {code}" if code is not None else ""
-                self._failed(inst, f"vLLM instance {inst.name} exited{why} while {inst.role} (not asked to)", code)
-                return
+        """Between operations: failures first, then what operators asked, then the desired revision. A failure is
+        looked for again after each wait (the store's thread, an event written): vLLM may exit meanwhile, and what
+        then looks like "nothing serves" is a crash to recover from, not a scale from zero."""
+        if self._failure_begun():
+            return
         if self.intent.halted is not None:
             self._granted, self._room_said, self._held_said = False, None, None
             return
@@ -416,6 +413,8 @@ class Controller:
                 self.progress.enter(S.FAILED, "no revision can be applied: write new settings")
             return
         assert isinstance(desired, Revision) and desired.id is not None
+        if self._failure_begun():
+            return
         self._last_desired = desired
         now = self.clock.monotonic()
         serving = self.instances.serving()
@@ -424,6 +423,8 @@ class Controller:
         if decision is not None:
             await self._scaled(decision, desired)
         await self._say_held(desired)
+        if self._failure_begun():
+            return
         if serving:
             self._asleep_settings = serving[0].settings  # the name it answers to, asleep too
             self._granted = False
@@ -631,6 +632,18 @@ class Controller:
             cold_start_s=self._cold_start_s, pending=self.scaler.cooling(now),
             held=self.scaler.held or self._room_said or (f"a replica waits for room: {self.operations.waiting_room}"
                                                          if self.operations.waiting_room else None))
+
+    def _failure_begun(self) -> bool:
+        """An instance exited without being asked to (and no operation of its own is under way): its failure is
+        handled from now on."""
+        for inst in self.instances:
+            if inst.child.exited and not inst.child.stop_requested and not inst.gone and not inst.busy \
+                    and inst.role != "starting":
+                code = inst.child.returncode
+                why = f" with code {code}" if code is not None else ""
+                self._failed(inst, f"vLLM instance {inst.name} exited{why} while {inst.role} (not asked to)", code)
+                return True
+        return False
 
     def _failed(self, inst: Instance, reason: str, exit_code: int | None) -> None:
         """An instance failed (exited, or stopped answering): the others serve on, or nothing does."""

@@ -4,7 +4,11 @@ stops answering. Each asserts what clients see and what the operator reads."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from engine.db import RevisionStatus
 from tests.testkit.db import sql
@@ -81,6 +85,37 @@ async def test_a_crash_fails_only_the_requests_in_flight_and_the_rest_wait_for_t
         assert all(r.ok for r in clients.results if r.at > crash_at + 1)  # the others waited, then were served
         assert [e.kind for e in sc.event_list("failed", "diagnosis", "restart_scheduled")][-3:] == [
             "failed", "diagnosis", "restart_scheduled"]
+
+
+async def test_a_crash_while_the_controller_reads_the_desired_revision_is_recovered_not_started_beside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM exits while a tick waits for the store (a database thread): the tick must not take "nothing serves" for
+    a scale from zero and start a fresh instance beside what is left of the crashed one (its engine core and workers
+    hold the memory until someone stops them: CI saw one left 35 s)."""
+    async with Scenario(tmp_path) as sc:
+        await sc.until(sc.serving_revision(1))
+        loop = asyncio.get_running_loop()
+        read = sc.revisions.desired_revision
+        armed = [True]
+
+        async def crash() -> None:
+            sc.fake("a").crash(-9)
+            await sc.settle()  # its exit is seen: the gateway sends it nothing more
+
+        def crash_during_the_read() -> Any:
+            if armed[0] and sc.controller.work_name is None:
+                armed[0] = False
+                asyncio.run_coroutine_threadsafe(crash(), loop).result(timeout=5)
+            return read()
+
+        monkeypatch.setattr(sc.revisions, "desired_revision", crash_during_the_read)
+        async with sc.clients(4):
+            await sc.until(lambda: not armed[0] and sc.serving_revision(1)(), within_s=120)
+        kinds = [e.kind for e in sc.event_list("instance_exited", "failed", "diagnosis", "restart_scheduled",
+                                                "starting", "instance_failed")]
+        # what is left of it is stopped and diagnosed first; the new instance starts after
+        assert kinds[kinds.index("instance_exited"):] == ["instance_exited", "failed", "diagnosis",
+                                                          "restart_scheduled", "starting"], kinds
 
 
 async def test_a_node_lost_mid_rolling_apply_is_sent_nothing_and_the_apply_ends_on_the_others(
