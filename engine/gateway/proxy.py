@@ -607,6 +607,9 @@ async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMe
     upstream_timeout_s is cut off. False if the client left or was cut off."""
     transport, flow = cycle.transport, cycle.flow
     first = True
+    # the connection was lost, as the edge's protocol said: uvicorn marks only its newest cycle disconnected, which
+    # is not this stream's when another request was pipelined behind it
+    lost = False
 
     def sink(data: bytes) -> bool:
         nonlocal first
@@ -614,7 +617,7 @@ async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMe
             rec.ttft_s = time.monotonic() - t0
             first = False
         out = meter.feed(data)
-        if out and not cycle.disconnected:
+        if out and not (lost or cycle.disconnected):
             transport.write(b"%x\r\n%b\r\n" % (len(out), out))
         return not flow.write_paused
 
@@ -623,20 +626,26 @@ async def _direct(conn: Connection, cycle: RequestResponseCycle, meter: StreamMe
         which is the client's too: no parse, no copy, no re-framing."""
         if first or not meter.passes(framed):
             return None  # (the first read sets the time to first token)
-        if not cycle.disconnected:
+        if not (lost or cycle.disconnected):
             transport.write(framed)
         return not flow.write_paused
 
     def wake(_: asyncio.Future[None]) -> None:
         conn.wake()
 
+    def gone_now() -> None:
+        nonlocal lost
+        lost = True
+        conn.wake()
+
     def left() -> bool:
-        return cycle.disconnected or (gone is not None and gone.done())
+        return lost or cycle.disconnected or (gone is not None and gone.done())
 
     if gone is not None:
         gone.add_done_callback(wake)
     if edge is not None:
-        edge.on_lost = conn.wake
+        edge.on_lost = gone_now
+        flow.resume_reading()  # (a request pipelined behind this one paused reading: a hang-up is read all the same)
     conn.relay_to(sink, whole)
     try:
         while True:

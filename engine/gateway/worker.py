@@ -249,7 +249,8 @@ class WorkerGateway(Gateway):
             if len(self._routes) >= 1024:
                 self._routes.clear()
             admission = None if answer.deployment is None else RemoteAdmission(self.link, model, answer)
-            if admission is not None and cached is not None and cached[1] is not None:
+            if admission is not None and cached is not None and cached[1] is not None \
+                    and cached[1].deployment_id == admission.deployment_id:
                 admission.open_now = cached[1].open_now  # (as the last grant said)
             self._routes[model] = cached = (now, admission)
         return cached[1]

@@ -112,10 +112,11 @@ def gateway(upstream: ScriptedUpstream, upstream_timeout_s: float = 5.0) -> Iter
         yield port, app
 
 
-def ask(port: int) -> socket.socket:
+def ask(port: int, requests: int = 1) -> socket.socket:
+    """A connection that sent ``requests`` streamed completions at once (more than one: pipelined)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                 b"content-length: %d\r\n\r\n%b" % (len(REQUEST), REQUEST))
+    sock.sendall(requests * (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json"
+                             b"\r\ncontent-length: %d\r\n\r\n%b" % (len(REQUEST), REQUEST)))
     return sock
 
 
@@ -260,12 +261,14 @@ def test_a_client_that_hangs_up_mid_stream_ends_vllms_request_and_frees_the_slot
 
 
 @pytest.mark.usefixtures("only_direct")
-def test_a_client_that_hangs_up_while_vllm_sends_nothing_is_seen_at_once() -> None:
+@pytest.mark.parametrize("pipelined", [False, True], ids=["one-request", "a-second-request-pipelined-behind-it"])
+def test_a_client_that_hangs_up_while_vllm_sends_nothing_is_seen_at_once(pipelined: bool) -> None:
     """vLLM in a long prefill, or stalled: no event comes to notice the client's hang-up by. Its connection's loss
-    ends vLLM's request and frees the slot at once, not at vLLM's next token (30 s later here)."""
+    ends vLLM's request and frees the slot at once, not at vLLM's next token (30 s later here). A request pipelined
+    behind the stream makes uvicorn stop reading the connection: the hang-up is read all the same."""
     upstream = ScriptedUpstream([token(0), token(1)], pace_s=30.0)
     with gateway(upstream) as (port, app):
-        with ask(port) as sock:
+        with ask(port, requests=2 if pipelined else 1) as sock:
             got = b""
             while b"data: {" not in got:
                 got += sock.recv(65536)

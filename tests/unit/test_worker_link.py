@@ -45,12 +45,21 @@ async def _asked(reader: asyncio.StreamReader) -> wire.Acquire:
     return asked
 
 
-def test_messages_of_one_turn_reach_the_engine_whole_and_in_order() -> None:
+def test_messages_of_one_turn_reach_the_engine_whole_in_order_and_in_one_write() -> None:
     async def body(link: EngineLink, engine: asyncio.StreamReader, _: asyncio.StreamWriter) -> None:
+        writes: list[bytes] = []
+        write = link.writer.write
+
+        def counted(data: bytes | bytearray | memoryview) -> None:
+            writes.append(bytes(data))
+            write(data)
+
+        link.writer.write = counted  # type: ignore[method-assign]
         for permit in range(1, 51):  # fifty requests end in one turn of the loop
             link.tell(wire.Done(permit, used=permit * 10))
         got = [await _next(engine) for _ in range(50)]
         assert got == [wire.Done(p, used=p * 10) for p in range(1, 51)]
+        assert len(writes) == 1  # one system call, not fifty
 
     asyncio.run(_linked(body))
 
