@@ -416,7 +416,7 @@ def gateway_workers(config: AppConfig, coordinator: Coordinator, keys_required: 
                       limit_bytes_per_token=config.limit_bytes_per_token,
                       limit_unasked_max_tokens=config.limit_unasked_max_tokens)
     return WorkerPool(count, config.host, config.data_port, spec, coordinator, emit,
-                      stop_timeout_s=config.drain_timeout_s + 5)
+                      stop_timeout_s=config.drain_timeout_s + 5, busy_share=config.gateway_worker_busy_share)
 
 
 def engine_log_handler(config: AppConfig) -> logging.Handler:

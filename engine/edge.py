@@ -46,10 +46,18 @@ class HeadLimits:
     timeout_s: float = 10.0
 
 
+class Shedding:
+    """Whether the connections of this server are let go after their current response (``connection: close``):
+    a busy gateway worker's, so that their clients reconnect to one with room (engine/gateway/steering.py)."""
+
+    on: bool = False
+
+
 class EdgeProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with bounded, timed heads. Use ``edge_protocol(limits)`` for a class."""
 
     limits = HeadLimits()
+    shedding: Shedding | None = None
 
     _header_timer: asyncio.TimerHandle | None = None
     _in_head = True  # the parser is in (or before) a request head; False while a body arrives
@@ -190,6 +198,8 @@ class EdgeProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_bytes = self._line_bytes = self._lines = 0
         super().on_headers_complete()
+        if self.shedding is not None and self.shedding.on and self.cycle is not None:
+            self.cycle.keep_alive = False  # its answer says connection: close, and the connection ends with it
 
     def on_message_complete(self) -> None:
         self._in_head = True
@@ -200,9 +210,9 @@ class EdgeProtocol(HttpToolsProtocol):
         super().handle_websocket_upgrade()
 
 
-def edge_protocol(limits: HeadLimits) -> type[HttpToolsProtocol]:
-    """The protocol class to give uvicorn (``http=``), with these limits."""
-    return type("BoundedEdgeProtocol", (EdgeProtocol,), {"limits": limits})
+def edge_protocol(limits: HeadLimits, shedding: Shedding | None = None) -> type[HttpToolsProtocol]:
+    """The protocol class to give uvicorn (``http=``), with these limits (and this server's ``shedding``)."""
+    return type("BoundedEdgeProtocol", (EdgeProtocol,), {"limits": limits, "shedding": shedding})
 
 
 # --- Host ------------------------------------------------------------------------------------------------------

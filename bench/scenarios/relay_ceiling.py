@@ -39,6 +39,7 @@ import httpx
 import psutil
 
 from bench.base import REPO, serve_engine_over
+from engine.config import AppConfig
 from engine.vllm import free_port
 
 MARK = b"data: {"
@@ -52,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "port with the stream relayed per event (a task wake-up and an ASGI send each), as before "
                    "2026-12-06; -3: the engine itself (its app as `llmops engine` builds it: ledger, metrics, "
                    "limits; keys off) on its own port, its default deployment's instances the stubs")
+    p.add_argument("--busy-share", type=float, nargs="+", default=[AppConfig.model_fields[
+                   "gateway_worker_busy_share"].default], help="gateway_worker_busy_share of each run of workers "
+                   "(one value: every run's; else one per --workers entry): new connections go to as few workers "
+                   "as their load needs; 0: every worker accepts, spread by the kernel (engine/gateway/steering.py)")
     p.add_argument("--clients", type=int, default=64, help="streaming clients at once")
     p.add_argument("--tokens", type=int, default=256, help="tokens a request asks for (one event each)")
     p.add_argument("--stubs", type=int, default=1, help="stub upstream processes (the deployment's instances)")
@@ -214,7 +219,6 @@ def host_gateway(a: argparse.Namespace) -> None:
     async def engine() -> None:
         """The engine itself over the stubs: what a request costs with its ledger, metrics and limits."""
         from engine.app import create_app
-        from engine.config import AppConfig
 
         os.environ.setdefault("LLMOPS_ADMIN_PASSWORD", "relay-ceiling-bench")
         with tempfile.TemporaryDirectory(prefix="relay-ceiling-") as data:
@@ -250,7 +254,7 @@ def host_gateway(a: argparse.Namespace) -> None:
                           max_asked_tokens=1 << 20, upstream_timeout_s=600.0, ledger_sample_rate=0.0,
                           keys_required=False, graceful_s=1.0)
         pool = WorkerPool(workers, "127.0.0.1", a.port, spec,
-                          Coordinator(lambda _: admission, keys, NoLedger(), lambda: []))
+                          Coordinator(lambda _: admission, keys, NoLedger(), lambda: []), busy_share=a.busy_share[0])
         await pool.start()
         try:
             await asyncio.Event().wait()
@@ -320,10 +324,13 @@ def run(a: argparse.Namespace) -> int:
         if direct is not None:
             results.append({"path": "direct to the stub", "workers": None, **direct})
             print(f"direct: {direct['tokens_per_s']:,.0f} tok/s", flush=True)
-        for workers in a.workers:
+        if len(a.busy_share) not in (1, len(a.workers)):
+            raise SystemExit("--busy-share: one value, or one per --workers entry")
+        for k, workers in enumerate(a.workers):
+            share = a.busy_share[k if len(a.busy_share) > 1 else 0]
             port = free_port()
             cmd = [sys.executable, "-m", "bench", "relay-ceiling", "--host-gateway", "--workers", str(workers),
-                   "--port", str(port), "--out", str(a.out / "host"),
+                   "--busy-share", str(share), "--port", str(port), "--out", str(a.out / "host"),
                    *[x for p in ports for x in ("--upstream", f"http://127.0.0.1:{p}")]]
             host = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True)
             try:
@@ -339,8 +346,10 @@ def run(a: argparse.Namespace) -> int:
                 host.wait(30)
             path = ("engine's port" if workers == 0 else "byte proxy (the floor)" if workers == -1
                     else "engine's port, relayed per event (before)" if workers == -2
-                    else "the engine itself (ledger, metrics, limits)" if workers == -3 else f"{workers} workers")
-            row = {"path": path, "workers": workers, **figures,
+                    else "the engine itself (ledger, metrics, limits)" if workers == -3 else f"{workers} workers"
+                    + (f", steered (busy share {share:g})" if share > 0 and workers > 1 else
+                       ", spread by the kernel" if workers > 1 else ""))
+            row = {"path": path, "workers": workers, "busy_share": share if workers > 0 else None, **figures,
                    "gateway_cores": cores,
                    # reads and writes of the gateway's processes per token relayed (the floor: about 2)
                    "syscalls_per_token": round(calls_s / figures["tokens_per_s"], 3) if figures["tokens_per_s"]

@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ class WorkerTally:
     refused: int = 0  # keys refused, models not found, queues full or timed out
     held: int = 0  # slots it holds now
     waits: int = 0  # requests of it waiting for a slot now
+    cpu: float | None = None  # its share of a core lately, as it said (wire.Busy)
+    said: wire.Steer | None = None  # what it was last told about taking connections
+    tell: Callable[[wire.Answer], None] | None = None  # a message to it, while its link is up
 
 
 @dataclass
@@ -65,16 +69,19 @@ class Coordinator:
         self.ledger = ledger
         self.models = models
         self._permits = itertools.count(1)
+        self.on_busy: Callable[[], None] | None = None  # a worker said how busy it is, or its link came or went
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tally: WorkerTally) -> None:
         """Answer one worker until its socket closes; then give back what it held."""
         conn = _Conn(writer, tally)
+        tally.tell, tally.said, tally.cpu = conn.send, None, None
+        self._busy()
         try:
             while True:
                 try:
                     ask = await wire.read_ask(reader)
                 except wire.WireError as exc:
-                    if not reader.at_eof():
+                    if not isinstance(exc, wire.LinkClosedError) and not reader.at_eof():
                         log.warning("a gateway worker sent what the engine cannot read (%s): disconnected", exc)
                     return
                 try:
@@ -97,6 +104,7 @@ class Coordinator:
             conn.grants.clear()
             tally.held = 0
             tally.waits = 0
+            tally.tell = None
             writer.close()
 
     def _take(self, conn: _Conn, ask: wire.Ask) -> None:
@@ -126,10 +134,17 @@ class Coordinator:
             case wire.Ledger():
                 if self.ledger is not None:
                     self.ledger.record(ask.record)
+            case wire.Busy():
+                conn.tally.cpu = ask.cpu if math.isfinite(ask.cpu) else None
+                self._busy()
             case wire.Models():
                 entries = [(str(m.get("deployment") or ""), json.dumps(
                     {k: v for k, v in m.items() if k != "deployment"}).encode()) for m in self.models()]
                 conn.send(wire.ModelList(ask.id, entries))
+
+    def _busy(self) -> None:
+        if self.on_busy is not None:
+            self.on_busy()
 
     def _wait(self, conn: _Conn, ask: wire.Check | wire.Acquire, work: Any) -> None:
         async def answered() -> None:

@@ -26,6 +26,10 @@ class WireError(EngineError):
     """The other end sent what is not a message, or went away."""
 
 
+class LinkClosedError(WireError):
+    """The other end went away (closed, or died: its socket reset)."""
+
+
 class WorkerSpec(msgspec.Struct, frozen=True):
     """What a worker is told at start (its argument: no secret in it)."""
 
@@ -112,7 +116,14 @@ class Models(msgspec.Struct, tag="models", frozen=True):
     id: int
 
 
-Ask = Check | Resolve | Acquire | Cancel | Done | Ledger | Models
+class Busy(msgspec.Struct, tag="busy", frozen=True):
+    """How busy the worker was since it last said (its process's share of a core), every BUSY_EVERY_S; no answer
+    (engine/gateway/steering.py decides from it which workers take new connections)."""
+
+    cpu: float
+
+
+Ask = Check | Resolve | Acquire | Cancel | Done | Ledger | Models | Busy
 
 
 # --- the engine answers ----------------------------------------------------------------------------------------
@@ -177,7 +188,16 @@ class ModelList(msgspec.Struct, tag="model_list", frozen=True):
     models: list[tuple[str, bytes]]
 
 
-Answer = Checked | Refused | Route | Granted | ModelList
+class Steer(msgspec.Struct, tag="steer", frozen=True):
+    """Unasked: whether the worker takes new connections on the data port (``accept``) and whether it lets each of
+    its connections go after its response (``shed``: its clients reconnect, to a worker with room)."""
+
+    accept: bool
+    shed: bool
+    id: int = 0  # (answers no question)
+
+
+Answer = Checked | Refused | Route | Granted | ModelList | Steer
 
 _encoder = msgspec.msgpack.Encoder()
 _ask = msgspec.msgpack.Decoder(Ask)
@@ -222,7 +242,9 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
             raise WireError(f"a message of {size:,} bytes (at most {MAX_FRAME:,})")
         return await reader.readexactly(size)
     except asyncio.IncompleteReadError as exc:
-        raise WireError("the other end closed the connection") from exc
+        raise LinkClosedError("the other end closed the connection") from exc
+    except OSError as exc:  # (reset: it died, or closed, with our messages unread in its buffer)
+        raise LinkClosedError(f"the other end's connection broke ({exc.strerror or exc})") from exc
 
 
 async def read_ask(reader: asyncio.StreamReader) -> Ask:

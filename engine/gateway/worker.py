@@ -30,7 +30,7 @@ from starlette.types import Receive, Scope, Send
 from engine.access.auth import Principal
 from engine.access.keys import KeyRefusedError, bearer
 from engine.bodies import BodyBudget, RequestBounds
-from engine.edge import HeadLimits, HostCheck, edge_protocol, host_of, refuse_host
+from engine.edge import HeadLimits, HostCheck, Shedding, edge_protocol, host_of, refuse_host
 from engine.errors import EngineError, QueueFullError, QueueTimeoutError, UpstreamUnavailableError
 from engine.gateway import wire
 from engine.gateway.admission import Admission, Flow, Upstream
@@ -38,6 +38,7 @@ from engine.gateway.datapath import BodyLimits, DataPath
 from engine.gateway.ledger import Record
 from engine.gateway.limits import LimitExceededError
 from engine.gateway.proxy import Claim, Gateway, send_simple
+from engine.gateway.steering import BUSY_EVERY_S
 
 log = logging.getLogger("llmops.gateway.worker")
 
@@ -55,12 +56,17 @@ class EngineLink:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[wire.Answer]] = {}
         self.lost: str | None = None
+        self.on_steer: Callable[[wire.Steer], None] | None = None  # the engine said whether to take connections
 
     async def run(self) -> None:
         """Read answers until the engine's end closes."""
         try:
             while True:
                 answer = await wire.read_answer(self.reader)
+                if isinstance(answer, wire.Steer):
+                    if self.on_steer is not None:
+                        self.on_steer(answer)
+                    continue
                 future = self._waiting.pop(answer.id, None)
                 if future is not None and not future.done():
                     future.set_result(answer)
@@ -291,6 +297,87 @@ class WorkerApp:
             await send({"type": "websocket.close", "code": 1008})
 
 
+class BusyReports:
+    """Say how busy this worker is (its process's share of a core) every BUSY_EVERY_S, until stopped."""
+
+    def __init__(self, link: EngineLink) -> None:
+        self.link = link
+        self._last = (time.monotonic(), time.process_time())
+        self._timer = asyncio.get_running_loop().call_later(BUSY_EVERY_S, self._report)
+
+    def _report(self) -> None:
+        now, cpu = time.monotonic(), time.process_time()
+        then, was = self._last
+        if now > then:
+            self.link.tell(wire.Busy(round((cpu - was) / (now - then), 4)))
+        self._last = (now, cpu)
+        self._timer = asyncio.get_running_loop().call_later(BUSY_EVERY_S, self._report)
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
+class Steered(uvicorn.Server):
+    """uvicorn's server, taking connections on the data port only while the engine says so (wire.Steer:
+    engine/gateway/steering.py). Its listening socket is the engine's, shared by every worker: a worker that stops
+    accepting closes only its own copy, and opens a new copy to accept again."""
+
+    def __init__(self, config: uvicorn.Config, listener: socket.socket, shedding: Shedding, link: EngineLink
+                 ) -> None:
+        super().__init__(config)
+        self.link = link
+        self.reports: BusyReports | None = None  # from the end of its startup (what starting cost is not load)
+        self.listener = listener
+        self.shedding = shedding
+        self.accept_wanted = True  # (until the engine says: as every worker did before steering)
+        self._accepting = False
+        self._up = False  # its startup is over (uvicorn's own servers are open)
+        self._turning: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self._up = self._accepting = True
+        self.reports = BusyReports(self.link)
+        self._turn()
+
+    def steer(self, said: wire.Steer) -> None:
+        self.shedding.on = said.shed
+        self.accept_wanted = said.accept
+        self._turn()
+
+    def _turn(self) -> None:
+        if not self._up or self.should_exit:
+            return  # (not up yet: startup turns it; stopping: uvicorn closes what is open)
+        if self._turning is not None and not self._turning.done():
+            return  # (it turns again when done)
+        if self.accept_wanted and not self._accepting:
+            self._turning = asyncio.ensure_future(self._accept())
+        elif not self.accept_wanted and self._accepting:
+            for server in self.servers:
+                server.close()
+            self.servers = []  # (its connections are uvicorn's to wait for on stop, not the servers')
+            self._accepting = False
+
+    async def _accept(self) -> None:
+        config = self.config
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=self.server_state, app_state=self.lifespan.state)
+
+        try:
+            server = await asyncio.get_running_loop().create_server(protocol, sock=self.listener.dup(),
+                                                                    backlog=config.backlog)
+        except OSError as exc:  # (no descriptor left: it stays closed, the others accept)
+            log.warning("a gateway worker could not accept on the data port again (%s)", exc)
+            return
+        self.servers.append(server)
+        self._accepting = True
+        if self.should_exit:  # (stopping began meanwhile: uvicorn closed only what it saw)
+            server.close()
+        asyncio.get_running_loop().call_soon(self._turn)  # (told otherwise meanwhile)
+
+
 async def serve(spec: wire.WorkerSpec, listener: socket.socket, engine: socket.socket) -> None:
     reader, writer = await asyncio.open_connection(sock=engine)
     link = EngineLink(reader, writer)
@@ -301,23 +388,29 @@ async def serve(spec: wire.WorkerSpec, listener: socket.socket, engine: socket.s
     data_path = WorkerDataPath(gateway, RemoteKeys(link, spec.keys_required), limits,
                                BodyBudget(spec.body_budget_bytes, spec.body_share_bytes))
     app = WorkerApp(data_path, HostCheck(spec.hosts), spec.engine_port)
-    server = uvicorn.Server(uvicorn.Config(
+    shedding = Shedding()
+    server = Steered(uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="off", server_header=False,
-        http=edge_protocol(HeadLimits(spec.head_bytes, spec.line_bytes, spec.head_timeout_s)),
+        http=edge_protocol(HeadLimits(spec.head_bytes, spec.line_bytes, spec.head_timeout_s), shedding),
         proxy_headers=bool(spec.trusted_proxies), forwarded_allow_ips=list(spec.trusted_proxies),
-        timeout_graceful_shutdown=max(1, math.ceil(spec.graceful_s))))
+        timeout_graceful_shutdown=max(1, math.ceil(spec.graceful_s)), backlog=4096), listener, shedding, link)
+    link.on_steer = server.steer
 
     async def watch() -> None:
-        await link.run()
-        log.warning("gateway worker %d: %s; stopping", spec.index, link.lost)
-        server.should_exit = True
+        try:
+            await link.run()
+        finally:  # (whatever ended it: no worker outlives its link)
+            log.warning("gateway worker %d: %s; stopping", spec.index, link.lost)
+            server.should_exit = True
 
     watcher = asyncio.ensure_future(watch())
     gc.collect()
     gc.freeze()  # (as the engine does: its start's objects are left out of the collector's full passes)
     try:
-        await server.serve(sockets=[listener])
+        await server.serve(sockets=[listener.dup()])  # (uvicorn closes its copy; a new one accepts again)
     finally:
+        if server.reports is not None:
+            server.reports.stop()
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher

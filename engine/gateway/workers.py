@@ -34,7 +34,8 @@ from prometheus_client.registry import Collector
 
 from engine.errors import EngineError
 from engine.gateway.coordinator import Coordinator, WorkerTally
-from engine.gateway.wire import WorkerSpec
+from engine.gateway.steering import Steering
+from engine.gateway.wire import Steer, WorkerSpec
 from engine.vllm import child_env
 
 RESTART_FIRST_S = 0.5
@@ -71,7 +72,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 class WorkerPool:
     def __init__(self, count: int, host: str, port: int, spec: WorkerSpec, coordinator: Coordinator,
-                 emit: Emit | None = None, stop_timeout_s: float = 20.0) -> None:
+                 emit: Emit | None = None, stop_timeout_s: float = 20.0, busy_share: float = 0.0) -> None:
+        """``busy_share``: gateway_worker_busy_share (engine/gateway/steering.py); 0: every worker accepts."""
         self.count = count
         self.host = host
         self.port = port
@@ -84,6 +86,19 @@ class WorkerPool:
         self._tasks: list[asyncio.Task[None]] = []
         self._listener: socket.socket | None = None
         self._stopping = False
+        self.steering = Steering(busy_share)
+        coordinator.on_busy = self._steer
+
+    def _steer(self) -> None:
+        """Tell each worker whose part changed whether it takes new connections (and whether it sheds)."""
+        says = self.steering.decide([(w.tally.cpu or 0.0) if w.alive and w.tally.tell is not None else None
+                                     for w in self.workers])
+        for w, say in zip(self.workers, says, strict=True):
+            tell = w.tally.tell
+            steer = Steer(say.accept, say.shed)
+            if tell is not None and w.tally.said != steer:
+                w.tally.said = steer
+                tell(steer)
 
     async def start(self) -> None:
         """Bind the data port and start the workers (they take connections as soon as each is up)."""
@@ -163,6 +178,8 @@ class WorkerPool:
             if link is not None:
                 with contextlib.suppress(Exception):
                     await link
+            if not self._stopping:
+                self._steer()  # (the next one takes new connections now, not after this one's restart)
 
     async def stop(self) -> None:
         """Stop taking connections, let the workers' streams finish (stop_timeout_s), then end them."""
@@ -207,13 +224,25 @@ class WorkersCollector(Collector):
                                      "for since its process started", labels=["worker"])
         held = GaugeMetricFamily("llmops_gateway_worker_in_flight", "A gateway worker's requests on an instance now",
                                  labels=["worker"])
+        accepting = GaugeMetricFamily("llmops_gateway_worker_accepting", "Whether a gateway worker takes new "
+                                      "connections now (gateway_worker_busy_share)", labels=["worker"])
+        shedding = GaugeMetricFamily("llmops_gateway_worker_shedding", "Whether a gateway worker lets its "
+                                     "connections go after their response, to move load to a worker with room",
+                                     labels=["worker"])
+        cpu = GaugeMetricFamily("llmops_gateway_worker_cpu", "A gateway worker's share of a core lately, as it "
+                                "said", labels=["worker"])
         for w in self.pool.workers:
             label = [str(w.index)]
             up.add_metric(label, 1.0 if w.alive else 0.0)
             restarts.add_metric(label, w.restarts)
             requests.add_metric(label, w.tally.requests)
             held.add_metric(label, w.tally.held)
-        yield from (up, restarts, requests, held)
+            said = w.tally.said
+            accepting.add_metric(label, 1.0 if w.alive and (said is None or said.accept) else 0.0)
+            shedding.add_metric(label, 1.0 if w.alive and said is not None and said.shed else 0.0)
+            if w.alive and w.tally.cpu is not None:
+                cpu.add_metric(label, w.tally.cpu)
+        yield from (up, restarts, requests, held, accepting, shedding, cpu)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

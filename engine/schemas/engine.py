@@ -190,6 +190,11 @@ class GatewayWorkerOut(BaseModel):
     in_flight: int = Field(description="its requests on an instance now")
     waiting: int = Field(description="its requests waiting for a key's check or a slot now")
     refused: int = Field(description="its requests refused by the engine (key, model, queue) since it started")
+    accepting: bool = Field(True, description="it takes new connections now: new connections go to as few workers "
+                            "as their load needs (gateway_worker_busy_share)")
+    shedding: bool = Field(False, description="it lets each of its connections go after its response, so that their "
+                           "clients reconnect to a worker with room")
+    cpu: float | None = Field(None, description="its share of a core lately, as it said (None: not said yet)")
 
 
 class GatewayInfo(BaseModel):

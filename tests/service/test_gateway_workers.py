@@ -11,7 +11,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,6 +21,8 @@ import pytest
 from engine.access import GatewayKeys, Principal, RateLimiter
 from engine.gateway import Admission, Coordinator, KeyLimits, Policy, WorkerPool, WorkerSpec
 from engine.gateway.limits import Bounds
+from engine.gateway.steering import Say, Steering
+from engine.gateway.wire import Steer
 from tests.testkit.ledger import Records
 from tests.testkit.served import read_until_closed
 from tests.testkit.stub_upstream import stub_upstream
@@ -52,7 +54,8 @@ def spec(keys_required: bool = False, max_bytes: int = 1 << 20) -> WorkerSpec:
 @asynccontextmanager
 async def pool_of(url: str, count: int = 2, limit: int | None = None, keys_required: bool = False,
                   events: list[tuple[str, dict[str, object]]] | None = None, limits: KeyLimits | None = None,
-                  tokens_per_event: int = 1) -> AsyncIterator[tuple[WorkerPool, Admission, Records, str]]:
+                  tokens_per_event: int = 1, busy_share: float = 0.0
+                  ) -> AsyncIterator[tuple[WorkerPool, Admission, Records, str]]:
     """``count`` workers on a free data port, before one deployment ("a", model "m") whose one instance is ``url``
     (held to ``limit`` requests at once; its vLLM's --stream-interval ``tokens_per_event``)."""
     admission = Admission(16, 10.0, deployment_id=1, deployment="a")
@@ -69,7 +72,7 @@ async def pool_of(url: str, count: int = 2, limit: int | None = None, keys_requi
     coordinator = Coordinator(route, keys, records, models, limits)
     pool = WorkerPool(count, "127.0.0.1", 0, spec(keys_required), coordinator,
                       emit=lambda kind, _m, _s, data: events.append((kind, data)) if events is not None else None,
-                      stop_timeout_s=10)
+                      stop_timeout_s=10, busy_share=busy_share)
     await pool.start()
     base = f"http://127.0.0.1:{pool.port}"
     try:
@@ -287,4 +290,67 @@ def test_a_stream_a_client_left_through_a_worker_is_metered_at_its_instance_s_to
                 assert records.records[0].error == "the client disconnected"
                 assert tokens is not None and tokens >= 1 + 4 * (seen - 1) and (tokens - 1) % 4 == 0, tokens
                 await eventually(lambda: admission.in_flight == 0, 5, what="the slot given back")
+    run(body)
+
+
+class Forced(Steering):
+    """The engine's steering, told what to say whatever the load."""
+
+    def __init__(self, says: list[Say]) -> None:
+        super().__init__(0.5)
+        self.says = says
+
+    def decide(self, loads: Sequence[float | None]) -> list[Say]:
+        return list(self.says)
+
+
+def test_a_light_load_stays_on_the_first_worker_and_the_next_takes_over_at_once_when_it_dies() -> None:
+    async def body() -> None:
+        with stub_upstream(token_s=0.002) as (_, url):
+            # (a whole core's share: twelve streams back to back on a 2-core host may well take half of one, and
+            # the next worker would then rightly take some: engine/gateway/steering.py's rules are unit-tested)
+            async with pool_of(url, count=3, busy_share=1.0) as (pool, admission, _, base):
+                await eventually(lambda: [w.tally.said for w in pool.workers] == [
+                    Steer(True, False), Steer(False, False), Steer(False, False)], 20,
+                    what="the first worker alone taking connections")
+                answers = [await stream(base, 5) for _ in range(12)]  # each on a connection of its own
+                assert [status for status, _ in answers] == [200] * 12
+                assert [w.tally.requests for w in pool.workers] == [12, 0, 0]  # not spread over three processes
+                first, second, _ = pool.workers
+                assert first.pid is not None
+                os.kill(first.pid, signal.SIGKILL)
+                await eventually(lambda: not first.alive, 5, what="the first worker seen dead")
+                answers = await asyncio.gather(*(stream(base, 5) for _ in range(4)))
+                assert [status for status, _ in answers] == [200] * 4
+                assert second.tally.requests == 4  # the next one took them, without waiting for the restart
+                await eventually(lambda: first.alive and first.tally.said is not None, 15, what="the first back")
+                answers = [await stream(base, 5) for _ in range(3)]
+                assert [status for status, _ in answers] == [200] * 3
+                assert first.tally.requests == 3 and second.tally.requests == 4  # and the first has them again
+                await eventually(lambda: admission.in_flight == 0, 5, what="every slot given back")
+    run(body)
+
+
+def test_a_worker_told_to_shed_lets_a_kept_alive_connection_go_and_its_client_reconnects_to_one_with_room() -> None:
+    async def body() -> None:
+        with stub_upstream(token_s=0.002) as (_, url):
+            async with pool_of(url, count=2, busy_share=0.5) as (pool, _, _, base):
+                first, second = pool.workers
+                await eventually(lambda: first.tally.said == Steer(True, False) and second.tally.said == Steer(
+                    False, False), 10, what="the first worker alone taking connections")
+                body = {"model": "m", "prompt": "hello", "max_tokens": 3}
+                async with httpx.AsyncClient(base_url=base, timeout=30) as client:  # one kept-alive connection
+                    first_answer = await client.post("/v1/completions", json=body)
+                    assert first_answer.status_code == 200 and "close" not in first_answer.headers.get(
+                        "connection", "")
+                    assert [w.tally.requests for w in pool.workers] == [1, 0]
+                    pool.steering = Forced([Say(accept=False, shed=True), Say(accept=True, shed=False)])
+                    await eventually(lambda: first.tally.said == Steer(False, True), 5,
+                                     what="the first worker told to shed (at its next report)")
+                    let_go = await client.post("/v1/completions", json=body)  # on the kept-alive connection
+                    assert let_go.status_code == 200 and let_go.headers["connection"] == "close"
+                    assert [w.tally.requests for w in pool.workers] == [2, 0]
+                    again = await client.post("/v1/completions", json=body)  # the client reconnects
+                    assert again.status_code == 200
+                    assert [w.tally.requests for w in pool.workers] == [2, 1]
     run(body)

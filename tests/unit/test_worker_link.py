@@ -120,3 +120,24 @@ def test_a_lost_engine_fails_the_questions_waiting_at_once() -> None:
 
     asyncio.run(_linked(body))
 
+
+
+def test_an_engine_that_dies_with_the_worker_s_messages_unread_ends_the_link_as_a_close_would() -> None:
+    """A killed engine leaves what its workers sent unread: the kernel resets the socket instead of closing it, and
+    a reset the link took for something else left the worker serving on the data port for ever, its engine gone."""
+
+    async def body() -> None:
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        link = EngineLink(reader, writer)
+        running = asyncio.ensure_future(link.run())
+        for _ in range(20):
+            link.tell(wire.Busy(0.1))  # what the engine never reads
+        await asyncio.sleep(0)  # (the outbox writes at the end of the turn)
+        link.out.flush()
+        theirs.close()
+        await asyncio.wait_for(running, 5)  # ended, not raised
+        assert link.lost is not None and "broke" in link.lost
+        writer.close()
+
+    asyncio.run(body())

@@ -83,7 +83,10 @@ def gateway_info(svc: ServicesDep, runtime: RuntimeDep) -> GatewayInfo:
     served = values.get("served_model_name")
     workers = [GatewayWorkerOut(index=w.index, pid=w.pid, alive=w.alive, started_at=w.started_at,
                                 restarts=w.restarts, last_exit=w.last_exit, requests=w.tally.requests,
-                                in_flight=w.tally.held, waiting=w.tally.waits, refused=w.tally.refused)
+                                in_flight=w.tally.held, waiting=w.tally.waits, refused=w.tally.refused,
+                                accepting=w.alive and (w.tally.said is None or w.tally.said.accept),
+                                shedding=w.alive and w.tally.said is not None and w.tally.said.shed,
+                                cpu=w.tally.cpu if w.alive else None)
                for w in (svc.workers.workers if svc.workers is not None else [])]
     return GatewayInfo(base_url=svc.public_url.rstrip("/") + "/v1", keys_required=svc.gateway_keys,
                        served_model=str(served) if served else None, model=card,
