@@ -47,10 +47,23 @@ class HeadLimits:
 
 
 class Shedding:
-    """Whether the connections of this server are let go after their current response (``connection: close``):
-    a busy gateway worker's, so that their clients reconnect to one with room (engine/gateway/steering.py)."""
+    """The share of this server's responses after which their connection is let go (``connection: close``): a busy
+    gateway worker's, so that those clients reconnect to one with room (engine/gateway/steering.py). Every
+    1/share-th response, not drawn at random: the same share always moves the same number."""
 
-    on: bool = False
+    def __init__(self) -> None:
+        self.share = 0.0
+        self._credit = 0.0
+
+    def take(self) -> bool:
+        """Whether this response lets its connection go."""
+        if self.share <= 0:
+            return False
+        self._credit += self.share
+        if self._credit < 1.0:
+            return False
+        self._credit -= 1.0
+        return True
 
 
 class EdgeProtocol(HttpToolsProtocol):
@@ -198,7 +211,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_bytes = self._line_bytes = self._lines = 0
         super().on_headers_complete()
-        if self.shedding is not None and self.shedding.on and self.cycle is not None:
+        if self.shedding is not None and self.cycle is not None and self.shedding.take():
             self.cycle.keep_alive = False  # its answer says connection: close, and the connection ends with it
 
     def on_message_complete(self) -> None:

@@ -81,10 +81,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # --- the load ----------------------------------------------------------------------------------------------------
 
 
+CLOSE = b"\r\nconnection: close\r\n"
+
+
 class _Stream(asyncio.Protocol):
-    def __init__(self, request: bytes, tally: list[int], stop_at: float, done: asyncio.Future[None]) -> None:
-        self.request, self.tally, self.stop_at, self.done = request, tally, stop_at, done
+    """One client: a request, its stream counted, the next request on the same connection; a connection the server
+    lets go after a response (``connection: close``: a gateway worker shedding load) is made again, as HTTP clients
+    do, and counted apart from one lost."""
+
+    def __init__(self, request: bytes, tally: list[int], stop_at: float, done: asyncio.Future[None],
+                 port: int) -> None:
+        self.request, self.tally, self.stop_at, self.done, self.port = request, tally, stop_at, done, port
         self.tail = b""
+        self.head_tail = b""  # (the last bytes, for a `connection: close` cut between reads)
+        self.let_go = False  # the last response said connection: close
+        self.complete = False  # its last response ended
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -95,18 +106,39 @@ class _Stream(asyncio.Protocol):
         buf = self.tail + data
         self.tally[0] += buf.count(MARK)
         self.tail = buf[-7:]
+        head = self.head_tail + data
+        self.let_go = self.let_go or CLOSE in head
+        self.head_tail = head[-(len(CLOSE) - 1):]
+        self.complete = False
         if buf.endswith(END):
             self.tally[1] += 1
             self.tail = b""
+            self.complete = True
+            if self.let_go:
+                return  # (the server closes it: made again in connection_lost)
             if time.monotonic() < self.stop_at and self.transport is not None:
                 self.transport.write(self.request)  # the next request on the same connection
             elif not self.done.done():
                 self.done.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.tally[2] += 1
+        if self.let_go and self.complete and time.monotonic() < self.stop_at:
+            self.tally[3] += 1
+            asyncio.get_running_loop().create_task(self._again())
+            return
+        if not (self.let_go and self.complete):
+            self.tally[2] += 1
         if not self.done.done():
             self.done.set_result(None)
+
+    async def _again(self) -> None:
+        try:
+            await asyncio.get_running_loop().create_connection(functools.partial(
+                _Stream, self.request, self.tally, self.stop_at, self.done, self.port), "127.0.0.1", self.port)
+        except OSError:
+            self.tally[2] += 1
+            if not self.done.done():
+                self.done.set_result(None)
 
 
 def _request(tokens: int, words: int, rng: random.Random) -> bytes:
@@ -119,27 +151,29 @@ def _request(tokens: int, words: int, rng: random.Random) -> bytes:
 
 
 async def _load(port: int, clients: int, tokens: int, warmup: float, seconds: float, words: int = 1,
-                seed: str = "") -> tuple[int, int, int]:
-    """Tokens and requests counted in the window (after ``warmup``), and connections lost."""
+                seed: str = "") -> tuple[int, int, int, int]:
+    """Tokens and requests counted in the window (after ``warmup``), connections lost, and connections made again
+    after the server let them go."""
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
-    tally = [0, 0, 0]
+    tally = [0, 0, 0, 0]
     stop_at = time.monotonic() + warmup + seconds
     dones = []
     for _ in range(clients):
         request = _request(tokens, words, rng)
         done: asyncio.Future[None] = loop.create_future()
-        await loop.create_connection(functools.partial(_Stream, request, tally, stop_at, done), "127.0.0.1", port)
+        await loop.create_connection(functools.partial(_Stream, request, tally, stop_at, done, port), "127.0.0.1",
+                                     port)
         dones.append(done)
     await asyncio.sleep(warmup)
     start = tally.copy()
     await asyncio.sleep(seconds)
     end = tally.copy()
     await asyncio.wait(dones, timeout=60)
-    return end[0] - start[0], end[1] - start[1], tally[2]
+    return end[0] - start[0], end[1] - start[1], tally[2], tally[3]
 
 
-def _load_proc(args: tuple[int, int, int, float, float, int, str]) -> tuple[int, int, int]:
+def _load_proc(args: tuple[int, int, int, float, float, int, str]) -> tuple[int, int, int, int]:
     import uvloop
 
     return uvloop.run(_load(*args))
@@ -151,8 +185,9 @@ def load(port: int, a: argparse.Namespace, part: str) -> dict[str, float]:
     with multiprocessing.get_context("spawn").Pool(a.load_procs) as pool:
         results = pool.map(_load_proc, [(port, n, a.tokens, a.warmup, a.seconds, a.prompt_words,
                                          f"{a.seed}/{part}/{i}") for i, n in enumerate(per)])
-    tokens, requests, lost = (sum(r[i] for r in results) for i in range(3))
-    return {"tokens_per_s": tokens / a.seconds, "requests_per_s": requests / a.seconds, "connections_lost": lost}
+    tokens, requests, lost, again = (sum(r[i] for r in results) for i in range(4))
+    return {"tokens_per_s": tokens / a.seconds, "requests_per_s": requests / a.seconds, "connections_lost": lost,
+            "reconnects": again}
 
 
 # --- the gateway host --------------------------------------------------------------------------------------------
@@ -374,15 +409,16 @@ def run(a: argparse.Namespace) -> int:
              f"{a.prompt_words} word(s), seed {a.seed}"
              + (", the stubs' events shaped and timed as vLLM's" if a.vllm_shaped else ""), "",
              "| path | tokens/s | requests/s | gateway CPU (cores) | % of a core per 1,000 tok/s "
-             "| reads and writes per token | lost |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| reads and writes per token | lost | let go, made again |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         head = f"| {r['path']} | {r['tokens_per_s']:,.0f} | {r['requests_per_s']:,.1f} | "
         if "gateway_cores" in r:
             lines.append(head + f"{r['gateway_cores']:.2f} | {r['cpu_pct_per_1k_tok_s'] or 0:.2f} | "
-                         f"{_or_dash(r.get('syscalls_per_token'))} | {r['connections_lost']} |")
+                         f"{_or_dash(r.get('syscalls_per_token'))} | {r['connections_lost']} | "
+                         f"{r.get('reconnects', 0)} |")
         else:
-            lines.append(head + f"– | – | – | {r['connections_lost']} |")
+            lines.append(head + f"– | – | – | {r['connections_lost']} | {r.get('reconnects', 0)} |")
     (a.out / "relay-ceiling.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -8,9 +8,10 @@ share of a core, every BUSY_EVERY_S), and the first ``n`` running workers accept
 stays under ``share``. ``n`` grows at once and shrinks one worker at a time, after the load has stayed under
 SHRINK_AT of what ``n - 1`` could take for HOLD_S (no flapping). Connections a worker has keep going to it (HTTP
 keep-alive): a worker clearly busier than one that accepts (by SHED_GAP of a core) therefore *sheds*, answering
-``connection: close`` after each response, so that its clients reconnect to one with room; it takes no new
-connection meanwhile. A worker that no longer accepts sheds too while it still relays (a burst spread the clients,
-the load fell back): they gather again on the first. ``share`` 0: every worker accepts, as before."""
+``connection: close`` after a share of its responses (enough to move half the gap), so that those clients reconnect
+to one with room; it takes no new connection meanwhile. A worker that no longer accepts sheds all of them while it
+still relays (a burst spread the clients, the load fell back): they gather again on the first. ``share`` 0: every
+worker accepts, as before."""
 
 from __future__ import annotations
 
@@ -28,11 +29,11 @@ IDLE = 0.02  # a worker busier than this has streams to relay (an idle one takes
 
 @dataclass(frozen=True)
 class Say:
-    """What one worker is told: whether it takes new connections, and whether it lets its connections go after
-    their response."""
+    """What one worker is told: whether it takes new connections, and the share of its responses after which it
+    lets their connection go (0: none)."""
 
     accept: bool
-    shed: bool
+    shed: float
 
 
 class Steering:
@@ -47,7 +48,7 @@ class Steering:
         """``loads``: each worker's share of a core lately (0 when it has not said yet; None: it does not run)."""
         running = [i for i, load in enumerate(loads) if load is not None]
         if self.share <= 0 or not running:
-            return [Say(load is not None, False) for load in loads]
+            return [Say(load is not None, 0.0) for load in loads]
         busy = {i: float(loads[i] or 0.0) for i in running}
         total = sum(busy.values())
         need = min(len(running), max(1, math.ceil(total / self.share)))
@@ -61,10 +62,15 @@ class Steering:
         elif now - self._under_since >= self.hold_s:
             self.n, self._under_since = self.n - 1, now
         accepting = set(running[:min(self.n, len(running))])
-        shed = {i for i in running if busy[i] > self.share
-                and any(busy[j] < busy[i] - SHED_GAP for j in accepting if j != i)}
-        # and one that no longer accepts, with connections still busy on it, lets them go to those that do
-        shed |= {i for i in running if i not in accepting and busy[i] > IDLE}
-        if accepting - shed:
-            accepting -= shed
-        return [Say(i in accepting, i in shed) for i in range(len(loads))]
+        shed: dict[int, float] = {}
+        for i in running:
+            if i not in accepting:  # no longer accepts, connections still busy on it: they go to those that do
+                if busy[i] > IDLE:
+                    shed[i] = 1.0
+            elif busy[i] > self.share:
+                least = min((busy[j] for j in accepting if j != i), default=busy[i])
+                if least < busy[i] - SHED_GAP:  # half the gap moves
+                    shed[i] = round(min(1.0, (busy[i] - least) / (2 * busy[i])), 3)
+        if accepting - shed.keys():
+            accepting -= shed.keys()
+        return [Say(i in accepting, shed.get(i, 0.0)) for i in range(len(loads))]

@@ -189,11 +189,11 @@ class ModelList(msgspec.Struct, tag="model_list", frozen=True):
 
 
 class Steer(msgspec.Struct, tag="steer", frozen=True):
-    """Unasked: whether the worker takes new connections on the data port (``accept``) and whether it lets each of
-    its connections go after its response (``shed``: its clients reconnect, to a worker with room)."""
+    """Unasked: whether the worker takes new connections on the data port (``accept``) and the share of its
+    responses after which it lets their connection go (``shed``: those clients reconnect, to a worker with room)."""
 
     accept: bool
-    shed: bool
+    shed: float
     id: int = 0  # (answers no question)
 
 

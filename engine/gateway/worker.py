@@ -341,7 +341,7 @@ class Steered(uvicorn.Server):
         self._turn()
 
     def steer(self, said: wire.Steer) -> None:
-        self.shedding.on = said.shed
+        self.shedding.share = min(1.0, max(0.0, said.shed)) if math.isfinite(said.shed) else 0.0
         self.accept_wanted = said.accept
         self._turn()
 

@@ -1,12 +1,13 @@
 """Gateway workers: the /v1 data path across cores (gateway_workers, gateway_port).
 
 One Python process relays about 27,000 tokens/s (3.7 % of a core per 1,000: docs/benchmarks.md), three H200s of an
-8B model; a fleet puts more behind one engine than that. So the engine binds the data port once and starts N
-worker processes (engine/gateway/worker.py) that accept on it, each relaying on a core of its own; the kernel hands
-each new connection to one of them. What must be one for all of them stays in the engine, which answers their
-questions (engine/gateway/coordinator.py): each instance's cap and requests in flight, routing's index, keys and
-their limits, the ledger. The engine's own port serves /v1 as before (the console's playground, the built-in
-benchmarks, one address for everything), so N = 0 is the engine as it was.
+8B model; a fleet puts more behind one engine than that. So the engine binds the data port once and starts N worker
+processes (engine/gateway/worker.py) that accept on it, each relaying on a core of its own; the kernel hands each
+new connection to one of those that accept, as few as the load needs (engine/gateway/steering.py). What must be one
+for all of them stays in the engine, which answers their questions (engine/gateway/coordinator.py): each instance's
+cap and requests in flight, routing's index, keys and their limits, the ledger. The engine's own port serves /v1 as
+before (the console's playground, the built-in benchmarks, one address for everything), so N = 0 is the engine as it
+was.
 
 A worker that exits is started again (after 0.5 s, doubling to 30 s while it keeps dying within a minute of its
 start; a process that cannot be made is tried again the same way), with an event each time; the slots it held
@@ -226,8 +227,8 @@ class WorkersCollector(Collector):
                                  labels=["worker"])
         accepting = GaugeMetricFamily("llmops_gateway_worker_accepting", "Whether a gateway worker takes new "
                                       "connections now (gateway_worker_busy_share)", labels=["worker"])
-        shedding = GaugeMetricFamily("llmops_gateway_worker_shedding", "Whether a gateway worker lets its "
-                                     "connections go after their response, to move load to a worker with room",
+        shedding = GaugeMetricFamily("llmops_gateway_worker_shedding", "The share of a gateway worker's responses "
+                                     "after which it lets their connection go, to move load to a worker with room",
                                      labels=["worker"])
         cpu = GaugeMetricFamily("llmops_gateway_worker_cpu", "A gateway worker's share of a core lately, as it "
                                 "said", labels=["worker"])
@@ -239,7 +240,7 @@ class WorkersCollector(Collector):
             held.add_metric(label, w.tally.held)
             said = w.tally.said
             accepting.add_metric(label, 1.0 if w.alive and (said is None or said.accept) else 0.0)
-            shedding.add_metric(label, 1.0 if w.alive and said is not None and said.shed else 0.0)
+            shedding.add_metric(label, said.shed if w.alive and said is not None else 0.0)
             if w.alive and w.tally.cpu is not None:
                 cpu.add_metric(label, w.tally.cpu)
         yield from (up, restarts, requests, held, accepting, shedding, cpu)

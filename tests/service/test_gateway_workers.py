@@ -311,7 +311,7 @@ def test_a_light_load_stays_on_the_first_worker_and_the_next_takes_over_at_once_
             # the next worker would then rightly take some: engine/gateway/steering.py's rules are unit-tested)
             async with pool_of(url, count=3, busy_share=1.0) as (pool, admission, _, base):
                 await eventually(lambda: [w.tally.said for w in pool.workers] == [
-                    Steer(True, False), Steer(False, False), Steer(False, False)], 20,
+                    Steer(True, 0.0), Steer(False, 0.0), Steer(False, 0.0)], 20,
                     what="the first worker alone taking connections")
                 answers = [await stream(base, 5) for _ in range(12)]  # each on a connection of its own
                 assert [status for status, _ in answers] == [200] * 12
@@ -336,16 +336,16 @@ def test_a_worker_told_to_shed_lets_a_kept_alive_connection_go_and_its_client_re
         with stub_upstream(token_s=0.002) as (_, url):
             async with pool_of(url, count=2, busy_share=0.5) as (pool, _, _, base):
                 first, second = pool.workers
-                await eventually(lambda: first.tally.said == Steer(True, False) and second.tally.said == Steer(
-                    False, False), 10, what="the first worker alone taking connections")
+                await eventually(lambda: first.tally.said == Steer(True, 0.0) and second.tally.said == Steer(
+                    False, 0.0), 10, what="the first worker alone taking connections")
                 body = {"model": "m", "prompt": "hello", "max_tokens": 3}
                 async with httpx.AsyncClient(base_url=base, timeout=30) as client:  # one kept-alive connection
                     first_answer = await client.post("/v1/completions", json=body)
                     assert first_answer.status_code == 200 and "close" not in first_answer.headers.get(
                         "connection", "")
                     assert [w.tally.requests for w in pool.workers] == [1, 0]
-                    pool.steering = Forced([Say(accept=False, shed=True), Say(accept=True, shed=False)])
-                    await eventually(lambda: first.tally.said == Steer(False, True), 5,
+                    pool.steering = Forced([Say(accept=False, shed=1.0), Say(accept=True, shed=0.0)])
+                    await eventually(lambda: first.tally.said == Steer(False, 1.0), 5,
                                      what="the first worker told to shed (at its next report)")
                     let_go = await client.post("/v1/completions", json=body)  # on the kept-alive connection
                     assert let_go.status_code == 200 and let_go.headers["connection"] == "close"

@@ -4,6 +4,7 @@ clearly busier than one that accepts lets its connections go."""
 
 from __future__ import annotations
 
+from engine.edge import Shedding
 from engine.gateway.steering import HOLD_S, IDLE, Say, Steering
 
 
@@ -69,22 +70,22 @@ def test_a_worker_that_stops_running_hands_new_connections_to_the_next_at_once()
 def test_a_worker_clearly_busier_than_one_that_accepts_sheds_and_takes_nothing_new() -> None:
     steering = Steering(0.5, clock=Clock())
     says = steering.decide([0.95, 0.1, 0.0, 0.0])  # its keep-alive connections stayed on it as the load grew
-    assert says[0] == Say(accept=False, shed=True)
+    assert says[0] == Say(accept=False, shed=0.5)  # half the gap to an idle one that accepts moves
     assert says[1].accept and not says[1].shed
     says = steering.decide([0.6, 0.5, 0.1, 0.0])  # 0.6 against 0.1 on one that accepts
-    assert [say.shed for say in says] == [True, False, False, False] and accepting(says) == [1, 2]
+    assert [say.shed for say in says] == [0.417, 0.0, 0.0, 0.0] and accepting(says) == [1, 2]  # (0.5 / 1.2)
     even = steering.decide([0.6, 0.55, 0.5, 0.45])  # busy, but none much busier than another: none sheds
     assert not any(say.shed for say in even) and accepting(even) == [0, 1, 2, 3]
 
 
 def test_the_only_worker_running_never_sheds_and_always_accepts() -> None:
     steering = Steering(0.5, clock=Clock())
-    assert steering.decide([None, 1.0, None]) == [Say(False, False), Say(True, False), Say(False, False)]
+    assert steering.decide([None, 1.0, None]) == [Say(False, 0.0), Say(True, 0.0), Say(False, 0.0)]
 
 
 def test_share_zero_lets_every_running_worker_accept_as_before() -> None:
     steering = Steering(0.0, clock=Clock())
-    assert steering.decide([0.9, 0.0, None]) == [Say(True, False), Say(True, False), Say(False, False)]
+    assert steering.decide([0.9, 0.0, None]) == [Say(True, 0.0), Say(True, 0.0), Say(False, 0.0)]
 
 
 def test_a_worker_that_no_longer_accepts_lets_its_busy_connections_go_back_to_the_first() -> None:
@@ -94,5 +95,16 @@ def test_a_worker_that_no_longer_accepts_lets_its_busy_connections_go_back_to_th
     steering.decide([0.1, 0.08])
     clock.now += HOLD_S + 0.1
     says = steering.decide([0.1, 0.08])  # the load fell back: the first alone takes new connections
-    assert says == [Say(True, False), Say(False, True)]  # and the second's clients go back to it
-    assert steering.decide([0.18, IDLE / 2]) == [Say(True, False), Say(False, False)]  # idle: nothing to let go
+    assert says == [Say(True, 0.0), Say(False, 1.0)]  # and all the second's clients go back to it
+    assert steering.decide([0.18, IDLE / 2]) == [Say(True, 0.0), Say(False, 0.0)]  # idle: nothing to let go
+
+
+def test_a_share_of_responses_let_go_is_exactly_that_share_and_none_once_it_is_zero() -> None:
+    shedding = Shedding()
+    assert not any(shedding.take() for _ in range(100))
+    shedding.share = 0.25
+    assert sum(shedding.take() for _ in range(100)) == 25
+    shedding.share = 1.0
+    assert all(shedding.take() for _ in range(10))
+    shedding.share = 0.0
+    assert not any(shedding.take() for _ in range(10))
