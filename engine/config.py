@@ -90,15 +90,17 @@ class AppConfig(BaseSettings):
                                         "(engine/gateway/workers.py). One process relays about 27,000 tokens/s. "
                                         "Empty: by the cores this process may use, a quarter of them, at most 8, "
                                         "none below 4 cores; 0: none (the data port is not opened).")
-    gateway_worker_busy_share: float = Field(0.5, ge=0, le=1, description="New connections on the data port go "
+    gateway_worker_busy_share: float = Field(0.0, ge=0, le=1, description="New connections on the data port go "
                                              "to as few gateway workers as their load needs: the next worker "
                                              "takes them only once the first ones are this busy (a share of a "
-                                             "core each), and a worker clearly busier than the others lets its "
-                                             "connections go after their response, so that their clients "
-                                             "reconnect to one with room (engine/gateway/steering.py). Fewer "
-                                             "processes relay more tokens a wake-up: four workers cost 1.6x the "
-                                             "CPU per token of one at the same load. 0: every worker takes new "
-                                             "connections, spread by the kernel.")
+                                             "core each), and a worker clearly busier than the others lets some "
+                                             "of its connections go after their response, so that their clients "
+                                             "reconnect to one with room (engine/gateway/steering.py). 0 (the "
+                                             "default): every worker takes new connections, spread by the kernel. "
+                                             "0.5 cut the workers' CPU per token by a third on a 2-core host (64 "
+                                             "paced streams); on a 16-core H100 host it saved nothing and its "
+                                             "gateway/direct throughput was 0.94-0.95 against 1.01 spread "
+                                             "(docs/routing.md), so it is off until measured otherwise.")
     gateway_port: int | None = Field(None, ge=0, le=65535, description="Port of the gateway workers' /v1 data "
                                      "path, on the engine's host; empty: port + 1. Only /v1 (and /tokenize, "
                                      "/detokenize) is served there; the engine's API stays on port.")
