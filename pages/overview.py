@@ -159,10 +159,10 @@ def gateway_card() -> None:
         if info.data_base_url:
             alive = sum(w.alive for w in info.workers)
             taking = sum(w.alive and w.accepting for w in info.workers)
+            steered = (f"; {taking} of them take{'s' if taking == 1 else ''} new connections now, as many as the "
+                       "load needs (gateway_worker_busy_share)") if taking < alive else ""
             st.caption(f"Served by {alive} of {len(info.workers)} gateway workers, each relaying on a core of its "
-                       f"own (gateway_workers); {taking} of them take{'s' if taking == 1 else ''} new connections "
-                       "now, as many as the load needs (gateway_worker_busy_share). "
-                       f"`{info.base_url}`, the engine's own port, serves /v1 too.")
+                       f"own (gateway_workers){steered}. `{info.base_url}`, the engine's own port, serves /v1 too.")
         if info.keys_required:
             st.caption("This gateway needs an API key (`Authorization: Bearer …`): an admin creates one on the "
                        "Access page (kind *gateway*). Set it as `LLMOPS_API_KEY`.")

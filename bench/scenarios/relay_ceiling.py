@@ -82,6 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 CLOSE = b"\r\nconnection: close\r\n"
+_AGAIN: set[asyncio.Task[None]] = set()  # connections being made again
 
 
 class _Stream(asyncio.Protocol):
@@ -124,7 +125,9 @@ class _Stream(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.let_go and self.complete and time.monotonic() < self.stop_at:
             self.tally[3] += 1
-            asyncio.get_running_loop().create_task(self._again())
+            again = asyncio.get_running_loop().create_task(self._again())
+            _AGAIN.add(again)  # (held: a task nobody holds may be collected)
+            again.add_done_callback(_AGAIN.discard)
             return
         if not (self.let_go and self.complete):
             self.tally[2] += 1

@@ -38,6 +38,8 @@ class WorkerTally:
     waits: int = 0  # requests of it waiting for a slot now
     cpu: float | None = None  # its share of a core lately, as it said (wire.Busy)
     said: wire.Steer | None = None  # what it was last told about taking connections
+    accepting: bool | None = None  # whether it takes new connections, as it last said (None: not said yet)
+    shedding: float = 0.0  # the share of its responses it lets go, as it last said
     tell: Callable[[wire.Answer], None] | None = None  # a message to it, while its link is up
 
 
@@ -74,7 +76,7 @@ class Coordinator:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, tally: WorkerTally) -> None:
         """Answer one worker until its socket closes; then give back what it held."""
         conn = _Conn(writer, tally)
-        tally.tell, tally.said, tally.cpu = conn.send, None, None
+        tally.tell, tally.said, tally.cpu, tally.accepting, tally.shedding = conn.send, None, None, None, 0.0
         self._busy()
         try:
             while True:
@@ -135,7 +137,9 @@ class Coordinator:
                 if self.ledger is not None:
                     self.ledger.record(ask.record)
             case wire.Busy():
-                conn.tally.cpu = ask.cpu if math.isfinite(ask.cpu) else None
+                conn.tally.cpu = ask.cpu if math.isfinite(ask.cpu) else 0.0
+                conn.tally.accepting = ask.accepting
+                conn.tally.shedding = ask.shedding if math.isfinite(ask.shedding) else 0.0
                 self._busy()
             case wire.Models():
                 entries = [(str(m.get("deployment") or ""), json.dumps(

@@ -45,7 +45,7 @@ class Steering:
         self._under_since: float | None = None
 
     def decide(self, loads: Sequence[float | None]) -> list[Say]:
-        """``loads``: each worker's share of a core lately (0 when it has not said yet; None: it does not run)."""
+        """``loads``: each worker's share of a core lately (None: it does not run, or has not said yet)."""
         running = [i for i, load in enumerate(loads) if load is not None]
         if self.share <= 0 or not running:
             return [Say(load is not None, 0.0) for load in loads]

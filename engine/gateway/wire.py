@@ -55,6 +55,7 @@ class WorkerSpec(msgspec.Struct, frozen=True):
     trusted_proxies: list[str] = []  # whose X-Forwarded-For is believed (the engine's trusted_proxies)
     limit_bytes_per_token: float = 1.0
     limit_unasked_max_tokens: int = 1024
+    steered: bool = False  # it takes no connection until the engine says so (gateway_worker_busy_share > 0)
 
 
 
@@ -121,6 +122,8 @@ class Busy(msgspec.Struct, tag="busy", frozen=True):
     (engine/gateway/steering.py decides from it which workers take new connections)."""
 
     cpu: float
+    accepting: bool = True  # it takes new connections now (what it does, not what it was told)
+    shedding: float = 0.0  # the share of its responses after which it lets their connection go now
 
 
 Ask = Check | Resolve | Acquire | Cancel | Done | Ledger | Models | Busy

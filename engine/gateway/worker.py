@@ -44,6 +44,7 @@ log = logging.getLogger("llmops.gateway.worker")
 
 ROUTE_CACHE_S = 1.0  # a model's deployment, as the engine said, is believed this long (the slot is the engine's)
 ANSWER_S = 30.0  # the longest the engine may take to answer a question (a slot's wait comes on top)
+ACCEPT_RETRY_S = 1.0  # a worker that could not accept again (no descriptor left) tries again this much later
 
 
 class EngineLink:
@@ -300,8 +301,9 @@ class WorkerApp:
 class BusyReports:
     """Say how busy this worker is (its process's share of a core) every BUSY_EVERY_S, until stopped."""
 
-    def __init__(self, link: EngineLink) -> None:
+    def __init__(self, link: EngineLink, applied: Callable[[], tuple[bool, float]]) -> None:
         self.link = link
+        self.applied = applied  # what it does now: takes new connections, the share of responses it lets go
         self._last = (time.monotonic(), time.process_time())
         self._timer = asyncio.get_running_loop().call_later(BUSY_EVERY_S, self._report)
 
@@ -309,7 +311,8 @@ class BusyReports:
         now, cpu = time.monotonic(), time.process_time()
         then, was = self._last
         if now > then:
-            self.link.tell(wire.Busy(round((cpu - was) / (now - then), 4)))
+            accepting, shedding = self.applied()
+            self.link.tell(wire.Busy(round((cpu - was) / (now - then), 4), accepting, shedding))
         self._last = (now, cpu)
         self._timer = asyncio.get_running_loop().call_later(BUSY_EVERY_S, self._report)
 
@@ -322,22 +325,25 @@ class Steered(uvicorn.Server):
     engine/gateway/steering.py). Its listening socket is the engine's, shared by every worker: a worker that stops
     accepting closes only its own copy, and opens a new copy to accept again."""
 
-    def __init__(self, config: uvicorn.Config, listener: socket.socket, shedding: Shedding, link: EngineLink
-                 ) -> None:
+    def __init__(self, config: uvicorn.Config, listener: socket.socket, shedding: Shedding, link: EngineLink,
+                 *, steered: bool) -> None:
+        """``steered``: it takes no connection until the engine says so (gateway_worker_busy_share > 0); else it
+        takes them from its start, as every worker did before steering."""
         super().__init__(config)
         self.link = link
         self.reports: BusyReports | None = None  # from the end of its startup (what starting cost is not load)
         self.listener = listener
         self.shedding = shedding
-        self.accept_wanted = True  # (until the engine says: as every worker did before steering)
+        self.accept_wanted = not steered
         self._accepting = False
         self._up = False  # its startup is over (uvicorn's own servers are open)
         self._turning: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        self._up = self._accepting = True
-        self.reports = BusyReports(self.link)
+        """uvicorn's, on a copy of the listening socket only if it takes connections from its start."""
+        await super().startup([self.listener.dup()] if self.accept_wanted else [])
+        self._up, self._accepting = True, bool(self.servers)
+        self.reports = BusyReports(self.link, lambda: (self._accepting, self.shedding.share))
         self._turn()
 
     def steer(self, said: wire.Steer) -> None:
@@ -368,8 +374,10 @@ class Steered(uvicorn.Server):
         try:
             server = await asyncio.get_running_loop().create_server(protocol, sock=self.listener.dup(),
                                                                     backlog=config.backlog)
-        except OSError as exc:  # (no descriptor left: it stays closed, the others accept)
-            log.warning("a gateway worker could not accept on the data port again (%s)", exc)
+        except OSError as exc:  # (no descriptor left): tried again in a second, the others accept meanwhile
+            log.warning("a gateway worker could not accept on the data port again (%s); trying again in %g s", exc,
+                        ACCEPT_RETRY_S)
+            asyncio.get_running_loop().call_later(ACCEPT_RETRY_S, self._turn)
             return
         self.servers.append(server)
         self._accepting = True
@@ -393,21 +401,25 @@ async def serve(spec: wire.WorkerSpec, listener: socket.socket, engine: socket.s
         app, log_level="warning", access_log=False, lifespan="off", server_header=False,
         http=edge_protocol(HeadLimits(spec.head_bytes, spec.line_bytes, spec.head_timeout_s), shedding),
         proxy_headers=bool(spec.trusted_proxies), forwarded_allow_ips=list(spec.trusted_proxies),
-        timeout_graceful_shutdown=max(1, math.ceil(spec.graceful_s)), backlog=4096), listener, shedding, link)
+        timeout_graceful_shutdown=max(1, math.ceil(spec.graceful_s)), backlog=4096), listener, shedding, link,
+        steered=spec.steered)
     link.on_steer = server.steer
 
     async def watch() -> None:
         try:
             await link.run()
-        finally:  # (whatever ended it: no worker outlives its link)
             log.warning("gateway worker %d: %s; stopping", spec.index, link.lost)
+        except Exception:
+            log.exception("gateway worker %d: its link to the engine failed; stopping", spec.index)
+            raise
+        finally:  # (whatever ended it, its own stop's cancel included: no worker outlives its link)
             server.should_exit = True
 
     watcher = asyncio.ensure_future(watch())
     gc.collect()
     gc.freeze()  # (as the engine does: its start's objects are left out of the collector's full passes)
     try:
-        await server.serve(sockets=[listener.dup()])  # (uvicorn closes its copy; a new one accepts again)
+        await server.serve(sockets=[])  # (Steered.startup gives uvicorn its copy of the listening socket)
     finally:
         if server.reports is not None:
             server.reports.stop()

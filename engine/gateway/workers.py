@@ -91,8 +91,12 @@ class WorkerPool:
         coordinator.on_busy = self._steer
 
     def _steer(self) -> None:
-        """Tell each worker whose part changed whether it takes new connections (and whether it sheds)."""
-        says = self.steering.decide([(w.tally.cpu or 0.0) if w.alive and w.tally.tell is not None else None
+        """Tell each worker whose part changed whether it takes new connections (and whether it sheds). A worker
+        counts once it has said how busy it is (it says so from the end of its startup on): one still starting is
+        never the one new connections wait for. Nothing is said when steering is off (every worker accepts)."""
+        if self.steering.share <= 0:
+            return
+        says = self.steering.decide([w.tally.cpu if w.alive and w.tally.tell is not None else None
                                      for w in self.workers])
         for w, say in zip(self.workers, says, strict=True):
             tell = w.tally.tell
@@ -100,6 +104,12 @@ class WorkerPool:
             if tell is not None and w.tally.said != steer:
                 w.tally.said = steer
                 tell(steer)
+
+    def accepting(self, w: WorkerState) -> bool:
+        """Whether worker ``w`` takes new connections now, as it last said (before it said: unsteered ones do)."""
+        if not w.alive:
+            return False
+        return w.tally.accepting if w.tally.accepting is not None else self.steering.share <= 0
 
     async def start(self) -> None:
         """Bind the data port and start the workers (they take connections as soon as each is up)."""
@@ -136,7 +146,7 @@ class WorkerPool:
     async def _run_once(self, state: WorkerState) -> int:
         assert self._listener is not None
         ours, theirs = socket.socketpair()
-        spec = msgspec.structs.replace(self.spec, index=state.index)
+        spec = msgspec.structs.replace(self.spec, index=state.index, steered=self.steering.share > 0)
         env = child_env()
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([PACKAGE_ROOT, *filter(None, env.get(
             "PYTHONPATH", "").split(os.pathsep))]))
@@ -238,9 +248,8 @@ class WorkersCollector(Collector):
             restarts.add_metric(label, w.restarts)
             requests.add_metric(label, w.tally.requests)
             held.add_metric(label, w.tally.held)
-            said = w.tally.said
-            accepting.add_metric(label, 1.0 if w.alive and (said is None or said.accept) else 0.0)
-            shedding.add_metric(label, said.shed if w.alive and said is not None else 0.0)
+            accepting.add_metric(label, 1.0 if self.pool.accepting(w) else 0.0)
+            shedding.add_metric(label, w.tally.shedding if w.alive else 0.0)
             if w.alive and w.tally.cpu is not None:
                 cpu.add_metric(label, w.tally.cpu)
         yield from (up, restarts, requests, held, accepting, shedding, cpu)

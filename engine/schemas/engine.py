@@ -190,8 +190,8 @@ class GatewayWorkerOut(BaseModel):
     in_flight: int = Field(description="its requests on an instance now")
     waiting: int = Field(description="its requests waiting for a key's check or a slot now")
     refused: int = Field(description="its requests refused by the engine (key, model, queue) since it started")
-    accepting: bool = Field(True, description="it takes new connections now: new connections go to as few workers "
-                            "as their load needs (gateway_worker_busy_share)")
+    accepting: bool = Field(True, description="it takes new connections now, as it last said (with "
+                            "gateway_worker_busy_share, new connections go to as few workers as their load needs)")
     shedding: float = Field(0.0, description="the share of its responses after which it lets their connection go, "
                             "so that those clients reconnect to a worker with room (0: none)")
     cpu: float | None = Field(None, description="its share of a core lately, as it said (None: not said yet)")

@@ -402,6 +402,8 @@ class Controller:
         if self.admission.refusal is not None:
             await self.gate.refuse(None)
         desired = await self._desired_revision()
+        if self._failure_begun():  # (before the store-down path too: it may start or wake an instance)
+            return
         if desired is False:
             await self._store_down()
             return
@@ -413,8 +415,6 @@ class Controller:
                 self.progress.enter(S.FAILED, "no revision can be applied: write new settings")
             return
         assert isinstance(desired, Revision) and desired.id is not None
-        if self._failure_begun():
-            return
         self._last_desired = desired
         now = self.clock.monotonic()
         serving = self.instances.serving()

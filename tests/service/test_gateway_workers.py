@@ -22,7 +22,6 @@ from engine.access import GatewayKeys, Principal, RateLimiter
 from engine.gateway import Admission, Coordinator, KeyLimits, Policy, WorkerPool, WorkerSpec
 from engine.gateway.limits import Bounds
 from engine.gateway.steering import Say, Steering
-from engine.gateway.wire import Steer
 from tests.testkit.ledger import Records
 from tests.testkit.served import read_until_closed
 from tests.testkit.stub_upstream import stub_upstream
@@ -293,6 +292,11 @@ def test_a_stream_a_client_left_through_a_worker_is_metered_at_its_instance_s_to
     run(body)
 
 
+def doing(pool: WorkerPool) -> list[tuple[bool | None, float]]:
+    """What each worker said it does (its last report): takes new connections, the share of responses it lets go."""
+    return [(w.tally.accepting, w.tally.shedding) if w.alive else (None, 0.0) for w in pool.workers]
+
+
 class Forced(Steering):
     """The engine's steering, told what to say whatever the load."""
 
@@ -310,9 +314,8 @@ def test_a_light_load_stays_on_the_first_worker_and_the_next_takes_over_at_once_
             # (a whole core's share: twelve streams back to back on a 2-core host may well take half of one, and
             # the next worker would then rightly take some: engine/gateway/steering.py's rules are unit-tested)
             async with pool_of(url, count=3, busy_share=1.0) as (pool, admission, _, base):
-                await eventually(lambda: [w.tally.said for w in pool.workers] == [
-                    Steer(True, 0.0), Steer(False, 0.0), Steer(False, 0.0)], 20,
-                    what="the first worker alone taking connections")
+                await eventually(lambda: doing(pool) == [(True, 0.0), (False, 0.0), (False, 0.0)], 20,
+                                 what="the first worker alone taking connections")
                 answers = [await stream(base, 5) for _ in range(12)]  # each on a connection of its own
                 assert [status for status, _ in answers] == [200] * 12
                 assert [w.tally.requests for w in pool.workers] == [12, 0, 0]  # not spread over three processes
@@ -323,7 +326,8 @@ def test_a_light_load_stays_on_the_first_worker_and_the_next_takes_over_at_once_
                 answers = await asyncio.gather(*(stream(base, 5) for _ in range(4)))
                 assert [status for status, _ in answers] == [200] * 4
                 assert second.tally.requests == 4  # the next one took them, without waiting for the restart
-                await eventually(lambda: first.alive and first.tally.said is not None, 15, what="the first back")
+                await eventually(lambda: doing(pool) == [(True, 0.0), (False, 0.0), (False, 0.0)], 20,
+                                 what="the first worker back, alone taking connections again")
                 answers = [await stream(base, 5) for _ in range(3)]
                 assert [status for status, _ in answers] == [200] * 3
                 assert first.tally.requests == 3 and second.tally.requests == 4  # and the first has them again
@@ -335,9 +339,8 @@ def test_a_worker_told_to_shed_lets_a_kept_alive_connection_go_and_its_client_re
     async def body() -> None:
         with stub_upstream(token_s=0.002) as (_, url):
             async with pool_of(url, count=2, busy_share=0.5) as (pool, _, _, base):
-                first, second = pool.workers
-                await eventually(lambda: first.tally.said == Steer(True, 0.0) and second.tally.said == Steer(
-                    False, 0.0), 10, what="the first worker alone taking connections")
+                await eventually(lambda: doing(pool) == [(True, 0.0), (False, 0.0)], 10,
+                                 what="the first worker alone taking connections")
                 body = {"model": "m", "prompt": "hello", "max_tokens": 3}
                 async with httpx.AsyncClient(base_url=base, timeout=30) as client:  # one kept-alive connection
                     first_answer = await client.post("/v1/completions", json=body)
@@ -345,8 +348,8 @@ def test_a_worker_told_to_shed_lets_a_kept_alive_connection_go_and_its_client_re
                         "connection", "")
                     assert [w.tally.requests for w in pool.workers] == [1, 0]
                     pool.steering = Forced([Say(accept=False, shed=1.0), Say(accept=True, shed=0.0)])
-                    await eventually(lambda: first.tally.said == Steer(False, 1.0), 5,
-                                     what="the first worker told to shed (at its next report)")
+                    await eventually(lambda: doing(pool) == [(False, 1.0), (True, 0.0)], 5,
+                                     what="the first worker shedding, the second taking connections")
                     let_go = await client.post("/v1/completions", json=body)  # on the kept-alive connection
                     assert let_go.status_code == 200 and let_go.headers["connection"] == "close"
                     assert [w.tally.requests for w in pool.workers] == [2, 0]

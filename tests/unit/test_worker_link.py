@@ -121,7 +121,6 @@ def test_a_lost_engine_fails_the_questions_waiting_at_once() -> None:
     asyncio.run(_linked(body))
 
 
-
 def test_an_engine_that_dies_with_the_worker_s_messages_unread_ends_the_link_as_a_close_would() -> None:
     """A killed engine leaves what its workers sent unread: the kernel resets the socket instead of closing it, and
     a reset the link took for something else left the worker serving on the data port for ever, its engine gone."""

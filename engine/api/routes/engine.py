@@ -84,8 +84,8 @@ def gateway_info(svc: ServicesDep, runtime: RuntimeDep) -> GatewayInfo:
     workers = [GatewayWorkerOut(index=w.index, pid=w.pid, alive=w.alive, started_at=w.started_at,
                                 restarts=w.restarts, last_exit=w.last_exit, requests=w.tally.requests,
                                 in_flight=w.tally.held, waiting=w.tally.waits, refused=w.tally.refused,
-                                accepting=w.alive and (w.tally.said is None or w.tally.said.accept),
-                                shedding=w.tally.said.shed if w.alive and w.tally.said is not None else 0.0,
+                                accepting=svc.workers is not None and svc.workers.accepting(w),
+                                shedding=w.tally.shedding if w.alive else 0.0,
                                 cpu=w.tally.cpu if w.alive else None)
                for w in (svc.workers.workers if svc.workers is not None else [])]
     return GatewayInfo(base_url=svc.public_url.rstrip("/") + "/v1", keys_required=svc.gateway_keys,
