@@ -18,22 +18,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+
+from engine.gateway.wire import Steer
 
 BUSY_EVERY_S = 0.5  # how often a worker says how busy it was
 HOLD_S = 5.0  # the load stays this long under what one worker fewer could take before one stops accepting
 SHRINK_AT = 0.7  # ... under this share of share, on each of the fewer
 SHED_GAP = 0.25  # a worker this much of a core busier than one that accepts lets its connections go
 IDLE = 0.02  # a worker busier than this has streams to relay (an idle one takes about 0.003 of a core)
-
-
-@dataclass(frozen=True)
-class Say:
-    """What one worker is told: whether it takes new connections, and the share of its responses after which it
-    lets their connection go (0: none)."""
-
-    accept: bool
-    shed: float
 
 
 class Steering:
@@ -44,11 +36,11 @@ class Steering:
         self.n = 1  # workers that accept (the first n that run)
         self._under_since: float | None = None
 
-    def decide(self, loads: Sequence[float | None]) -> list[Say]:
+    def decide(self, loads: Sequence[float | None]) -> list[Steer]:
         """``loads``: each worker's share of a core lately (None: it does not run, or has not said yet)."""
         running = [i for i, load in enumerate(loads) if load is not None]
         if self.share <= 0 or not running:
-            return [Say(load is not None, 0.0) for load in loads]
+            return [Steer(load is not None, 0.0) for load in loads]
         busy = {i: float(loads[i] or 0.0) for i in running}
         total = sum(busy.values())
         need = min(len(running), max(1, math.ceil(total / self.share)))
@@ -73,4 +65,4 @@ class Steering:
                     shed[i] = round(min(1.0, (busy[i] - least) / (2 * busy[i])), 3)
         if accepting - shed.keys():
             accepting -= shed.keys()
-        return [Say(i in accepting, shed.get(i, 0.0)) for i in range(len(loads))]
+        return [Steer(i in accepting, shed.get(i, 0.0)) for i in range(len(loads))]

@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 from engine.errors import EngineError
 from engine.gateway.coordinator import Coordinator, WorkerTally
 from engine.gateway.steering import Steering
-from engine.gateway.wire import Steer, WorkerSpec
+from engine.gateway.wire import WorkerSpec
 from engine.vllm import child_env
 
 RESTART_FIRST_S = 0.5
@@ -98,9 +98,8 @@ class WorkerPool:
             return
         says = self.steering.decide([w.tally.cpu if w.alive and w.tally.tell is not None else None
                                      for w in self.workers])
-        for w, say in zip(self.workers, says, strict=True):
+        for w, steer in zip(self.workers, says, strict=True):
             tell = w.tally.tell
-            steer = Steer(say.accept, say.shed)
             if tell is not None and w.tally.said != steer:
                 w.tally.said = steer
                 tell(steer)

@@ -21,7 +21,8 @@ import pytest
 from engine.access import GatewayKeys, Principal, RateLimiter
 from engine.gateway import Admission, Coordinator, KeyLimits, Policy, WorkerPool, WorkerSpec
 from engine.gateway.limits import Bounds
-from engine.gateway.steering import Say, Steering
+from engine.gateway.steering import Steering
+from engine.gateway.wire import Steer
 from tests.testkit.ledger import Records
 from tests.testkit.served import read_until_closed
 from tests.testkit.stub_upstream import stub_upstream
@@ -300,11 +301,11 @@ def doing(pool: WorkerPool) -> list[tuple[bool | None, float]]:
 class Forced(Steering):
     """The engine's steering, told what to say whatever the load."""
 
-    def __init__(self, says: list[Say]) -> None:
+    def __init__(self, says: list[Steer]) -> None:
         super().__init__(0.5)
         self.says = says
 
-    def decide(self, loads: Sequence[float | None]) -> list[Say]:
+    def decide(self, loads: Sequence[float | None]) -> list[Steer]:
         return list(self.says)
 
 
@@ -347,7 +348,7 @@ def test_a_worker_told_to_shed_lets_a_kept_alive_connection_go_and_its_client_re
                     assert first_answer.status_code == 200 and "close" not in first_answer.headers.get(
                         "connection", "")
                     assert [w.tally.requests for w in pool.workers] == [1, 0]
-                    pool.steering = Forced([Say(accept=False, shed=1.0), Say(accept=True, shed=0.0)])
+                    pool.steering = Forced([Steer(accept=False, shed=1.0), Steer(accept=True, shed=0.0)])
                     await eventually(lambda: doing(pool) == [(False, 1.0), (True, 0.0)], 5,
                                      what="the first worker shedding, the second taking connections")
                     let_go = await client.post("/v1/completions", json=body)  # on the kept-alive connection

@@ -5,7 +5,8 @@ clearly busier than one that accepts lets its connections go."""
 from __future__ import annotations
 
 from engine.edge import Shedding
-from engine.gateway.steering import HOLD_S, IDLE, Say, Steering
+from engine.gateway.steering import HOLD_S, IDLE, Steering
+from engine.gateway.wire import Steer
 
 
 class Clock:
@@ -16,7 +17,7 @@ class Clock:
         return self.now
 
 
-def accepting(says: list[Say]) -> list[int]:
+def accepting(says: list[Steer]) -> list[int]:
     return [i for i, say in enumerate(says) if say.accept]
 
 
@@ -70,7 +71,7 @@ def test_a_worker_that_stops_running_hands_new_connections_to_the_next_at_once()
 def test_a_worker_clearly_busier_than_one_that_accepts_sheds_and_takes_nothing_new() -> None:
     steering = Steering(0.5, clock=Clock())
     says = steering.decide([0.95, 0.1, 0.0, 0.0])  # its keep-alive connections stayed on it as the load grew
-    assert says[0] == Say(accept=False, shed=0.5)  # half the gap to an idle one that accepts moves
+    assert says[0] == Steer(accept=False, shed=0.5)  # half the gap to an idle one that accepts moves
     assert says[1].accept and not says[1].shed
     says = steering.decide([0.6, 0.5, 0.1, 0.0])  # 0.6 against 0.1 on one that accepts
     assert [say.shed for say in says] == [0.417, 0.0, 0.0, 0.0] and accepting(says) == [1, 2]  # (0.5 / 1.2)
@@ -80,12 +81,12 @@ def test_a_worker_clearly_busier_than_one_that_accepts_sheds_and_takes_nothing_n
 
 def test_the_only_worker_running_never_sheds_and_always_accepts() -> None:
     steering = Steering(0.5, clock=Clock())
-    assert steering.decide([None, 1.0, None]) == [Say(False, 0.0), Say(True, 0.0), Say(False, 0.0)]
+    assert steering.decide([None, 1.0, None]) == [Steer(False, 0.0), Steer(True, 0.0), Steer(False, 0.0)]
 
 
 def test_share_zero_lets_every_running_worker_accept_as_before() -> None:
     steering = Steering(0.0, clock=Clock())
-    assert steering.decide([0.9, 0.0, None]) == [Say(True, 0.0), Say(True, 0.0), Say(False, 0.0)]
+    assert steering.decide([0.9, 0.0, None]) == [Steer(True, 0.0), Steer(True, 0.0), Steer(False, 0.0)]
 
 
 def test_a_worker_that_no_longer_accepts_lets_its_busy_connections_go_back_to_the_first() -> None:
@@ -95,8 +96,8 @@ def test_a_worker_that_no_longer_accepts_lets_its_busy_connections_go_back_to_th
     steering.decide([0.1, 0.08])
     clock.now += HOLD_S + 0.1
     says = steering.decide([0.1, 0.08])  # the load fell back: the first alone takes new connections
-    assert says == [Say(True, 0.0), Say(False, 1.0)]  # and all the second's clients go back to it
-    assert steering.decide([0.18, IDLE / 2]) == [Say(True, 0.0), Say(False, 0.0)]  # idle: nothing to let go
+    assert says == [Steer(True, 0.0), Steer(False, 1.0)]  # and all the second's clients go back to it
+    assert steering.decide([0.18, IDLE / 2]) == [Steer(True, 0.0), Steer(False, 0.0)]  # idle: nothing to let go
 
 
 def test_a_share_of_responses_let_go_is_exactly_that_share_and_none_once_it_is_zero() -> None:
