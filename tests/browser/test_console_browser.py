@@ -224,3 +224,26 @@ def test_a_value_typed_in_a_section_just_opened_is_kept_while_the_page_answers_s
     page.get_by_text(re.compile(r"scale_to_zero_after_s: .*greater than or equal to 5")).wait_for()
     expect(page.get_by_role("button", name="Apply & restart")).to_be_disabled()
     no_error_on(page)
+
+
+def test_on_call_finds_the_data_port_and_its_workers_on_the_overview_after_leaving_and_a_reload(
+        page: Any, console_url: str, engine: EngineHandle) -> None:
+    """The address clients use (the workers' data port) and how many workers serve it, as on-call reads them: on
+    the Overview, again after another page and after a reload; with steering off (the default) nothing says some
+    workers take no connections."""
+    info = engine.client.gateway()
+    assert info.data_base_url is not None and len(info.workers) == 1
+    for step in ("open", "back", "reload"):
+        if step == "back":
+            open_page(page, "Metrics")
+            open_page(page, "Overview")
+        elif step == "reload":
+            page.reload()
+        wait_rendered(page, "Overview")
+        caption = page.get_by_text("Served by 1 of 1 gateway workers")
+        caption.wait_for()
+        caption.scroll_into_view_if_needed()
+        expect(page.locator("body")).to_contain_text(info.data_base_url)
+        assert "take new connections now" not in caption.inner_text()
+        no_error_on(page)
+    shot(page, "overview-data-port-workers")
