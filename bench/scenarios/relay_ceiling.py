@@ -330,6 +330,11 @@ def _cpu(proc: psutil.Process) -> float:
     return _tree_sum(proc, lambda p: sum(p.cpu_times()[:2]))  # user, system
 
 
+def _kernel(proc: psutil.Process) -> float:
+    """Of those, the seconds spent in the kernel (system calls, the sockets' TCP) on their behalf."""
+    return _tree_sum(proc, lambda p: p.cpu_times().system)
+
+
 def _syscalls(proc: psutil.Process) -> float:
     """Read and write system calls of a process and its children so far (/proc/PID/io: syscr + syscw)."""
     return _tree_sum(proc, lambda p: sum(p.io_counters()[:2]))  # read_count, write_count
@@ -374,10 +379,11 @@ def run(a: argparse.Namespace) -> int:
             try:
                 _ready(port)
                 proc = psutil.Process(host.pid)
-                cpu0, calls0, t0 = _cpu(proc), _syscalls(proc), time.monotonic()
+                cpu0, sys0, calls0, t0 = _cpu(proc), _kernel(proc), _syscalls(proc), time.monotonic()
                 figures = load(port, a, f"workers {workers}")
                 elapsed = time.monotonic() - t0
                 cores = (_cpu(proc) - cpu0) / elapsed
+                kernel = (_kernel(proc) - sys0) / elapsed
                 calls_s = (_syscalls(proc) - calls0) / elapsed
             finally:
                 os.killpg(host.pid, 15)
@@ -389,6 +395,7 @@ def run(a: argparse.Namespace) -> int:
                        ", spread by the kernel" if workers > 1 else ""))
             row = {"path": path, "workers": workers, "busy_share": share if workers > 0 else None, **figures,
                    "gateway_cores": cores,
+                   "kernel_share": kernel / cores if cores else None,  # of the gateway's CPU, the kernel's
                    # reads and writes of the gateway's processes per token relayed (the floor: about 2)
                    "syscalls_per_token": round(calls_s / figures["tokens_per_s"], 3) if figures["tokens_per_s"]
                    else None,
@@ -412,16 +419,18 @@ def run(a: argparse.Namespace) -> int:
              f"{a.prompt_words} word(s), seed {a.seed}"
              + (", the stubs' events shaped and timed as vLLM's" if a.vllm_shaped else ""), "",
              "| path | tokens/s | requests/s | gateway CPU (cores) | % of a core per 1,000 tok/s "
-             "| reads and writes per token | lost | let go, made again |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| of it in the kernel | reads and writes per token | lost | let go, made again |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         head = f"| {r['path']} | {r['tokens_per_s']:,.0f} | {r['requests_per_s']:,.1f} | "
         if "gateway_cores" in r:
-            lines.append(head + f"{r['gateway_cores']:.2f} | {r['cpu_pct_per_1k_tok_s'] or 0:.2f} | "
+            share = r.get("kernel_share")
+            in_kernel = "–" if share is None else f"{100 * share:.0f} %"
+            lines.append(head + f"{r['gateway_cores']:.2f} | {r['cpu_pct_per_1k_tok_s'] or 0:.2f} | {in_kernel} | "
                          f"{_or_dash(r.get('syscalls_per_token'))} | {r['connections_lost']} | "
                          f"{r.get('reconnects', 0)} |")
         else:
-            lines.append(head + f"– | – | – | {r['connections_lost']} | {r.get('reconnects', 0)} |")
+            lines.append(head + f"– | – | – | – | {r['connections_lost']} | {r.get('reconnects', 0)} |")
     (a.out / "relay-ceiling.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
