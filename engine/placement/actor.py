@@ -27,18 +27,12 @@ from engine.vllm_sandbox import Sandbox
 # Runs beside vLLM's process group, in a session of its own: when the actor that started it is gone (its parent
 # changed), or the process that started the actor (on a Ray node, its raylet: the node's death, which the actor's
 # own exit follows only a second or two later) is, the group is killed (checked ten times a second); when the group
-# is empty, it exits.
+# is empty, it exits. The actor names its own parent when it starts the guard: a raylet that died before the guard's
+# first line ran (a loaded host) would otherwise leave the guard watching the process the actor was handed to.
 GUARD = """
 import os, signal, sys, time
-parent, group = int(sys.argv[1]), int(sys.argv[2])
-def ppid(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-grand = ppid(parent)
-if grand is not None and grand <= 1:
+parent, group, grand = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+if grand <= 1:
     grand = None
 def alive(pid):
     try:
@@ -111,7 +105,8 @@ class VllmProcessImpl:
             args = sandbox.wrap(args, sys.executable)
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=env, cwd=str(folder), start_new_session=True)
-        self.guard = subprocess.Popen([sys.executable, "-c", GUARD, str(os.getpid()), str(self.proc.pid)],
+        self.guard = subprocess.Popen([sys.executable, "-c", GUARD, str(os.getpid()), str(self.proc.pid),
+                                       str(os.getppid())],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL, start_new_session=True)
         threading.Thread(target=self._pump, daemon=True, name=f"vllm-{self.name}-log").start()

@@ -104,6 +104,32 @@ def test_the_guard_stops_vllm_when_its_raylet_dies_before_its_actor(tmp_path: Pa
                 os.kill(actor_pid, signal.SIGKILL)
 
 
+def test_the_guard_stops_vllm_when_the_raylet_died_before_the_guard_began_to_watch() -> None:
+    """A loaded CI host: the raylet was killed before the guard's first line ran, and the guard, looking for the
+    actor's parent itself, found the process the actor had been handed to instead, watched it, and never stopped
+    vLLM's group. The actor names its parent when it starts the guard; one already gone stops the group at once."""
+    import os
+    import subprocess
+    import sys
+
+    from engine.placement.actor import GUARD
+    from tests.testkit.wait import wait_until
+
+    vllm = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    raylet = subprocess.Popen([sys.executable, "-c", "pass"])
+    raylet.wait(10)  # gone before the guard starts
+    guard = subprocess.Popen([sys.executable, "-c", GUARD, str(os.getpid()), str(vllm.pid), str(raylet.pid)],
+                             start_new_session=True)
+    try:
+        wait_until(lambda: vllm.poll() is not None, 10, every=0.1, what="the guard stopping the group")
+        assert guard.wait(10) == 0
+    finally:
+        for proc in (vllm, guard):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
 def test_an_instance_on_the_engines_own_ray_node_is_a_process_of_this_host(tmp_path: Path) -> None:
     """On the H200, with the engine a driver of a one-node Ray cluster, pre-flight counted its own vLLM's 119 GiB as
     another process's ("only 20.46 GiB of 139.80 GiB is free now") and planned every change as a pause: an
