@@ -12,23 +12,39 @@ from typing import Any
 
 import uvicorn
 
-from engine.vllm import free_port
 from tests.testkit.wait import wait_until
+
+
+@contextmanager
+def _running(app: Any, **config: Any) -> Iterator[int]:
+    """``app`` served by uvicorn (``config``: more of uvicorn.Config) in a thread until the block ends; its port.
+
+    The listening socket is bound here and handed to uvicorn, so no other process can take the port between its
+    choice and the bind (a port picked free and closed again could go to any connection's ephemeral end first: CI saw
+    a server that never started). A server whose thread ends before it serves (its app's startup failed) is an
+    error at once, not after the wait."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started or not thread.is_alive(), 60, what="uvicorn's start")
+        assert server.started, "uvicorn's thread ended before it served (its log above says why)"
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        if not server.started:  # once serving, the loop owns the socket and closes it (uvloop detaches ours)
+            sock.close()
 
 
 @contextmanager
 def serving(app: Any, protocol: Any) -> Iterator[int]:
     """``app`` served by uvicorn with the HTTP ``protocol`` class, in a thread, until the block ends; its port."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=protocol))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, 30, what="uvicorn")
-    try:
+    with _running(app, http=protocol) as port:
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def read_until_closed(sock: socket.socket, seconds: float) -> bytes:
@@ -74,13 +90,5 @@ def get(port: int, path: str = "/healthz", host: str = "127.0.0.1", timeout: flo
 @contextmanager
 def serve(app: Any, **config: Any) -> Iterator[str]:
     """``app`` served by uvicorn (``config``: more of uvicorn.Config) until the block ends; its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, 30, what="uvicorn")
-    try:
+    with _running(app, **config) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
