@@ -6,6 +6,7 @@ the routes and their validation are."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from schemathesis import checks
 from engine.app import create_app
 from engine.config import AppConfig
 from tests.testkit.data import make_data_dir
-from tests.testkit.db import row_counts
+from tests.testkit.db import RowCounter
 from tests.testkit.engine import ADMIN_PASSWORD
 from tests.testkit.postgres import bindir_or_skip, fresh_database, shared_server
 
@@ -62,8 +63,23 @@ sqlite_schema = _schema(SQLITE_APP)
 pg_schema = _schema(PG_APP) if PG_APP is not None else _schema(SQLITE_APP)
 
 
+# each app's rows counted on a connection of the test's own, open for the module (opened on first use)
+_COUNTERS: dict[int, RowCounter] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _counters_closed() -> Iterator[None]:
+    yield
+    for counter in _COUNTERS.values():
+        counter.close()
+    _COUNTERS.clear()
+
+
 def counts(app: FastAPI) -> dict[str, int]:
-    return row_counts(app.state.services.db, list(COUNTED))
+    counter = _COUNTERS.get(id(app))
+    if counter is None:
+        counter = _COUNTERS[id(app)] = RowCounter(app.state.services.db, list(COUNTED))
+    return counter()
 
 
 def survives(case: Any, app: FastAPI) -> None:
