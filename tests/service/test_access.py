@@ -291,12 +291,12 @@ def test_vllm_inherits_an_allow_list_of_the_engine_environment() -> None:
     assert env["VLLM_API_KEY"] == "llmops-instance-key"  # the instance's own key, not one the engine inherited
 
 
-@pytest.mark.parametrize("model", ["../../etc", "models/../../../etc", "/etc", "org/..", "a/./b"])
-def test_model_paths_cannot_escape(app_and_tokens: tuple[TestClient, dict[str, str]], model: str) -> None:
+def test_model_paths_cannot_escape(app_and_tokens: tuple[TestClient, dict[str, str]]) -> None:
     client, tokens = app_and_tokens
-    resp = client.put("/api/settings", json={"base_revision": 1, "values": {"model": model}},
-                      headers={"authorization": f"Bearer {tokens['admin']}"})
-    assert resp.status_code == 422 and resp.json()["detail"][0]["loc"][-1] == "model"
+    for model in ["../../etc", "models/../../../etc", "/etc", "org/..", "a/./b"]:
+        resp = client.put("/api/settings", json={"base_revision": 1, "values": {"model": model}},
+                          headers={"authorization": f"Bearer {tokens['admin']}"})
+        assert resp.status_code == 422 and resp.json()["detail"][0]["loc"][-1] == "model", (model, resp.text)
 
 
 def test_model_folder_outside_the_allowed_roots(app_and_tokens: tuple[TestClient, dict[str, str]],

@@ -123,18 +123,16 @@ def test_gpu_history_validates_its_window(api: TestClient) -> None:
     assert api.get("/api/gpu/history", params={"window": "30d"}).status_code == 422
 
 
-@pytest.mark.parametrize(("path", "params", "field"), [
-    ("/api/gpu/history", {"device": "9223372036854775808"}, "device"),
-    ("/api/gpu/history", {"window": "2h", "step": "99999999999999999999d"}, "step"),
-    ("/api/serving/history", {"revision": "9223372036854775808"}, "revision"),
-    ("/api/serving/history", {"window": "5m", "step": "0"}, "step"),
-])
-def test_history_refuses_numbers_out_of_range_with_422(api: TestClient, path: str, params: dict[str, str],
-                                                      field: str) -> None:
+def test_history_refuses_numbers_out_of_range_with_422(api: TestClient) -> None:
     # found by the schemathesis run: such numbers used to reach SQLite and answer 500
-    response = api.get(path, params=params)
-    assert response.status_code == 422, response.text
-    assert field in str(response.json()["detail"][0]["loc"])
+    for path, params, field in [
+            ("/api/gpu/history", {"device": "9223372036854775808"}, "device"),
+            ("/api/gpu/history", {"window": "2h", "step": "99999999999999999999d"}, "step"),
+            ("/api/serving/history", {"revision": "9223372036854775808"}, "revision"),
+            ("/api/serving/history", {"window": "5m", "step": "0"}, "step")]:
+        response = api.get(path, params=params)
+        assert response.status_code == 422, (path, params, response.text)
+        assert field in str(response.json()["detail"][0]["loc"]), (path, params)
 
 
 @pytest.mark.parametrize(("path", "body", "loc"), [

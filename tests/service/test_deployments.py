@@ -201,14 +201,13 @@ def test_ids_are_never_reused_after_a_deployment_is_deleted(api: TestClient) -> 
     assert events_after - engine_wide and not events_after & events_before  # the new "small"'s are its own
 
 
-@pytest.mark.parametrize("name", ["..", "a/b", "http://x.example/y", ":smile:", "dеmo-b", "a..b", "-x", "x" * 65,
-                                  "demo b", "ｄｅｍｏ"])
-def test_a_deployment_name_follows_the_user_name_rules(api: TestClient, name: str) -> None:
+def test_a_deployment_name_follows_the_user_name_rules(api: TestClient) -> None:
     """Names were accepted as '..', '/', URLs and ':shortcodes:' (rendered by the console as emoji) and Unicode
     look-alikes (issue 31): a deployment's name is the model clients send and part of addresses."""
-    resp = create(api, name=name)
-    assert resp.status_code == 422 and "1 to 64 ASCII letters" in resp.text, resp.text
-    assert "^[" not in resp.text  # the rule in words, not a raw regular expression
+    for name in ["..", "a/b", "http://x.example/y", ":smile:", "dеmo-b", "a..b", "-x", "x" * 65, "demo b", "ｄｅｍｏ"]:
+        resp = create(api, name=name)
+        assert resp.status_code == 422 and "1 to 64 ASCII letters" in resp.text, (name, resp.text)
+        assert "^[" not in resp.text  # the rule in words, not a raw regular expression
     assert [r["name"] for r in api.get("/api/deployments").json()] == ["demo"]
 
 

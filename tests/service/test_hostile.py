@@ -155,15 +155,17 @@ ROUTES = [("POST", "/api/auth/login", None), ("PUT", "/api/settings", "admin"), 
           ("POST", "/v1/completions", "prompter")]
 
 
-@pytest.mark.parametrize("body", BAD_BODIES, ids=["overflow", "nan", "inf", "utf8", "surrogate", "deep"])
+# every bad body on one app per route (an app each was 72 engines built for 72 requests that change nothing)
 @pytest.mark.parametrize(("method", "path", "role"), ROUTES, ids=[p for _, p, _ in ROUTES])
-def test_bodies_that_once_gave_500_get_a_4xx_with_the_reason(app: tuple[TestClient, dict[str, str]], body: bytes,
+def test_bodies_that_once_gave_500_get_a_4xx_with_the_reason(app: tuple[TestClient, dict[str, str]],
                                                             method: str, path: str, role: str | None) -> None:
     client, tokens = app
-    resp = raw(client, method, path, body, h(tokens, role) if role else None)
-    assert 400 <= resp.status_code < 500, resp.text
-    text = resp.text
-    assert any(w in text for w in ("NaN", "Infinity", "too large", "UTF-8", "surrogate", "nested", "at most")), text
+    for body in BAD_BODIES:
+        resp = raw(client, method, path, body, h(tokens, role) if role else None)
+        assert 400 <= resp.status_code < 500, (body[:40], resp.text)
+        text = resp.text
+        assert any(w in text for w in ("NaN", "Infinity", "too large", "UTF-8", "surrogate", "nested", "at most")), \
+            (body[:40], text)
 
 
 def test_a_model_path_part_too_long_is_a_422_not_a_500(app: tuple[TestClient, dict[str, str]]) -> None:
